@@ -1,0 +1,279 @@
+"""Structured config: the schema Hydra's composed YAML is checked against, in one place.
+
+`conf/train.yaml` (plus its groups) is the user-facing source of defaults; the dataclasses
+below are the schema. `validate(cfg)` merges the composed config into the schema and then
+checks values, so every mistake surfaces before any work starts, as a ValueError that names
+the key and what it accepts:
+
+    unknown key    -> "unknown config key 'train.stpes'; keys under 'train': batch_size, ..."
+    wrong value    -> "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hybridrec.types import Pooling, TableConfig
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+ARCHS = ("dlrm", "dcnv2")
+DEVICES = ("auto", "cpu", "cuda")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+SPARSE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
+SHARDING_TYPES = ("none", "table_wise", "column_wise", "row_wise", "data_parallel", "auto")
+DATA_SOURCES = ("synthetic",)
+LOGGERS = ("none", "wandb")
+WANDB_MODES = ("auto", "offline", "online", "disabled")
+
+
+@dataclass
+class ModelConfig:
+    """DLRM shape. `hotness` is one int for all tables or one per table."""
+
+    name: str = "dlrm_tiny"
+    arch: str = "dlrm"
+    num_dense_features: int = 13
+    embedding_dim: int = 16
+    num_embeddings_per_feature: list[int] = field(default_factory=lambda: [1000, 100, 10])
+    hotness: Any = 1
+    pooling: str = "sum"
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: list[int] = field(default_factory=lambda: [64, 1])
+    dcn_layers: int = 3
+    dcn_rank: int = 64
+
+    def hotness_list(self) -> list[int]:
+        n = len(self.num_embeddings_per_feature)
+        return [int(self.hotness)] * n if isinstance(self.hotness, int) else list(self.hotness)
+
+    def tables(self) -> tuple[TableConfig, ...]:
+        """One TableConfig per categorical feature, named cat_0 .. cat_{T-1}."""
+        return tuple(
+            TableConfig(f"cat_{i}", int(rows), self.embedding_dim, h, Pooling(self.pooling))
+            for i, (rows, h) in enumerate(
+                zip(self.num_embeddings_per_feature, self.hotness_list(), strict=True)
+            )
+        )
+
+
+@dataclass
+class DataConfig:
+    """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream."""
+
+    name: str = "synthetic"
+    zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
+    teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
+    label_noise: float = 0.0  # probability that a label is flipped after sampling
+
+
+@dataclass
+class ShardingConfig:
+    """How embedding tables are placed. `none` = one process holds every table."""
+
+    type: str = "none"
+    hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
+    data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
+
+
+@dataclass
+class DenseOptimConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SparseOptimConfig:
+    name: str = "rowwise_adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+
+@dataclass
+class OptimConfig:
+    dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+
+
+@dataclass
+class TrainLoopConfig:
+    steps: int = 300
+    batch_size: int = 256  # the global batch, split evenly over ranks
+    log_every: int = 20
+    check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
+    progress: str = "auto"  # auto (bar on a terminal) | bar | plain
+
+
+@dataclass
+class EvalConfig:
+    every: int = 100  # 0 = only at the end
+    batches: int = 8
+    batch_size: int = 1024
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "hybridrec"
+    mode: str = "auto"  # auto = online if logged in to W&B, else offline
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DistConfig:
+    timeout_s: float = 300.0  # every collective fails after this long instead of hanging
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    device: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+
+def _fields_at(path: str) -> list[str]:
+    """Names of the schema keys under dotted `path` ('' = top level)."""
+    node: Any = Config()
+    for part in filter(None, path.split(".")):
+        node = getattr(node, part, None)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
+    """Merge a composed config into the schema, check every value, return a typed Config.
+
+    `world_size` is the number of ranks the run will use: the global batch must split evenly.
+    """
+    if isinstance(cfg, Config):
+        cfg = OmegaConf.structured(cfg)
+    raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+    except ConfigKeyError as e:
+        full = str(e.full_key or e.key)
+        parent = full.rsplit(".", 1)[0] if "." in full else ""
+        where = f"under '{parent}'" if parent else "at the top level"
+        allowed = ", ".join(_fields_at(parent)) or "(none)"
+        raise ValueError(f"unknown config key '{full}'; keys {where}: {allowed}") from None
+    except OmegaConfBaseException as e:
+        raise ValueError(f"invalid config value for '{e.full_key}': {e.msg}") from None
+    c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check(c, world_size)
+    return c
+
+
+def _check(c: Config, world_size: int) -> None:
+    m = c.model
+    _choice("device", c.device, DEVICES)
+    _choice("model.arch", m.arch, ARCHS)
+    _choice("model.pooling", m.pooling, tuple(p.value for p in Pooling))
+    _choice("data.name", c.data.name, DATA_SOURCES)
+    _choice("sharding.type", c.sharding.type, SHARDING_TYPES)
+    _choice("optim.dense.name", c.optim.dense.name, DENSE_OPTIMIZERS)
+    _choice("optim.sparse.name", c.optim.sparse.name, SPARSE_OPTIMIZERS)
+    _choice("logger.name", c.logger.name, LOGGERS)
+    _choice("logger.mode", c.logger.mode, WANDB_MODES)
+    _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
+    n = len(m.num_embeddings_per_feature)
+    if n == 0:
+        raise ValueError("model.num_embeddings_per_feature must list at least one table")
+    for i, rows in enumerate(m.num_embeddings_per_feature):
+        if rows < 1:
+            raise ValueError(f"model.num_embeddings_per_feature[{i}] must be >= 1, got {rows}")
+    if isinstance(m.hotness, bool) or not isinstance(m.hotness, (int, list)):
+        raise ValueError(f"model.hotness must be an int or a list of {n} ints, got {m.hotness!r}")
+    if isinstance(m.hotness, list):
+        if len(m.hotness) != n or not all(isinstance(h, int) for h in m.hotness):
+            raise ValueError(
+                f"model.hotness has {len(m.hotness)} entries but there are {n} tables "
+                "(model.num_embeddings_per_feature); give one int per table or a single int"
+            )
+    if min(m.hotness_list()) < 1:
+        raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
+    _positive("model.embedding_dim", m.embedding_dim)
+    _positive("model.num_dense_features", m.num_dense_features)
+    if not m.bottom_mlp or m.bottom_mlp[-1] != m.embedding_dim:
+        raise ValueError(
+            f"model.bottom_mlp must end with model.embedding_dim={m.embedding_dim} (its output "
+            f"joins the embeddings in the interaction), got {m.bottom_mlp}"
+        )
+    if not m.top_mlp or m.top_mlp[-1] != 1:
+        raise ValueError(f"model.top_mlp must end with 1 (one logit), got {m.top_mlp}")
+    for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
+        if any(w < 1 for w in widths):
+            raise ValueError(f"{key} widths must be >= 1, got {widths}")
+    if m.arch == "dcnv2":
+        _positive("model.dcn_layers", m.dcn_layers)
+        _positive("model.dcn_rank", m.dcn_rank)
+    _positive("train.steps", c.train.steps)
+    _positive("train.batch_size", c.train.batch_size)
+    _positive("train.log_every", c.train.log_every)
+    _positive("eval.every", c.eval.every, allow_zero=True)
+    _positive("eval.batches", c.eval.batches, allow_zero=True)
+    _positive("eval.batch_size", c.eval.batch_size)
+    _positive("optim.dense.lr", c.optim.dense.lr)
+    _positive("optim.sparse.lr", c.optim.sparse.lr)
+    _positive("dist.timeout_s", c.dist.timeout_s)
+    _positive("sharding.hbm_gb", c.sharding.hbm_gb)
+    if not 0.0 <= c.data.label_noise < 0.5:
+        raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
+    _positive("data.zipf_exponent", c.data.zipf_exponent)
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    for key, b in (
+        ("train.batch_size", c.train.batch_size),
+        ("eval.batch_size", c.eval.batch_size),
+    ):
+        if b % world_size:
+            raise ValueError(
+                f"{key}={b} is the global batch and must be divisible by the world size "
+                f"{world_size} (every rank takes an equal slice); "
+                f"try {b - b % world_size or world_size}"
+            )
+
+
+def load_model_config(name_or_path: str) -> ModelConfig:
+    """A model group file (`conf/model/<name>.yaml` or a path) as a validated ModelConfig."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONF_DIR / "model" / f"{name_or_path}.yaml"
+    if not path.is_file():
+        choices = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+        raise ValueError(
+            f"model {name_or_path!r} not found ({path}); choices: {', '.join(choices)}"
+        )
+    return validate({"model": OmegaConf.load(path)}).model

@@ -1,0 +1,113 @@
+"""Process-group set-up in one place: which device, which backend, which timeout.
+
+`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), picks NCCL for CUDA devices and gloo for CPU, and gives every collective a
+timeout so a dead or stuck rank ends the job with an error instead of a hang. Without
+torchrun it can still build a real one-rank group (a HashStore), so the sharded code path,
+collectives included, runs in a single process too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits: rank, world size, device and its process group (or None)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    group: dist.ProcessGroup | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def backend(self) -> str | None:
+        return None if self.group is None else dist.get_backend(self.group)
+
+
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`auto` -> this rank's GPU if CUDA is available, else CPU. `cuda` without CUDA -> error."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("device=cuda but CUDA is not available here; use device=cpu or auto")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible"
+            )
+        return torch.device("cuda", local_rank)
+    if name == "auto":
+        return torch.device("cpu")
+    raise ValueError(f"device={name!r} is not one of: auto, cpu, cuda")
+
+
+def init_distributed(
+    device: str = "auto",
+    timeout_s: float = 300.0,
+    force_group: bool = False,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> DistEnv:
+    """Start (or skip) the process group and return this process's DistEnv.
+
+    - under torchrun, or with `init_method`/`rank`/`world_size` given: join that group;
+    - otherwise, with `force_group`: a one-rank group over an in-memory store;
+    - otherwise: no group (plain single-process training).
+    """
+    if dist.is_initialized():
+        raise RuntimeError("the default process group is already initialised")
+    joining = init_method is not None or launched_by_torchrun()
+    if joining:
+        rank = int(os.environ["RANK"]) if rank is None else rank
+        world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    else:
+        rank, world_size, local_rank = 0, 1, 0
+    dev = resolve_device(device, local_rank)
+    if not joining and not force_group:
+        return DistEnv(0, 1, 0, dev, None)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    kwargs: dict = {"backend": backend, "timeout": timeout, "rank": rank, "world_size": world_size}
+    if dev.type == "cuda":
+        kwargs["device_id"] = dev
+    if joining:
+        dist.init_process_group(init_method=init_method or "env://", **kwargs)
+    else:
+        dist.init_process_group(store=dist.HashStore(), **kwargs)
+    log.info(
+        "rank %d/%d joined a %s group on %s (timeout %.0fs)",
+        rank,
+        world_size,
+        backend,
+        dev,
+        timeout_s,
+    )
+    return DistEnv(rank, world_size, local_rank, dev, dist.group.WORLD)
+
+
+def destroy_distributed(env: DistEnv) -> None:
+    if env.group is not None and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,7 @@
+"""DLRM models. Never imports torch.distributed: distribution is hybridrec.parallelize's job."""
+
+from hybridrec.model.dlrm import DLRM, DenseArch, loss_fn
+from hybridrec.model.interaction import DotInteraction, LowRankCrossNet
+from hybridrec.model.mlp import MLP
+
+__all__ = ["DLRM", "MLP", "DenseArch", "DotInteraction", "LowRankCrossNet", "loss_fn"]

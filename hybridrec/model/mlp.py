@@ -1,0 +1,36 @@
+"""Multi-layer perceptrons with the DLRM reference initialisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Sequential):
+    """Linear layers of the given output widths with ReLU between them.
+
+    [B, in_features] -> [B, widths[-1]]. `final_relu` also applies ReLU after the last layer
+    (DLRM's bottom MLP does, its top MLP ends in a bare logit).
+    """
+
+    def __init__(self, in_features: int, widths: Sequence[int], final_relu: bool) -> None:
+        layers: list[nn.Module] = []
+        for i, width in enumerate(widths):
+            linear = nn.Linear(in_features, width)
+            _dlrm_init(linear)
+            layers.append(linear)
+            if i < len(widths) - 1 or final_relu:
+                layers.append(nn.ReLU())
+            in_features = width
+        super().__init__(*layers)
+
+
+def _dlrm_init(linear: nn.Linear) -> None:
+    """Weights ~ N(0, sqrt(2 / (fan_in + fan_out))), bias ~ N(0, sqrt(1 / fan_out))."""
+    fan_out, fan_in = linear.weight.shape
+    with torch.no_grad():
+        linear.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+        linear.bias.normal_(0.0, math.sqrt(1.0 / fan_out))

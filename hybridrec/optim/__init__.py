@@ -1,0 +1,12 @@
+"""Optimizers: row-wise sparse ones for embedding tables, torch.optim for the MLPs."""
+
+from hybridrec.optim.dense import build_dense_optimizer
+from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD, build_sparse_optimizer
+
+__all__ = [
+    "RowWiseAdagrad",
+    "SparseAdam",
+    "SparseSGD",
+    "build_dense_optimizer",
+    "build_sparse_optimizer",
+]

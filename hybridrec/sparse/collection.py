@@ -1,0 +1,122 @@
+"""The single-process embedding collection: every table on this process.
+
+This is the reference the sharded collection (hybridrec.sparse.sharded) must match. Both
+share one interface, so the model never knows which one it holds:
+
+    forward(ids [B, H] int64) -> pooled [B, T, D] fp32
+
+and the sparse optimizer runs inside the backward (see hybridrec.sparse.fused).
+Tables are grouped by width; each group is one FusedEmbedding with one lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, regular_bags
+from hybridrec.types import Pooling, ShardSpec, TableConfig, hot_offsets
+
+
+class IdOutOfRangeError(ValueError):
+    """An id outside its table, caught before any kernel reads memory."""
+
+
+def full_shard(table: TableConfig, rank: int = 0) -> ShardSpec:
+    return ShardSpec(table.name, rank, 0, table.num_rows, 0, table.dim)
+
+
+def pooling_scale(table: TableConfig) -> float:
+    return 1.0 / table.hotness if table.pooling == Pooling.MEAN else 1.0
+
+
+class IdChecker:
+    """Range check of ids [B, H] against each column's table size, with a precise error."""
+
+    def __init__(self, tables: Sequence[TableConfig]) -> None:
+        self.tables = list(tables)
+        self.offsets = hot_offsets(self.tables)
+        self._limits: dict[torch.device, torch.Tensor] = {}
+
+    def limits(self, device: torch.device) -> torch.Tensor:
+        if device not in self._limits:
+            lim = [t.num_rows for t in self.tables for _ in range(t.hotness)]
+            self._limits[device] = torch.tensor(lim, dtype=torch.int64, device=device)
+        return self._limits[device]
+
+    def bad_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, H] bool, True where an id is out of range (no host sync)."""
+        if ids.dim() != 2 or ids.shape[1] != self.offsets[-1]:
+            raise ValueError(
+                f"ids must be [batch, {self.offsets[-1]}] (one column per id of the "
+                f"{len(self.tables)} tables), got {list(ids.shape)}"
+            )
+        return (ids < 0) | (ids >= self.limits(ids.device))
+
+    def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
+        """Raise IdOutOfRangeError naming the first bad id's feature, value and table size."""
+        b, col = (int(x) for x in bad.nonzero()[0])
+        t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
+        table = self.tables[t]
+        raise IdOutOfRangeError(
+            f"feature {t} ({table.name}): id {int(ids[b, col])} at sample {sample_base + b} is "
+            f"outside table {table.name!r} of {table.num_rows} rows "
+            f"(valid ids: 0..{table.num_rows - 1})"
+        )
+
+    def __call__(self, ids: torch.Tensor, sample_base: int = 0) -> None:
+        bad = self.bad_mask(ids)
+        if bool(bad.any()):
+            self.raise_first(ids, bad, sample_base)
+
+
+class EmbeddingCollection(nn.Module):
+    """All T tables on one process, grouped by width into fused lookups."""
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        optimizer: RowOptimizer | None,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        check_ids: bool = True,
+    ) -> None:
+        super().__init__()
+        self.tables = list(tables)
+        self.offsets = hot_offsets(self.tables)
+        self.checker = IdChecker(self.tables) if check_ids else None
+        by_width: dict[int, list[int]] = {}
+        for i, t in enumerate(self.tables):
+            by_width.setdefault(t.dim, []).append(i)
+        self.group_tables = {f"w{w}": idx for w, idx in by_width.items()}
+        self.groups = nn.ModuleDict(
+            {
+                key: FusedEmbedding(
+                    [(self.tables[i], i, full_shard(self.tables[i])) for i in idx],
+                    optimizer,
+                    seed,
+                    device,
+                )
+                for key, idx in self.group_tables.items()
+            }
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, H] int64 -> pooled [B, T, D] fp32."""
+        if self.checker is not None:
+            self.checker(ids)
+        B = ids.shape[0]
+        out: list[torch.Tensor | None] = [None] * len(self.tables)
+        for key, group in self.groups.items():
+            idx = self.group_tables[key]
+            inputs = []
+            for i in idx:
+                t = self.tables[i]
+                cols = ids[:, self.offsets[i] : self.offsets[i + 1]]
+                bags = regular_bags(B, t.hotness, ids.device)
+                inputs.append(LookupInput(cols.reshape(-1), bags, B, pooling_scale(t)))
+            for i, pooled in zip(idx, group(inputs), strict=True):
+                out[i] = pooled
+        return torch.stack(out, dim=1)  # type: ignore[arg-type]

@@ -1,0 +1,206 @@
+"""A fused embedding group: every same-width table or shard of one rank in one weight.
+
+Layout (like NVIDIA DLRM's JointEmbedding): the group's U shards are stacked row-wise in
+`weight` [R, D]; shard u owns rows row_offsets[u]:row_offsets[u+1]. One lookup call serves
+every shard of the group: ids are shifted by their shard's offset, gathered in one
+index_select and pooled into bags in one index_add_ (a segment sum).
+
+Backward applies the optimizer in place, inside autograd's backward pass: the gradient of
+each gathered row is its bag's gradient (times the pooling scale); rows are deduplicated
+(sorted unique + index_add_) and the row optimizer updates just those rows and their state.
+No sparse-gradient tensor and no dense gradient of a table is ever built. Autograd reaches
+this backward through a zero-size "anchor" tensor that requires grad, since the weight
+itself is a buffer (it must not be seen by DDP or by the dense optimizer).
+
+Legend: N = ids in the call, R = rows in the group, D = group width, U = shards in the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from hybridrec.sparse.init import init_shard
+from hybridrec.types import ShardSpec, TableConfig
+
+
+class RowOptimizer(Protocol):
+    """What a group needs from a sparse optimizer (implemented in hybridrec.optim.sparse)."""
+
+    name: str
+
+    def state_spec(self, width: int) -> dict[str, int]:
+        """Optimizer state per row: name -> number of fp32 values (1 = row-wise scalar)."""
+        ...
+
+    def update(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        rows: torch.Tensor,
+        grads: torch.Tensor,
+        step: int,
+    ) -> None:
+        """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step `step` >= 1."""
+        ...
+
+
+@dataclass
+class LookupInput:
+    """Ids for one shard of a group.
+
+    ids  [N_u] int64 row ids relative to the shard (0 <= id < shard rows)
+    bags [N_u] int64 bag (output row) of each id, 0 <= bag < num_bags
+    scale      pooling multiplier for every id: 1 for sum, 1/hotness for mean
+    """
+
+    ids: torch.Tensor
+    bags: torch.Tensor
+    num_bags: int
+    scale: float = 1.0
+
+
+def _pool(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    num_bags: int,
+) -> torch.Tensor:
+    """pooled [num_bags, D] fp32: pooled[bags[i]] += scale[i] * weight[rows[i]]."""
+    gathered = weight.index_select(0, rows).float()
+    if scale is not None:
+        gathered = gathered * scale.unsqueeze(1)
+    pooled = torch.zeros(num_bags, weight.shape[1], dtype=torch.float32, device=weight.device)
+    return pooled.index_add_(0, bags, gathered)
+
+
+class _GroupLookup(torch.autograd.Function):
+    """pooled[bag] = sum_i scale_i * weight[row_i]; backward = in-place optimizer update."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        anchor: torch.Tensor,
+        group: FusedEmbedding,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        num_bags: int,
+    ) -> torch.Tensor:
+        ctx.group = group
+        ctx.save_for_backward(rows, bags, scale)
+        return _pool(group.weight, rows, bags, scale, num_bags)
+
+    @staticmethod
+    def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple:  # type: ignore[override]
+        rows, bags, scale = ctx.saved_tensors
+        ctx.group.apply_gradient(rows, bags, scale, grad_pooled)
+        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None
+
+
+class FusedEmbedding(nn.Module):
+    """U same-width shards in one weight [R, D], with their optimizer state.
+
+    `shards` pairs each ShardSpec with its table's config and the table's index in the model
+    (the index seeds the initial values, so every sharding starts from identical weights).
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[tuple[TableConfig, int, ShardSpec]],
+        optimizer: RowOptimizer | None,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        if not shards:
+            raise ValueError("a fused embedding group needs at least one shard")
+        widths = {s.width for _, _, s in shards}
+        if len(widths) != 1:
+            raise ValueError(f"all shards of a fused group must share one width, got {widths}")
+        self.width = widths.pop()
+        self.shards = [s for _, _, s in shards]
+        self.optimizer = optimizer
+        self.step_count = 0
+        offsets = [0]
+        for s in self.shards:
+            offsets.append(offsets[-1] + s.num_rows)
+        self.offsets_list = offsets
+        weight = torch.cat([init_shard(t, i, s, seed, dtype) for t, i, s in shards])
+        self.register_buffer("weight", weight.to(device))
+        self.register_buffer("row_offsets", torch.tensor(offsets, dtype=torch.int64, device=device))
+        self.state_names: list[str] = []
+        if optimizer is not None:
+            for name, per_row in optimizer.state_spec(self.width).items():
+                shape = (offsets[-1],) if per_row == 1 else (offsets[-1], per_row)
+                self.register_buffer(f"state_{name}", torch.zeros(shape, device=device))
+                self.state_names.append(name)
+
+    @property
+    def num_rows(self) -> int:
+        return self.offsets_list[-1]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, f"state_{n}") for n in self.state_names}
+
+    def shard_weight(self, u: int) -> torch.Tensor:
+        """View [rows_u, D] of shard u's rows."""
+        return self.weight[self.offsets_list[u] : self.offsets_list[u + 1]]
+
+    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
+        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
+        assert len(inputs) == len(self.shards), "one LookupInput per shard"
+        rows, bags, scales, sizes = [], [], [], []
+        bag_base = 0
+        any_scale = any(inp.scale != 1.0 for inp in inputs)
+        for u, inp in enumerate(inputs):
+            rows.append(inp.ids + self.offsets_list[u])
+            bags.append(inp.bags + bag_base)
+            if any_scale:
+                scales.append(torch.full_like(inp.ids, inp.scale, dtype=torch.float32))
+            sizes.append(inp.num_bags)
+            bag_base += inp.num_bags
+        rows_t, bags_t = torch.cat(rows), torch.cat(bags)
+        scale_t = torch.cat(scales) if any_scale else None
+        if torch.is_grad_enabled() and self.optimizer is not None:
+            anchor = torch.zeros(0, device=self.weight.device, requires_grad=True)
+            pooled = _GroupLookup.apply(anchor, self, rows_t, bags_t, scale_t, bag_base)
+        else:
+            pooled = _pool(self.weight, rows_t, bags_t, scale_t, bag_base)
+        return list(torch.split(pooled, sizes))
+
+    @torch.no_grad()
+    def apply_gradient(
+        self,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        grad_pooled: torch.Tensor,
+    ) -> None:
+        """Deduplicate the rows' gradients and let the optimizer update them in place."""
+        assert self.optimizer is not None
+        self.step_count += 1
+        grad_rows = grad_pooled.float().index_select(0, bags)
+        if scale is not None:
+            grad_rows = grad_rows * scale.unsqueeze(1)
+        unique_rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        grads = torch.zeros(unique_rows.numel(), self.width, device=grad_rows.device)
+        grads.index_add_(0, inverse, grad_rows)
+        self.optimizer.update(self.weight, self.state(), unique_rows, grads, self.step_count)
+
+    def get_extra_state(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+
+
+def regular_bags(batch_size: int, hotness: int, device: torch.device) -> torch.Tensor:
+    """Bag index of ids laid out sample-major as [B, hotness] -> flat [B * hotness]."""
+    return torch.arange(batch_size, device=device).repeat_interleave(hotness)

@@ -1,0 +1,151 @@
+"""Plain value types shared by every layer: tables, sharding plans, batches.
+
+Everything here is a frozen dataclass or an enum with no behaviour beyond small helpers, so
+that the planner (pure data in, data out), the sparse modules and the trainer can exchange
+them without importing each other.
+
+Tensor legend used across the package: B = batch size, T = number of tables (features),
+H = total ids per sample (sum of every table's hotness), D = embedding width, W = world size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class ShardingType(str, Enum):
+    """How one table is split across ranks."""
+
+    TABLE_WISE = "table_wise"  # whole table on one rank
+    COLUMN_WISE = "column_wise"  # column slices [rows, d_i] on several ranks, outputs concatenated
+    ROW_WISE = "row_wise"  # row ranges on several ranks, partial pooled sums added
+    DATA_PARALLEL = "data_parallel"  # replicated on every rank, gradients gathered
+
+
+class Pooling(str, Enum):
+    """How the ids of one bag (one sample, one table) become one vector."""
+
+    SUM = "sum"
+    MEAN = "mean"
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table: `num_rows` x `dim`, looked up `hotness` times per sample."""
+
+    name: str
+    num_rows: int
+    dim: int
+    hotness: int = 1
+    pooling: Pooling = Pooling.SUM
+
+    def __post_init__(self) -> None:
+        if self.num_rows < 1:
+            raise ValueError(f"table {self.name!r}: num_rows must be >= 1, got {self.num_rows}")
+        if self.dim < 1:
+            raise ValueError(f"table {self.name!r}: dim must be >= 1, got {self.dim}")
+        if self.hotness < 1:
+            raise ValueError(f"table {self.name!r}: hotness must be >= 1, got {self.hotness}")
+        object.__setattr__(self, "pooling", Pooling(self.pooling))
+
+
+def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int]:
+    """Column offsets of each table's ids in a batch's `ids` [B, H] tensor (len T + 1)."""
+    offsets = [0]
+    for t in tables:
+        offsets.append(offsets[-1] + t.hotness)
+    return offsets
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One piece of a table: rows [row_start, row_end) x cols [col_start, col_end) on `rank`."""
+
+    table: str
+    rank: int
+    row_start: int
+    row_end: int
+    col_start: int
+    col_end: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_end - self.row_start
+
+    @property
+    def width(self) -> int:
+        return self.col_end - self.col_start
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """The sharding of one table and the planner's reason for it (shown in the plan table)."""
+
+    table: str
+    sharding: ShardingType
+    shards: tuple[ShardSpec, ...]
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharding", ShardingType(self.sharding))
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """Per-table shards for `world_size` ranks, in the model's table order.
+
+    For DATA_PARALLEL tables `shards` holds one full-table shard per rank.
+    """
+
+    world_size: int
+    tables: tuple[TablePlan, ...]
+
+    def table(self, name: str) -> TablePlan:
+        for tp in self.tables:
+            if tp.table == name:
+                return tp
+        raise KeyError(f"table {name!r} is not in the plan")
+
+    def shards_on(self, rank: int) -> list[ShardSpec]:
+        """Shards stored on `rank`, in table order then shard order."""
+        return [s for tp in self.tables for s in tp.shards if s.rank == rank]
+
+    def fingerprint(self) -> str:
+        """A short stable hash of the plan, for checking that all ranks agree."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of Criteo-shaped samples.
+
+    dense  [B, F] float32 (F = 13 for Criteo), already transformed (log1p)
+    ids    [B, H] int64; table t's ids are columns hot_offsets[t]:hot_offsets[t+1]
+    labels [B]    float32 in {0, 1}
+    """
+
+    dense: torch.Tensor
+    ids: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(
+            self.dense.to(device, non_blocking=non_blocking),
+            self.ids.to(device, non_blocking=non_blocking),
+            self.labels.to(device, non_blocking=non_blocking),
+        )
+
+    def slice(self, start: int, end: int) -> Batch:
+        """Samples [start, end): how a rank takes its part of a global batch."""
+        return Batch(self.dense[start:end], self.ids[start:end], self.labels[start:end])
+
+    def pin_memory(self) -> Batch:
+        return Batch(self.dense.pin_memory(), self.ids.pin_memory(), self.labels.pin_memory())

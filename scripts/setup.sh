@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One-time set-up, idempotent: a virtualenv in .venv with torch (the CPU wheel when no torch is
+# installed yet: an unpinned torch would pull a 5 GB CUDA build) and hybridrec in editable mode.
+# Set HYBRIDREC_VENV=0 to install into the current Python instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ "${HYBRIDREC_VENV:-1}" != "0" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv --system-site-packages .venv
+  fi
+  PY=.venv/bin/python
+fi
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0"
+fi
+"$PY" -m pip install -q -e ".[dev]"
+echo "$PY"

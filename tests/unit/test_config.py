@@ -1,0 +1,87 @@
+"""Config composition (real Hydra) and validation: every mistake names its key."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hybridrec.config import CONF_DIR, load_model_config, validate
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def test_default_config_validates():
+    cfg = validate(_compose())
+    assert cfg.model.name == "dlrm_tiny" and cfg.sharding.type == "none"
+    assert cfg.data.name == "synthetic" and cfg.logger.name == "none"
+
+
+@pytest.mark.parametrize(
+    "name", ["dlrm_tiny", "dlrm_kaggle", "dlrm_1tb", "dcnv2_1tb", "dlrm_1tb_uncapped"]
+)
+def test_model_configs(name):
+    m = load_model_config(name)
+    tables = m.tables()
+    assert len(tables) == len(m.num_embeddings_per_feature)
+    if name == "dlrm_kaggle":
+        assert len(tables) == 26 and sum(t.num_rows for t in tables) == 33_762_577
+        assert m.bottom_mlp == [512, 256, 128] and m.top_mlp == [1024, 1024, 512, 256, 1]
+    if name == "dlrm_1tb":
+        assert max(t.num_rows for t in tables) <= 40_000_000
+    if name == "dcnv2_1tb":
+        assert m.arch == "dcnv2" and sum(t.hotness for t in tables) > 26
+    if name == "dlrm_1tb_uncapped":
+        assert sum(t.num_rows for t in tables) == 882_774_559
+
+
+def test_unknown_key_names_key_and_allowed_keys():
+    with pytest.raises(
+        ValueError, match=r"unknown config key 'train.stpes'; keys under 'train': steps, batch_size"
+    ):
+        validate(_compose("+train.stpes=3"))
+    with pytest.raises(
+        ValueError, match=r"unknown config key 'colour'; keys at the top level: seed, device"
+    ):
+        validate(_compose("+colour=red"))
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("device=gpu", r"device='gpu' is not one of: auto, cpu, cuda"),
+        (
+            "optim.sparse.name=adamw",
+            r"optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam",
+        ),
+        ("optim.dense.name=lamb", r"optim.dense.name='lamb' is not one of: sgd, adagrad, adam"),
+        ("model.arch=dcn", r"model.arch='dcn' is not one of: dlrm, dcnv2"),
+        ("model.pooling=max", r"model.pooling='max' is not one of: sum, mean"),
+        ("model.hotness=[1,2]", r"model.hotness has 2 entries but there are 6 tables"),
+        ("model.bottom_mlp=[64,8]", r"model.bottom_mlp must end with model.embedding_dim=16"),
+        ("model.top_mlp=[64,2]", r"model.top_mlp must end with 1"),
+        ("train.steps=0", r"train.steps must be > 0"),
+        ("optim.sparse.lr=-1", r"optim.sparse.lr must be > 0"),
+        ("train.steps=abc", r"invalid config value for 'train.steps'"),
+    ],
+)
+def test_bad_values_name_key_and_choices(override, message):
+    with pytest.raises(ValueError, match=message):
+        validate(_compose(override))
+
+
+def test_global_batch_must_split_over_ranks():
+    cfg = _compose("train.batch_size=10", "eval.batch_size=12")
+    validate(cfg, world_size=2)
+    with pytest.raises(
+        ValueError,
+        match=r"train.batch_size=10 is the global batch and must be divisible by the world size 3",
+    ):
+        validate(cfg, world_size=3)
+
+
+def test_unknown_group_option_lists_choices():
+    with pytest.raises(Exception, match=r"(?s)model/dlrm_huge.*Available options.*dlrm_kaggle"):
+        _compose("model=dlrm_huge")

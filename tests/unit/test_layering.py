@@ -1,0 +1,63 @@
+"""Dependency direction (DESIGN.md section 2), checked by reading imports, not by convention."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "hybridrec"
+
+
+def _imports(path: Path) -> set[str]:
+    mods: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mods.add(node.module)
+    return mods
+
+
+@pytest.mark.parametrize(
+    "sub",
+    [
+        "model",
+        "planner",
+        "sparse/fused.py",
+        "sparse/collection.py",
+        "optim",
+        "types.py",
+        "config.py",
+    ],
+)
+def test_never_imports_torch_distributed(sub):
+    files = [PKG / sub] if sub.endswith(".py") else sorted((PKG / sub).rglob("*.py"))
+    for f in files:
+        bad = {m for m in _imports(f) if m.startswith("torch.distributed")}
+        assert not bad, f"{f.relative_to(PKG)} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "sub,forbidden",
+    [
+        ("types.py", ("hybridrec.",)),
+        (
+            "planner",
+            ("hybridrec.sparse", "hybridrec.model", "hybridrec.train", "hybridrec.distributed"),
+        ),
+        (
+            "sparse",
+            ("hybridrec.model", "hybridrec.optim", "hybridrec.train", "hybridrec.parallelize"),
+        ),
+        ("model", ("hybridrec.distributed", "hybridrec.train", "hybridrec.parallelize")),
+        ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
+    ],
+)
+def test_dependencies_point_one_way(sub, forbidden):
+    target = PKG / sub
+    files = [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
+    for f in files:
+        for m in _imports(f):
+            assert not m.startswith(forbidden), f"{f.relative_to(PKG)} imports {m}"

@@ -1,0 +1,131 @@
+"""Fused lookup and row optimizers against torch: nn.EmbeddingBag and torch.optim.
+
+Each sparse optimizer is checked after several steps on the rows a batch touches:
+- SGD vs torch.optim.SGD on an nn.EmbeddingBag(sparse=True): same math, tight tolerance.
+- Adam vs torch.optim.SparseAdam (lazy Adam, global step count): same math.
+- row-wise Adagrad vs torch.optim.Adagrad when every entry of a row's gradient is equal
+  (then the row mean of g^2 equals each g_i^2 and the two coincide).
+Tolerances are float32 round-off (the sums run in a different order than torch's kernels).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.sparse import EmbeddingCollection, IdOutOfRangeError
+from hybridrec.sparse.collection import full_shard
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
+from hybridrec.sparse.init import init_shard
+from hybridrec.types import Pooling, ShardSpec, TableConfig
+
+TABLE = TableConfig("t", num_rows=50, dim=8, hotness=3)
+
+
+def _pair(opt, ref_opt_factory, pooling=Pooling.SUM):
+    table = TableConfig("t", 50, 8, 3, pooling)
+    fused = FusedEmbedding([(table, 0, full_shard(table))], opt, seed=1)
+    ref = torch.nn.EmbeddingBag(50, 8, mode=pooling.value, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(fused.weight)
+    return table, fused, ref, ref_opt_factory(ref.parameters())
+
+
+def _run(fused, ref, ref_opt, table, coeff_fn, steps=4):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(0, 20, (6, table.hotness), generator=g)  # rows 20.. never touched
+        coeff = coeff_fn(g)
+        out = fused(
+            [
+                LookupInput(
+                    ids.reshape(-1),
+                    regular_bags(6, 3, ids.device),
+                    6,
+                    1 / 3 if table.pooling == Pooling.MEAN else 1.0,
+                )
+            ]
+        )[0]
+        (out * coeff).sum().backward()
+        ref_out = ref(ids)
+        torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-6)
+        ref_opt.zero_grad()
+        (ref_out * coeff).sum().backward()
+        ref_opt.step()
+    torch.testing.assert_close(fused.weight, ref.weight.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused.weight[20:], ref.weight.detach()[20:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pooling", [Pooling.SUM, Pooling.MEAN])
+def test_sgd_matches_torch(pooling):
+    table, fused, ref, ref_opt = _pair(
+        SparseSGD(0.3), lambda p: torch.optim.SGD(p, lr=0.3), pooling
+    )
+    _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 8, generator=g))
+
+
+def test_adam_matches_sparse_adam():
+    table, fused, ref, ref_opt = _pair(
+        SparseAdam(0.01, 0.8, 0.95, 1e-6),
+        lambda p: torch.optim.SparseAdam(list(p), lr=0.01, betas=(0.8, 0.95), eps=1e-6),
+    )
+    _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 8, generator=g))
+    assert fused.step_count == 4
+
+
+def test_rowwise_adagrad_matches_adagrad_for_equal_entries():
+    table, fused, ref, ref_opt = _pair(
+        RowWiseAdagrad(0.1, 1e-10), lambda p: torch.optim.Adagrad(p, lr=0.1, eps=1e-10)
+    )
+    # one coefficient per bag, same across columns: every row's gradient has equal entries
+    _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 1, generator=g).expand(6, 8))
+
+
+def test_rowwise_adagrad_state_is_one_float_per_row():
+    table = TableConfig("t", 50, 8)
+    fused = FusedEmbedding([(table, 0, full_shard(table))], RowWiseAdagrad(0.1))
+    assert fused.state()["sum"].shape == (50,)
+    adam = FusedEmbedding([(table, 0, full_shard(table))], SparseAdam(0.1))
+    assert adam.state()["exp_avg"].shape == (50, 8)
+
+
+def test_fused_group_serves_several_tables_in_one_weight():
+    tables = [TableConfig("a", 10, 4, 2), TableConfig("b", 7, 4, 1)]
+    coll = EmbeddingCollection(tables, SparseSGD(0.1), seed=3)
+    assert len(coll.groups) == 1
+    group = next(iter(coll.groups.values()))
+    assert group.weight.shape == (17, 4)
+    ids = torch.tensor([[1, 9, 6], [0, 0, 0]])
+    out = coll(ids)
+    w = group.weight
+    torch.testing.assert_close(out[:, 0], torch.stack([w[1] + w[9], w[0] + w[0]]))
+    torch.testing.assert_close(out[:, 1], torch.stack([w[10 + 6], w[10 + 0]]))
+
+
+def test_init_is_independent_of_sharding():
+    table = TableConfig("t", 200_000, 6)  # spans several init chunks
+    full = init_shard(table, 3, full_shard(table), seed=5, dtype=torch.float32)
+    piece = init_shard(table, 3, ShardSpec("t", 1, 65_000, 140_000, 2, 5), 5, torch.float32)
+    torch.testing.assert_close(piece, full[65_000:140_000, 2:5], rtol=0, atol=0)
+    assert full.abs().max() <= 1 / 200_000**0.5
+
+
+def test_out_of_range_id_names_feature_id_and_table_size():
+    tables = [TableConfig("cat_0", 10, 4), TableConfig("cat_1", 5, 4)]
+    coll = EmbeddingCollection(tables, SparseSGD(0.1))
+    with pytest.raises(IdOutOfRangeError, match=r"feature 1 \(cat_1\): id 5 at sample 1 .* 5 rows"):
+        coll(torch.tensor([[0, 0], [9, 5]]))
+    with pytest.raises(IdOutOfRangeError, match="id -1"):
+        coll(torch.tensor([[-1, 0]]))
+    with pytest.raises(ValueError, match=r"ids must be \[batch, 2\]"):
+        coll(torch.tensor([[0, 0, 0]]))
+    EmbeddingCollection(tables, SparseSGD(0.1), check_ids=False)(torch.tensor([[9, 4]]))
+
+
+def test_no_update_without_grad():
+    coll = EmbeddingCollection([TableConfig("a", 10, 4)], SparseSGD(0.1))
+    before = coll.groups["w4"].weight.clone()
+    with torch.no_grad():
+        coll(torch.tensor([[1], [2]]))
+    assert torch.equal(before, coll.groups["w4"].weight)
