@@ -45,7 +45,7 @@ class RowOptimizer(Protocol):
         grads: torch.Tensor,
         step: int,
     ) -> None:
-        """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step `step` >= 1."""
+        """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1."""
         ...
 
 
