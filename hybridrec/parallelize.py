@@ -16,21 +16,98 @@ reference's gradients on the same global batch.
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 
 from hybridrec.config import Config
+from hybridrec.distributed.comm import CommStats
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import DLRM, DenseArch
 from hybridrec.optim import build_sparse_optimizer
+from hybridrec.planner import (
+    OptimizerFootprint,
+    Topology,
+    estimate_cost,
+    format_plan,
+    plan_sharding,
+)
 from hybridrec.sparse import EmbeddingCollection
+from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan
 
 log = logging.getLogger("hybridrec")
 
 
-def build_model(cfg: Config, env: DistEnv) -> tuple[DLRM, ShardingPlan | None]:
+def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
+    """The planner's placement of cfg's tables on `world_size` ranks (pure, deterministic)."""
+    topology = Topology(world_size, int(cfg.sharding.hbm_gb * 2**30))
+    return plan_sharding(
+        cfg.model.tables(),
+        topology,
+        cfg.sharding.type,
+        cfg.train.batch_size,
+        OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
+        data_parallel_max_bytes=cfg.sharding.data_parallel_max_bytes,
+    )
+
+
+def plan_report(cfg: Config, plan: ShardingPlan) -> str:
+    """The readable plan table printed at start."""
+    tables = cfg.model.tables()
+    topology = Topology(plan.world_size, int(cfg.sharding.hbm_gb * 2**30))
+    cost = estimate_cost(
+        plan,
+        tables,
+        topology,
+        cfg.train.batch_size,
+        OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
+    )
+    return format_plan(plan, cost, tables)
+
+
+def _flat(cfg: Config) -> dict[str, str]:
+    flat: dict[str, str] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            flat[prefix[:-1]] = repr(node)
+
+    walk(OmegaConf.to_container(OmegaConf.structured(cfg)), "")
+    return flat
+
+
+def verify_same_everywhere(cfg: Config, plan: ShardingPlan, env: DistEnv) -> None:
+    """All ranks must run the same config and plan; a mismatch is named at start, by key."""
+    mine = (_flat(cfg), plan.fingerprint())
+    gathered: list = [None] * env.world_size
+    dist.all_gather_object(gathered, mine, group=env.group)
+    ref_cfg, ref_plan = gathered[0]
+    for rank, (other_cfg, other_plan) in enumerate(gathered):
+        diffs = [
+            f"{k} ({ref_cfg.get(k)} on rank 0, {other_cfg.get(k)} on rank {rank})"
+            for k in sorted(set(ref_cfg) | set(other_cfg))
+            if ref_cfg.get(k) != other_cfg.get(k)
+        ]
+        if diffs:
+            raise ValueError(f"ranks were started with different configs: {'; '.join(diffs)}")
+        if other_plan != ref_plan:
+            raise ValueError(
+                f"rank {rank} computed a different sharding plan than rank 0 "
+                f"({other_plan} vs {ref_plan}); check library versions"
+            )
+
+
+def build_model(
+    cfg: Config, env: DistEnv, stats: CommStats | None = None
+) -> tuple[DLRM, ShardingPlan | None]:
     """The model for this rank and the sharding plan (None for sharding=none)."""
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
     dense = DenseArch(cfg.model).to(env.device)
@@ -44,4 +121,26 @@ def build_model(cfg: Config, env: DistEnv) -> tuple[DLRM, ShardingPlan | None]:
             )
         emb = EmbeddingCollection(tables, sparse_opt, cfg.seed, env.device, cfg.train.check_ids)
         return DLRM(dense, emb), None
-    raise ValueError(f"sharding.type={cfg.sharding.type!r} is not available yet")
+    if env.group is None:
+        raise ValueError(f"sharding={cfg.sharding.type} needs a process group (init_distributed)")
+    plan = make_plan(cfg, env.world_size)
+    verify_same_everywhere(cfg, plan, env)
+    if env.is_main:
+        log.info(
+            "sharding plan (%s, %d ranks):\n%s",
+            cfg.sharding.type,
+            env.world_size,
+            plan_report(cfg, plan),
+        )
+    emb = ShardedEmbeddingCollection(
+        tables, plan, env.group, sparse_opt, cfg.seed, env.device, cfg.train.check_ids, stats
+    )
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    # The dense part's only buffers are constant index tensors: no need to sync them per step.
+    no_sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else "broadcast_buffers"
+    )
+    dense = DistributedDataParallel(dense, device_ids=ids, **{no_sync: False})
+    return DLRM(dense, emb), plan

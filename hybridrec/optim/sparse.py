@@ -11,6 +11,10 @@ group of R rows x D columns (fp32, stored next to the weight, moved with it):
 - adam             exp_avg, exp_avg_sq [R, D]   lazy Adam, as torch.optim.SparseAdam: only touched
                    rows' moments decay; bias correction uses the group's global step count.
 
+Row-wise Adagrad's statistic is the mean of g^2 over the *whole* row. When a table is split
+column-wise, the sharded collection computes it across the column shards and passes it in as
+`row_sq_mean`, so the update equals the unsharded one.
+
 Touching only the batch's rows is the standard sparse semantics (torch SparseAdam, FBGEMM);
 where every row is touched each step it equals the dense optimizer.
 """
@@ -31,12 +35,13 @@ class SparseSGD:
     def state_spec(self, width: int) -> dict[str, int]:
         return {}
 
-    def update(self, weight, state, rows, grads, step) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
         weight.index_add_(0, rows, grads.to(weight.dtype), alpha=-self.lr)
 
 
 class RowWiseAdagrad:
     name = "rowwise_adagrad"
+    needs_full_row_stat = True  # column shards must share mean(g^2) over the full row
 
     def __init__(self, lr: float, eps: float = 1e-8) -> None:
         self.lr, self.eps = lr, eps
@@ -44,9 +49,11 @@ class RowWiseAdagrad:
     def state_spec(self, width: int) -> dict[str, int]:
         return {"sum": 1}
 
-    def update(self, weight, state, rows, grads, step) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
         acc = state["sum"]
-        new_sum = acc.index_select(0, rows) + grads.pow(2).mean(dim=1)
+        if row_sq_mean is None:
+            row_sq_mean = grads.pow(2).mean(dim=1)
+        new_sum = acc.index_select(0, rows) + row_sq_mean
         acc.index_copy_(0, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps).unsqueeze(1)
         weight.index_add_(0, rows, delta.to(weight.dtype), alpha=-self.lr)
@@ -61,7 +68,7 @@ class SparseAdam:
     def state_spec(self, width: int) -> dict[str, int]:
         return {"exp_avg": width, "exp_avg_sq": width}
 
-    def update(self, weight, state, rows, grads, step) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
         m_old = state["exp_avg"].index_select(0, rows)
         v_old = state["exp_avg_sq"].index_select(0, rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)

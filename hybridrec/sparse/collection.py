@@ -103,6 +103,10 @@ class EmbeddingCollection(nn.Module):
             }
         )
 
+    def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
+        """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
+        return [view for group in self.groups.values() for view in group.shard_views()]
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, H] int64 -> pooled [B, T, D] fp32."""
         if self.checker is not None:

@@ -44,8 +44,13 @@ class RowOptimizer(Protocol):
         rows: torch.Tensor,
         grads: torch.Tensor,
         step: int,
+        row_sq_mean: torch.Tensor | None = None,
     ) -> None:
-        """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1."""
+        """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1.
+
+        `row_sq_mean` [U], when given, is mean(g^2) over each row's full width (a column
+        shard only sees part of the row); optimizers with row-wise state use it.
+        """
         ...
 
 
@@ -77,6 +82,23 @@ def _pool(
         gathered = gathered * scale.unsqueeze(1)
     pooled = torch.zeros(num_bags, weight.shape[1], dtype=torch.float32, device=weight.device)
     return pooled.index_add_(0, bags, gathered)
+
+
+def dedupe(
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | float | None,
+    grad_pooled: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32)."""
+    grad_rows = grad_pooled.float().index_select(0, bags)
+    if isinstance(scale, torch.Tensor):
+        grad_rows = grad_rows * scale.unsqueeze(1)
+    elif scale is not None and scale != 1.0:
+        grad_rows = grad_rows * scale
+    unique_rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+    grads = torch.zeros(unique_rows.numel(), grad_pooled.shape[1], device=grad_rows.device)
+    return unique_rows, grads.index_add_(0, inverse, grad_rows)
 
 
 class _GroupLookup(torch.autograd.Function):
@@ -128,6 +150,9 @@ class FusedEmbedding(nn.Module):
         self.shards = [s for _, _, s in shards]
         self.optimizer = optimizer
         self.step_count = 0
+        # shard index -> full-row mean(g^2) [U_u] for this step, set by the sharded collection
+        # for column shards (see hybridrec.optim.sparse.RowWiseAdagrad), used once.
+        self.row_sq_override: dict[int, torch.Tensor] = {}
         offsets = [0]
         for s in self.shards:
             offsets.append(offsets[-1] + s.num_rows)
@@ -149,9 +174,13 @@ class FusedEmbedding(nn.Module):
     def state(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, f"state_{n}") for n in self.state_names}
 
-    def shard_weight(self, u: int) -> torch.Tensor:
-        """View [rows_u, D] of shard u's rows."""
-        return self.weight[self.offsets_list[u] : self.offsets_list[u + 1]]
+    def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
+        """Per shard: its spec, a view [rows_u, D] of its rows, and views of its state rows."""
+        out = []
+        for u, spec in enumerate(self.shards):
+            a, b = self.offsets_list[u], self.offsets_list[u + 1]
+            out.append((spec, self.weight[a:b], {n: s[a:b] for n, s in self.state().items()}))
+        return out
 
     def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
         """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
@@ -186,13 +215,17 @@ class FusedEmbedding(nn.Module):
         """Deduplicate the rows' gradients and let the optimizer update them in place."""
         assert self.optimizer is not None
         self.step_count += 1
-        grad_rows = grad_pooled.float().index_select(0, bags)
-        if scale is not None:
-            grad_rows = grad_rows * scale.unsqueeze(1)
-        unique_rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
-        grads = torch.zeros(unique_rows.numel(), self.width, device=grad_rows.device)
-        grads.index_add_(0, inverse, grad_rows)
-        self.optimizer.update(self.weight, self.state(), unique_rows, grads, self.step_count)
+        unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
+        row_sq = None
+        if self.row_sq_override:
+            row_sq = grads.pow(2).mean(dim=1)
+            bounds = torch.searchsorted(unique_rows, self.row_offsets).tolist()
+            for u, stat in self.row_sq_override.items():
+                row_sq[bounds[u] : bounds[u + 1]] = stat
+            self.row_sq_override = {}
+        self.optimizer.update(
+            self.weight, self.state(), unique_rows, grads, self.step_count, row_sq
+        )
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

@@ -1,0 +1,160 @@
+"""`hybridrec-plan`: print the sharding plan of a model config for a given cluster.
+
+    hybridrec-plan --model dlrm_1tb_uncapped --world-size 8 --hbm-gb 80
+
+`--model` is a name under conf/model/ or a path to a model yaml. Memory sizes given in "GB"
+are GiB (2**30 bytes, how GPU memory is sized: an "80 GB" H100 has 80 GiB); bandwidths are
+decimal (GB/s = 1e9 bytes/s, TB/s = 1e12), as links are rated. Returns 0 with a plan, 2 when
+the plan does not fit or an argument is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from hybridrec.planner.cost import estimate_cost
+from hybridrec.planner.planner import (
+    GIB,
+    MODES,
+    OPTIMIZERS,
+    OptimizerFootprint,
+    Topology,
+    plan_sharding,
+)
+from hybridrec.planner.report import format_plan
+from hybridrec.types import TableConfig
+
+MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+
+
+def _model_path(model: str) -> Path:
+    path = Path(model)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"model file {model!r} does not exist")
+        return path
+    path = MODEL_DIR / f"{model}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
+        raise ValueError(f"unknown model {model!r}; known in {MODEL_DIR}: {', '.join(known)}")
+    return path
+
+
+def _load_tables(model: str) -> tuple[str, list[TableConfig]]:
+    """(model name, tables cat_0..cat_{T-1}) from a model yaml."""
+    path = _model_path(model)
+    cfg = OmegaConf.load(path)
+    for key in ("embedding_dim", "num_embeddings_per_feature"):
+        if key not in cfg:
+            raise ValueError(f"{path}: missing field {key!r}")
+    rows = list(cfg.num_embeddings_per_feature)
+    hotness = cfg.get("hotness", 1)
+    hot = [int(hotness)] * len(rows) if isinstance(hotness, int) else list(hotness)
+    if len(hot) != len(rows):
+        raise ValueError(f"{path}: hotness has {len(hot)} entries for {len(rows)} tables")
+    pooling = cfg.get("pooling", "sum")
+    tables = [
+        TableConfig(f"cat_{i}", int(n), int(cfg.embedding_dim), int(h), pooling)
+        for i, (n, h) in enumerate(zip(rows, hot, strict=True))
+    ]
+    return str(cfg.get("name", path.stem)), tables
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hybridrec-plan",
+        description="Plan how embedding tables are sharded over ranks and print the plan, "
+        "memory per rank and an estimate of the exchange cost per step.",
+    )
+    p.add_argument(
+        "--model",
+        default="dlrm_kaggle",
+        help="model name in conf/model/ or path to a model yaml (default dlrm_kaggle)",
+    )
+    p.add_argument("--world-size", type=int, default=8, help="number of ranks (default 8)")
+    p.add_argument(
+        "--hbm-gb", type=float, default=80.0, help="device memory per rank, GiB (default 80)"
+    )
+    p.add_argument(
+        "--reserve-gb",
+        type=float,
+        default=5.0,
+        help="GiB per rank kept for the dense model and activations (default 5)",
+    )
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (default 8)")
+    p.add_argument(
+        "--intra-bw-gbps",
+        type=float,
+        default=300.0,
+        help="all-to-all GB/s per rank inside a node (default 300)",
+    )
+    p.add_argument(
+        "--inter-bw-gbps", type=float, default=25.0, help="GB/s per rank across nodes (default 25)"
+    )
+    p.add_argument(
+        "--hbm-bw-tbps",
+        type=float,
+        default=2.98,
+        help="device memory bandwidth, TB/s (default 2.98, H100)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=65536, help="global batch size (default 65536)"
+    )
+    p.add_argument("--mode", default="auto", choices=MODES, help="sharding mode (default auto)")
+    p.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=OPTIMIZERS,
+        help="sparse optimizer, for its state size (default sgd)",
+    )
+    p.add_argument(
+        "--weight-bytes",
+        type=int,
+        default=4,
+        choices=(4, 2),
+        help="bytes per embedding weight: 4 fp32, 2 fp16/bf16 (default 4)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        name, tables = _load_tables(args.model)
+        budget = int((args.hbm_gb - args.reserve_gb) * GIB)
+        if budget <= 0:
+            raise ValueError(
+                f"--hbm-gb {args.hbm_gb} minus --reserve-gb {args.reserve_gb} leaves no memory"
+            )
+        topology = Topology(
+            world_size=args.world_size,
+            hbm_bytes_per_rank=budget,
+            ranks_per_node=args.ranks_per_node,
+            intra_node_bw=args.intra_bw_gbps * 1e9,
+            inter_node_bw=args.inter_bw_gbps * 1e9,
+            hbm_bw=args.hbm_bw_tbps * 1e12,
+        )
+        optimizer = OptimizerFootprint.for_optimizer(args.optimizer)
+        plan = plan_sharding(
+            tables, topology, args.mode, args.batch_size, optimizer, args.weight_bytes
+        )
+    except ValueError as e:  # PlannerError included: it carries every rank's numbers
+        print(f"hybridrec-plan: error: {e}", file=sys.stderr)
+        return 2
+    cost = estimate_cost(plan, tables, topology, args.batch_size, optimizer, args.weight_bytes)
+    print(
+        f"model {name}: {len(tables)} tables, {args.world_size} ranks, "
+        f"global batch {args.batch_size}, mode {args.mode}, optimizer {args.optimizer}, "
+        f"{args.weight_bytes}-byte weights"
+    )
+    print(format_plan(plan, cost, tables))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

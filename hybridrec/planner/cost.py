@@ -1,0 +1,245 @@
+"""Cost model of a sharding plan: bytes stored and exchanged per rank, and a time estimate.
+
+The byte counts follow the exchange protocol of `hybridrec.sparse` exactly (a test compares
+them to what the all-to-alls really send). Notation: B = global batch, W = world size,
+B_l = B / W samples per rank, ids and lengths are int64 (8 bytes), pooled embeddings fp32
+(4 bytes). A rank never counts what it sends to itself.
+
+Forward, per step:
+
+- input dist (ids): for every table-wise or column-wise shard u of table t on rank q, each
+  rank p != q sends q the ids of its B_l samples: B_l * hotness_t * 8 bytes. For every
+  row-wise shard u on q, each p != q sends B_l lengths (8 bytes each) plus the ids that fall in
+  u's row range, B_l * hotness_t * u.num_rows / t.num_rows of them *in expectation* (ids
+  assumed uniform over the rows; real traffic follows the data). A plan with any row-wise table
+  adds one exchange of counts: every rank sends one int64 to every other rank.
+  Data-parallel tables all-gather their ids: every rank sends B_l * hotness_t * 8 bytes to each
+  other rank (so every rank can look up the global batch).
+- lookup: the owner of a TW/CW shard gathers B * hotness rows of the shard's width; a RW
+  shard gathers B * hotness * u.num_rows / t.num_rows rows in expectation; every rank gathers
+  B * hotness rows of each data-parallel table.
+- output dist (pooled embeddings): for every TW/CW/RW shard u on rank q, q sends each p != q
+  B_l * width_u * 4 bytes.
+
+Backward mirrors the forward: embedding gradients flow the opposite way with the same sizes
+(so the same time), data-parallel tables all-gather their pooled gradients (B_l * dim * 4 bytes
+to and from each other rank), then every gathered row is updated in place.
+
+Times are lower bounds from bandwidths alone (no latency, no overlap), summed per phase:
+- communication: a rank's links are full duplex, so a phase takes max(sent, received) / bw;
+  with several nodes the same-node and other-node parts run at their own bandwidths and the
+  slower of the two sets the time;
+- forward lookup: rows * width * weight_bytes / hbm_bw;
+- update: rows * (width * 4 [read the gradient] + 2 * width * weight_bytes [read and write the
+  weight] + 2 * state bytes per row [read and write optimizer state]) / hbm_bw, with no
+  deduplication of repeated ids (an upper bound on the rows touched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hybridrec.planner.planner import (
+    EMB_BYTES,
+    ID_BYTES,
+    NO_OPTIMIZER_STATE,
+    OptimizerFootprint,
+    Topology,
+    human_bytes,
+    rank_memory,
+)
+from hybridrec.types import ShardingPlan, ShardingType, TableConfig
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """What one rank stores (bytes), exchanges per forward step (bytes) and spends (seconds).
+
+    Exchange bytes exclude what the rank sends to itself; row-wise traffic is an expectation,
+    hence floats.
+    """
+
+    rank: int
+    num_shards: int
+    weight_bytes: int
+    optimizer_bytes: int
+    buffer_bytes: int
+    total_bytes: int
+    ids_sent_bytes: float
+    ids_recv_bytes: float
+    emb_sent_bytes: float
+    emb_recv_bytes: float
+    dp_grad_sent_bytes: float
+    dp_grad_recv_bytes: float
+    lookups_per_step: float  # rows gathered by this rank's lookups per step (forward)
+    input_dist_s: float
+    lookup_s: float
+    output_dist_s: float
+    backward_s: float  # embedding-gradient exchange + DP gradient all-gather + row updates
+    total_s: float  # the sum of the four phases (no overlap assumed)
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Per-rank costs of a plan, with the totals a reader wants first."""
+
+    world_size: int
+    budget_bytes: int
+    table_bytes: int  # weights of all tables, each counted once (replicas not multiplied)
+    ranks: tuple[RankCost, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((r.total_bytes for r in self.ranks), default=0)
+
+    @property
+    def total_bytes(self) -> int:
+        """Memory over all ranks (replicated tables counted on every rank)."""
+        return sum(r.total_bytes for r in self.ranks)
+
+    @property
+    def step_s(self) -> float:
+        """Estimated embedding time per step: the slowest rank (ranks meet at every all-to-all)."""
+        return max((r.total_s for r in self.ranks), default=0.0)
+
+    def summary(self) -> str:
+        """One line: '420.9 GiB of tables over 8 ranks, peak rank 55.0 GiB of 75.0 GiB budget,
+        est. step 2.05 ms' (the step estimate covers the embedding part only)."""
+        return (
+            f"{human_bytes(self.table_bytes)} of tables over {self.world_size} ranks, "
+            f"peak rank {human_bytes(self.peak_bytes)} of {human_bytes(self.budget_bytes)} "
+            f"budget, est. step {self.step_s * 1e3:.3g} ms"
+        )
+
+
+class _Exchange:
+    """An all-to-all where p sends q `to[q] + frm[p]` bytes for every p != q.
+
+    `to[q]`: what every other rank sends to q (ids for q's shards); `frm[p]`: what p sends to
+    every other rank (its pooled outputs, all-gathered ids). Sums by node keep this O(W).
+    """
+
+    def __init__(self, world: int) -> None:
+        self.to: list[float] = [0] * world
+        self.frm: list[float] = [0] * world
+
+    def per_rank(self, topo: Topology) -> list[tuple[float, float, float, float]]:
+        """(sent same-node, sent other-node, received same-node, received other-node) per rank."""
+        world = len(self.to)
+        nodes = [topo.node_of(r) for r in range(world)]
+        to_node: dict[int, float] = {}
+        frm_node: dict[int, float] = {}
+        size: dict[int, int] = {}
+        for r, n in enumerate(nodes):
+            to_node[n] = to_node.get(n, 0) + self.to[r]
+            frm_node[n] = frm_node.get(n, 0) + self.frm[r]
+            size[n] = size.get(n, 0) + 1
+        all_to, all_frm = sum(self.to), sum(self.frm)
+        out = []
+        for r, n in enumerate(nodes):
+            sent = all_to - self.to[r] + (world - 1) * self.frm[r]
+            sent_near = to_node[n] - self.to[r] + (size[n] - 1) * self.frm[r]
+            recv = (world - 1) * self.to[r] + all_frm - self.frm[r]
+            recv_near = (size[n] - 1) * self.to[r] + frm_node[n] - self.frm[r]
+            out.append((sent_near, sent - sent_near, recv_near, recv - recv_near))
+        return out
+
+
+def _comm_s(
+    near_sent: float, far_sent: float, near_recv: float, far_recv: float, topo: Topology
+) -> float:
+    return max(
+        max(near_sent, near_recv) / topo.intra_node_bw, max(far_sent, far_recv) / topo.inter_node_bw
+    )
+
+
+def estimate_cost(
+    plan: ShardingPlan,
+    tables: Sequence[TableConfig],
+    topology: Topology,
+    batch_size: int,
+    optimizer: OptimizerFootprint = NO_OPTIMIZER_STATE,
+    weight_bytes: int = 4,
+) -> PlanCost:
+    """Bytes and estimated seconds per rank for one training step of `plan` (see module doc)."""
+    world = plan.world_size
+    if topology.world_size != world:
+        raise ValueError(f"plan is for {world} ranks, topology for {topology.world_size}")
+    if batch_size < 1 or batch_size % world != 0:
+        raise ValueError(
+            f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"
+        )
+    by_name = {t.name: t for t in tables}
+    missing = [tp.table for tp in plan.tables if tp.table not in by_name]
+    if missing:
+        raise ValueError(f"plan tables missing from `tables`: {missing}")
+    b_local = batch_size // world
+
+    ids, emb, dp_grad = _Exchange(world), _Exchange(world), _Exchange(world)
+    lookups = [0.0] * world  # rows gathered per step
+    fwd_bytes = [0.0] * world  # bytes read by the forward gather
+    upd_bytes = [0.0] * world  # bytes touched by the backward update
+    shards = [0] * world
+    for tp in plan.tables:
+        t = by_name[tp.table]
+        for s in tp.shards:
+            shards[s.rank] += 1
+            if tp.sharding is ShardingType.DATA_PARALLEL:
+                ids.frm[s.rank] += b_local * t.hotness * ID_BYTES
+                dp_grad.frm[s.rank] += b_local * s.width * EMB_BYTES
+                rows = batch_size * t.hotness
+            elif tp.sharding is ShardingType.ROW_WISE:
+                share = s.num_rows / t.num_rows
+                ids.to[s.rank] += b_local * ID_BYTES + b_local * t.hotness * share * ID_BYTES
+                emb.frm[s.rank] += b_local * s.width * EMB_BYTES
+                rows = batch_size * t.hotness * share
+            else:
+                ids.to[s.rank] += b_local * t.hotness * ID_BYTES
+                emb.frm[s.rank] += b_local * s.width * EMB_BYTES
+                rows = batch_size * t.hotness
+            lookups[s.rank] += rows
+            fwd_bytes[s.rank] += rows * s.width * weight_bytes
+            state = optimizer.bytes_per_row + s.width * optimizer.bytes_per_element
+            upd_bytes[s.rank] += rows * (
+                s.width * EMB_BYTES + 2 * s.width * weight_bytes + 2 * state
+            )
+    if any(tp.sharding is ShardingType.ROW_WISE for tp in plan.tables):
+        for r in range(world):  # the count exchange: one int64 to every other rank
+            ids.frm[r] += ID_BYTES
+
+    memory = rank_memory(plan, tables, batch_size, optimizer, weight_bytes)
+    ids_t, emb_t, dp_t = ids.per_rank(topology), emb.per_rank(topology), dp_grad.per_rank(topology)
+    ranks = []
+    for r in range(world):
+        input_s = _comm_s(*ids_t[r], topology)
+        lookup_s = fwd_bytes[r] / topology.hbm_bw
+        output_s = _comm_s(*emb_t[r], topology)
+        # the gradient exchange mirrors the output dist: sent and received swap, same time
+        backward_s = output_s + _comm_s(*dp_t[r], topology) + upd_bytes[r] / topology.hbm_bw
+        ranks.append(
+            RankCost(
+                rank=r,
+                num_shards=shards[r],
+                weight_bytes=memory[r].weights,
+                optimizer_bytes=memory[r].optimizer,
+                buffer_bytes=memory[r].buffers,
+                total_bytes=memory[r].total,
+                ids_sent_bytes=ids_t[r][0] + ids_t[r][1],
+                ids_recv_bytes=ids_t[r][2] + ids_t[r][3],
+                emb_sent_bytes=emb_t[r][0] + emb_t[r][1],
+                emb_recv_bytes=emb_t[r][2] + emb_t[r][3],
+                dp_grad_sent_bytes=dp_t[r][0] + dp_t[r][1],
+                dp_grad_recv_bytes=dp_t[r][2] + dp_t[r][3],
+                lookups_per_step=lookups[r],
+                input_dist_s=input_s,
+                lookup_s=lookup_s,
+                output_dist_s=output_s,
+                backward_s=backward_s,
+                total_s=input_s + lookup_s + output_s + backward_s,
+            )
+        )
+    table_bytes = sum(
+        by_name[tp.table].num_rows * by_name[tp.table].dim * weight_bytes for tp in plan.tables
+    )
+    return PlanCost(world, topology.hbm_bytes_per_rank, table_bytes, tuple(ranks))

@@ -1,0 +1,70 @@
+"""Run a function on W gloo ranks in fresh processes and collect what each returns.
+
+`spawn(world_size, fn, *args)` starts W processes (spawn context, one torch thread each), joins
+them into a gloo group through a file:// rendezvous in a temp dir, calls fn(env, *args) on
+every rank and returns the per-rank results. A rank that raises makes the whole call fail
+with that rank's traceback; a run that outlives `timeout` is killed and reported, never hung.
+`fn` must be a module-level function (it is pickled into the child processes).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _entry(fn: Callable, rank: int, world: int, init: str, out: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    from hybridrec.distributed import destroy_distributed, init_distributed
+
+    env = None
+    try:
+        env = init_distributed("cpu", timeout_s=60, init_method=init, rank=rank, world_size=world)
+        result = fn(env, *args)
+        torch.save(result, Path(out) / f"result_{rank}.pt")
+    except BaseException:
+        (Path(out) / f"error_{rank}.txt").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        if env is not None:
+            destroy_distributed(env)
+
+
+def spawn(world_size: int, fn: Callable, *args: Any, timeout: float = 240) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{tmp}/rendezvous"
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world_size, init, tmp, args))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        alive = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        errors = sorted(Path(tmp).glob("error_*.txt"))
+        if errors:
+            raise AssertionError("\n".join(f"--- {e.stem}\n{e.read_text()}" for e in errors))
+        if alive:
+            raise TimeoutError(f"ranks {alive} still running after {timeout}s")
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        if bad:
+            raise AssertionError(f"ranks exited with errors (rank, exit code): {bad}")
+        return [
+            torch.load(Path(tmp) / f"result_{r}.pt", weights_only=False) for r in range(world_size)
+        ]
