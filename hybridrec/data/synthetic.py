@@ -77,6 +77,9 @@ class SyntheticCriteo:
         h = (h * 40_503 + 12_345) % _PRIME
         return h.double() / (_PRIME - 1) * 2.0 - 1.0
 
+    def steps_per_epoch(self, batch_size: int, split: str = "train") -> int | None:
+        return None  # endless
+
     def batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
         """Global batch number `step` of `split` ('train' or 'eval')."""
         g = self._generator(split, step)

@@ -110,8 +110,8 @@ class PlannerError(ValueError):
         for rank, need in enumerate(self.needs):
             over = "  OVER" if need > budget else ""
             lines.append(
-                f"  rank {rank}: needs {need / GIB:.2f} GiB ({need:,} bytes)"
-                f" of budget {budget / GIB:.2f} GiB ({budget:,} bytes){over}"
+                f"  rank {rank}: needs {human_bytes(need)} ({need:,} bytes)"
+                f" of budget {human_bytes(budget)} ({budget:,} bytes){over}"
             )
         if hint:
             lines.append(hint)

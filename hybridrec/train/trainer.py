@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hybridrec.config import Config
-from hybridrec.data import SyntheticCriteo
+from hybridrec.data import build_loader, build_source
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import build_dense_optimizer
@@ -62,15 +62,7 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, run_dir: Path | None = None) -> None:
         self.cfg, self.env = cfg, env
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        tables = cfg.model.tables()
-        self.data = SyntheticCriteo(
-            tables,
-            cfg.model.num_dense_features,
-            cfg.seed,
-            cfg.data.zipf_exponent,
-            cfg.data.teacher_scale,
-            cfg.data.label_noise,
-        )
+        self.source = build_source(cfg)
         self.model, self.plan = build_model(cfg, env)
         self.dense_opt = build_dense_optimizer(
             self.model.dense.parameters(), cfg.optim.dense, env.device
@@ -84,13 +76,19 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
 
     # -- data -------------------------------------------------------------------------------
-    def local_slice(self, batch: Batch) -> Batch:
-        """This rank's contiguous slice of a global batch."""
-        n = batch.size // self.env.world_size
-        return batch.slice(self.env.rank * n, (self.env.rank + 1) * n)
+    def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201
+        batch = self.cfg.train.batch_size if split == "train" else self.cfg.eval.batch_size
+        return build_loader(
+            self.cfg, self.source, self.env.rank, self.env.world_size, batch, split, start_step
+        )
 
     def train_batch(self, step: int) -> Batch:
-        return self.local_slice(self.data.batch(step, self.cfg.train.batch_size, "train"))
+        """This rank's slice of global training batch `step` (random access, for tests)."""
+        loader = self.loader("train", step)
+        try:
+            return next(loader)
+        finally:
+            loader.close()
 
     # -- steps ------------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> torch.Tensor:
@@ -118,12 +116,13 @@ class Trainer:
         """Exact metrics over `eval.batches` held-out global batches (same on every rank)."""
         self.model.eval()
         logits, labels = [], []
-        for i in range(self.cfg.eval.batches):
-            batch = self.local_slice(self.data.batch(i, self.cfg.eval.batch_size, "eval"))
+        loader = self.loader("eval")
+        for _, batch in zip(range(self.cfg.eval.batches), loader, strict=False):
             batch = batch.to(self.env.device)
             with self.autocast:
                 logits.append(self.model(batch.dense, batch.ids).float())
             labels.append(batch.labels)
+        loader.close()
         if not logits:
             return {}
         local = torch.stack([torch.cat(logits), torch.cat(labels)])
@@ -163,8 +162,9 @@ class Trainer:
         t_last, n_last = time.perf_counter(), 0
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}
+        loader = self.loader("train", 0)
         for step in range(1, steps + 1):
-            loss = self.train_step(self.train_batch(step - 1))
+            loss = self.train_step(next(loader))
             if step % cfg.train.log_every == 0 or step == steps:
                 mean_loss = self.global_mean(loss)
                 if not math.isfinite(mean_loss):
@@ -202,6 +202,7 @@ class Trainer:
                 t_last = time.perf_counter()  # eval time is not training throughput
             if bar is not None:
                 bar.update(1)
+        loader.close()
         if bar is not None:
             bar.close()
         self.logger.close()

@@ -249,7 +249,7 @@ def test_table_wise_error_names_the_table_and_every_rank():
     assert "'whale'" in msg and "column_wise" in msg and "row_wise" in msg and "auto" in msg
     for r in range(3):
         assert f"rank {r}: needs" in msg
-    assert "GiB (" in msg and "bytes)" in msg and "0.10 GiB (104,857,600 bytes)" in msg
+    assert "bytes)" in msg and "100.0 MiB (104,857,600 bytes)" in msg
     assert len(info.value.needs) == 3 and info.value.budget == 100 * MIB
     assert all(n > 100 * MIB for n in info.value.needs)
     again = pickle.loads(pickle.dumps(info.value))
