@@ -115,6 +115,7 @@ class TrainLoopConfig:
     log_every: int = 20
     check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
+    autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
 
 
 @dataclass
@@ -208,6 +209,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("logger.name", c.logger.name, LOGGERS)
     _choice("logger.mode", c.logger.mode, WANDB_MODES)
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
+    _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     n = len(m.num_embeddings_per_feature)
     if n == 0:
         raise ValueError("model.num_embeddings_per_feature must list at least one table")

@@ -54,14 +54,16 @@ def main(raw: DictConfig) -> float | None:
     cfg = validate(raw, world_size=world)
     env = init_distributed(cfg.device, cfg.dist.timeout_s, force_group=cfg.sharding.type != "none")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    ok = False
     try:
         from hybridrec.train.trainer import Trainer
 
         if env.is_main:
             log.info("run dir %s", run_dir)
         result = Trainer(cfg, env, run_dir).fit()
+        ok = True
     finally:
-        destroy_distributed(env)
+        destroy_distributed(env, barrier=ok)
     auc = result["eval"].get("auc")
     return None if auc is None else float(auc)
 

@@ -108,6 +108,14 @@ def init_distributed(
     return DistEnv(rank, world_size, local_rank, dev, dist.group.WORLD)
 
 
-def destroy_distributed(env: DistEnv) -> None:
-    if env.group is not None and dist.is_initialized():
-        dist.destroy_process_group()
+def destroy_distributed(env: DistEnv, barrier: bool = True) -> None:
+    """Tear the group down; with `barrier`, first wait until every rank got here, so no rank
+    closes its connections while a peer still talks (gloo aborts on that at exit)."""
+    if env.group is None or not dist.is_initialized():
+        return
+    if barrier:
+        try:
+            dist.barrier(group=env.group)
+        except RuntimeError as e:  # a peer already failed: its own error says why
+            log.warning("rank %d: barrier before shutdown failed: %s", env.rank, e)
+    dist.destroy_process_group()

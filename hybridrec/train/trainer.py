@@ -70,7 +70,9 @@ class Trainer:
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
         self.autocast = torch.autocast(
-            device_type=env.device.type, dtype=torch.bfloat16, enabled=cuda
+            device_type=env.device.type,
+            dtype=torch.bfloat16,
+            enabled=cuda and cfg.train.autocast == "bf16",
         )
         self.logger = build_loggers(cfg, env, self.run_dir) if self.run_dir else NullLogger()
         self.history: list[dict[str, Any]] = []

@@ -21,30 +21,38 @@ from typing import Any
 import torch
 
 
-def _entry(fn: Callable, rank: int, world: int, init: str, out: str, args: tuple) -> None:
+def _entry(
+    fn: Callable, rank: int, world: int, init: str, out: str, args: tuple, timeout_s: float
+) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("WANDB_MODE", "offline")
     from hybridrec.distributed import destroy_distributed, init_distributed
 
-    env = None
+    env, ok = None, False
     try:
-        env = init_distributed("cpu", timeout_s=60, init_method=init, rank=rank, world_size=world)
+        env = init_distributed(
+            "cpu", timeout_s=timeout_s, init_method=init, rank=rank, world_size=world
+        )
         result = fn(env, *args)
         torch.save(result, Path(out) / f"result_{rank}.pt")
+        ok = True
     except BaseException:
         (Path(out) / f"error_{rank}.txt").write_text(traceback.format_exc())
         raise SystemExit(1) from None
     finally:
         if env is not None:
-            destroy_distributed(env)
+            destroy_distributed(env, barrier=ok)
 
 
-def spawn(world_size: int, fn: Callable, *args: Any, timeout: float = 240) -> list[Any]:
+def spawn(
+    world_size: int, fn: Callable, *args: Any, timeout: float = 240, dist_timeout: float = 60
+) -> list[Any]:
+    """Per-rank results of fn(env, *args); None for a rank that exited 0 without returning."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/rendezvous"
         procs = [
-            ctx.Process(target=_entry, args=(fn, r, world_size, init, tmp, args))
+            ctx.Process(target=_entry, args=(fn, r, world_size, init, tmp, args, dist_timeout))
             for r in range(world_size)
         ]
         for p in procs:
@@ -65,6 +73,5 @@ def spawn(world_size: int, fn: Callable, *args: Any, timeout: float = 240) -> li
         bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
         if bad:
             raise AssertionError(f"ranks exited with errors (rank, exit code): {bad}")
-        return [
-            torch.load(Path(tmp) / f"result_{r}.pt", weights_only=False) for r in range(world_size)
-        ]
+        files = [Path(tmp) / f"result_{r}.pt" for r in range(world_size)]
+        return [torch.load(f, weights_only=False) if f.exists() else None for f in files]

@@ -1,0 +1,87 @@
+"""Failure modes of multi-rank runs: each ends in a clear error on every rank, never a hang.
+
+- ranks started with different configs -> an error at start naming the differing key;
+- an out-of-range id on one rank -> that rank names the feature and id, the others say
+  another rank found one (all fail in the same step instead of waiting on each other);
+- a rank that dies, or stops answering -> the others fail within the collective timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from hybridrec.model import loss_fn
+from hybridrec.parallelize import build_model
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import make_cfg
+
+pytestmark = pytest.mark.slow
+
+
+def _try(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects the message
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def different_configs(env):
+    cfg = make_cfg("table_wise", "sgd", env.world_size)
+    if env.rank == 1:
+        cfg.optim.sparse.lr = 0.123
+    return _try(lambda: build_model(cfg, env))
+
+
+def test_ranks_with_different_configs_fail_at_start():
+    msgs = spawn(2, different_configs)
+    for m in msgs:
+        assert m is not None and "ranks were started with different configs" in m
+        assert "optim.sparse.lr (0.5 on rank 0, 0.123 on rank 1)" in m
+
+
+def bad_id_on_rank_1(env):
+    cfg = make_cfg("row_wise", "sgd", env.world_size)
+    model, _ = build_model(cfg, env)
+    from hybridrec.data import build_source
+
+    batch = build_source(cfg).batch(0, cfg.train.batch_size)
+    n = batch.size // env.world_size
+    batch = batch.slice(env.rank * n, (env.rank + 1) * n)
+    if env.rank == 1:
+        batch.ids[5, 3] = 700  # table cat_2 has 700 rows; column 3 is its only id
+    return _try(lambda: loss_fn(model(batch.dense, batch.ids), batch.labels).backward())
+
+
+def test_out_of_range_id_on_one_rank_fails_all_ranks():
+    msgs = spawn(2, bad_id_on_rank_1)
+    assert "IdOutOfRangeError" in msgs[1] and "id 700 at sample 29" in msgs[1]
+    assert "cat_2" in msgs[1] and "700 rows" in msgs[1]
+    assert "another rank found an out-of-range id" in msgs[0]
+
+
+def dead_or_stuck_peer(env, how):
+    cfg = make_cfg("table_wise", "sgd", env.world_size)
+    model, _ = build_model(cfg, env)
+    from hybridrec.data import build_source
+
+    batch = build_source(cfg).batch(0, cfg.train.batch_size).slice(0, 24)
+    if env.rank == 1:
+        if how == "dies":
+            os._exit(0)  # gone without a word: no result, no error file
+        time.sleep(25)  # stuck: alive but never joins the next collective
+        return None
+    start = time.monotonic()
+    msg = _try(lambda: loss_fn(model(batch.dense, batch.ids), batch.labels).backward())
+    return msg, time.monotonic() - start
+
+
+@pytest.mark.parametrize("how", ["dies", "stuck"])
+def test_dead_or_stuck_rank_gives_error_within_timeout(how):
+    results = spawn(2, dead_or_stuck_peer, how, dist_timeout=5, timeout=90)
+    msg, elapsed = results[0]
+    assert msg is not None, "rank 0 finished a step without its peer"
+    assert elapsed < 20, f"rank 0 waited {elapsed:.0f}s (collective timeout is 5s)"
