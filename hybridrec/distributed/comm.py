@@ -1,16 +1,15 @@
-"""Collectives as small autograd Functions whose backward is the mirror exchange.
+"""Collectives with explicit process groups and byte accounting; nothing here knows about
+models or tables. Shapes are per rank; W = world size.
 
-Everything takes its process group explicitly; nothing here knows about models or tables.
-Shapes are per rank; W = world size, r = this rank.
-
-- AllToAllSingle: x [sum(in_splits), *] -> y [sum(out_splits), *]; row block q of x goes to
-  rank q, row block p of y came from rank p. Backward: the same exchange with the splits
-  swapped. Uses all_to_all_single (gloo rejects list-form all_to_all with unequal sizes).
-- LocalSlice: x [W*n, *] identical on every rank -> rows [r*n, (r+1)*n). Backward: all-gather
-  of the slices' gradients, so every rank gets the full [W*n, *] gradient (data-parallel
-  tables update their replicas from the whole global batch).
+- all_to_all: x [sum(in_splits), *] -> y [sum(out_splits), *]; row block q of x goes to rank
+  q, row block p of y came from rank p. Uses all_to_all_single (gloo rejects list-form
+  all_to_all with unequal sizes). Its mirror (the backward of an exchange) is the same call
+  with the splits swapped; hybridrec.sparse.sharded wraps both directions, and the other
+  backward collectives, in one autograd Function so their order is fixed on every rank.
+- all_gather_rows / all_reduce_sum: replicated tables' row gradients, sparse or dense.
 - ScaleGrad: identity forward, gradient times a constant (the 1/W of the gradient-scaling
   convention, see hybridrec.parallelize).
+- any_rank: a boolean OR over ranks, so all ranks can fail together instead of hanging.
 
 CommStats counts the bytes each exchange moves to and from *other* ranks, so tests can hold
 the planner's cost model to the bytes actually sent.
@@ -66,62 +65,6 @@ def all_to_all(
     return out
 
 
-class AllToAllSingle(torch.autograd.Function):
-    """Differentiable all_to_all_single; backward sends gradients back along the same routes."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        x: torch.Tensor,
-        out_splits: list[int],
-        in_splits: list[int],
-        group: dist.ProcessGroup,
-        stats: CommStats | None,
-        name: str,
-    ) -> torch.Tensor:
-        ctx.splits, ctx.group, ctx.stats, ctx.name = (out_splits, in_splits), group, stats, name
-        return all_to_all(x, out_splits, in_splits, group, stats, name)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
-        out_splits, in_splits = ctx.splits
-        g = all_to_all(grad, in_splits, out_splits, ctx.group, ctx.stats, ctx.name + ".backward")
-        return g, None, None, None, None, None
-
-
-def all_gather_rows(
-    x: torch.Tensor,
-    group: dist.ProcessGroup,
-    stats: CommStats | None = None,
-    name: str = "all_gather",
-) -> torch.Tensor:
-    """[n, *] on every rank -> [W*n, *], rank p's rows at block p (no autograd)."""
-    world = dist.get_world_size(group)
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    if stats is not None:
-        nbytes = x.numel() * x.element_size() * (world - 1)
-        stats.add(name, nbytes, nbytes)
-    return torch.cat(parts)
-
-
-class LocalSlice(torch.autograd.Function):
-    """This rank's row block of a tensor every rank computed; backward all-gathers gradients."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, stats: CommStats | None, name: str
-    ) -> torch.Tensor:
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
-        n = x.shape[0] // world
-        ctx.group, ctx.stats, ctx.name = group, stats, name
-        return x[rank * n : (rank + 1) * n].clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
-        return all_gather_rows(grad, ctx.group, ctx.stats, ctx.name + ".backward"), None, None, None
-
-
 class ScaleGrad(torch.autograd.Function):
     """y = x; dL/dx = scale * dL/dy."""
 
@@ -133,6 +76,38 @@ class ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         return grad * ctx.scale, None
+
+
+def all_gather_rows(
+    x: torch.Tensor,
+    group: dist.ProcessGroup,
+    stats: CommStats | None = None,
+    name: str = "all_gather",
+) -> torch.Tensor:
+    """[n, *] on every rank (same n) -> [W * n, *], rank p's rows at block p."""
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    if stats is not None:
+        nbytes = (world - 1) * x.numel() * x.element_size()
+        stats.add(name, nbytes, nbytes)
+    return torch.cat(parts)
+
+
+def all_reduce_sum(
+    x: torch.Tensor,
+    group: dist.ProcessGroup,
+    stats: CommStats | None = None,
+    name: str = "all_reduce",
+) -> torch.Tensor:
+    """In-place sum over ranks. Counted as a ring all-reduce moves data: 2 (W-1)/W x bytes
+    sent and received per rank."""
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    if stats is not None:
+        world = dist.get_world_size(group)
+        nbytes = 2 * (world - 1) * x.numel() * x.element_size() / world
+        stats.add(name, nbytes, nbytes)
+    return x
 
 
 def any_rank(flag: bool, group: dist.ProcessGroup, device: torch.device) -> bool:

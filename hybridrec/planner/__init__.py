@@ -18,6 +18,7 @@ from hybridrec.planner.planner import (
     column_widths,
     plan_sharding,
     rank_memory,
+    replica_sync,
     row_ranges,
     shard_memory,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Topology",
     "column_widths",
     "estimate_cost",
+    "replica_sync",
     "format_plan",
     "plan_sharding",
     "rank_memory",

@@ -13,17 +13,18 @@ Forward, per step:
   u's row range, B_l * hotness_t * u.num_rows / t.num_rows of them *in expectation* (ids
   assumed uniform over the rows; real traffic follows the data). A plan with any row-wise table
   adds one exchange of counts: every rank sends one int64 to every other rank.
-  Data-parallel tables all-gather their ids: every rank sends B_l * hotness_t * 8 bytes to each
-  other rank (so every rank can look up the global batch).
+  Data-parallel tables exchange nothing in forward: each rank looks up its own samples.
 - lookup: the owner of a TW/CW shard gathers B * hotness rows of the shard's width; a RW
   shard gathers B * hotness * u.num_rows / t.num_rows rows in expectation; every rank gathers
-  B * hotness rows of each data-parallel table.
+  B_l * hotness rows of each data-parallel table.
 - output dist (pooled embeddings): for every TW/CW/RW shard u on rank q, q sends each p != q
   B_l * width_u * 4 bytes.
 
 Backward mirrors the forward: embedding gradients flow the opposite way with the same sizes
-(so the same time), data-parallel tables all-gather their pooled gradients (B_l * dim * 4 bytes
-to and from each other rank), then every gathered row is updated in place.
+(so the same time), then every gathered row is updated in place. Data-parallel tables sync
+their row gradients per table the cheaper of two ways (`replica_sync`): all-reduce a dense
+[rows, dim + 1] buffer (tiny tables), or all-gather each rank's touched rows (large ones;
+the bytes are then an upper bound: at most min(rows, B_l * hotness) rows per rank).
 
 Times are lower bounds from bandwidths alone (no latency, no overlap), summed per phase:
 - communication: a rank's links are full duplex, so a phase takes max(sent, received) / bw;
@@ -48,6 +49,7 @@ from hybridrec.planner.planner import (
     Topology,
     human_bytes,
     rank_memory,
+    replica_sync,
 )
 from hybridrec.types import ShardingPlan, ShardingType, TableConfig
 
@@ -176,7 +178,9 @@ def estimate_cost(
         raise ValueError(f"plan tables missing from `tables`: {missing}")
     b_local = batch_size // world
 
-    ids, emb, dp_grad = _Exchange(world), _Exchange(world), _Exchange(world)
+    ids, emb = _Exchange(world), _Exchange(world)
+    dp_reduce = [0.0] * world  # bytes sent to sync replicated tables' gradients
+    dp_groups: dict[tuple[int, int], list[int]] = {}  # (rank, width) -> [rows, ids per step]
     lookups = [0.0] * world  # rows gathered per step
     fwd_bytes = [0.0] * world  # bytes read by the forward gather
     upd_bytes = [0.0] * world  # bytes touched by the backward update
@@ -186,9 +190,10 @@ def estimate_cost(
         for s in tp.shards:
             shards[s.rank] += 1
             if tp.sharding is ShardingType.DATA_PARALLEL:
-                ids.frm[s.rank] += b_local * t.hotness * ID_BYTES
-                dp_grad.frm[s.rank] += b_local * s.width * EMB_BYTES
-                rows = batch_size * t.hotness
+                group = dp_groups.setdefault((s.rank, s.width), [0, 0])
+                group[0] += s.num_rows
+                group[1] += b_local * t.hotness
+                rows = b_local * t.hotness
             elif tp.sharding is ShardingType.ROW_WISE:
                 share = s.num_rows / t.num_rows
                 ids.to[s.rank] += b_local * ID_BYTES + b_local * t.hotness * share * ID_BYTES
@@ -204,19 +209,25 @@ def estimate_cost(
             upd_bytes[s.rank] += rows * (
                 s.width * EMB_BYTES + 2 * s.width * weight_bytes + 2 * state
             )
+    for (rank, width), (rows, ids_per_rank) in dp_groups.items():
+        # replicated tables of one width form one fused group, synced together
+        dp_reduce[rank] += replica_sync(rows, width, ids_per_rank, world)[1]
     if any(tp.sharding is ShardingType.ROW_WISE for tp in plan.tables):
         for r in range(world):  # the count exchange: one int64 to every other rank
             ids.frm[r] += ID_BYTES
 
     memory = rank_memory(plan, tables, batch_size, optimizer, weight_bytes)
-    ids_t, emb_t, dp_t = ids.per_rank(topology), emb.per_rank(topology), dp_grad.per_rank(topology)
+    ids_t, emb_t = ids.per_rank(topology), emb.per_rank(topology)
+    multi_node = topology.node_of(world - 1) != topology.node_of(0)
+    reduce_bw = topology.inter_node_bw if multi_node else topology.intra_node_bw
     ranks = []
     for r in range(world):
         input_s = _comm_s(*ids_t[r], topology)
         lookup_s = fwd_bytes[r] / topology.hbm_bw
         output_s = _comm_s(*emb_t[r], topology)
         # the gradient exchange mirrors the output dist: sent and received swap, same time
-        backward_s = output_s + _comm_s(*dp_t[r], topology) + upd_bytes[r] / topology.hbm_bw
+        dp_s = dp_reduce[r] / reduce_bw
+        backward_s = output_s + dp_s + upd_bytes[r] / topology.hbm_bw
         ranks.append(
             RankCost(
                 rank=r,
@@ -229,8 +240,8 @@ def estimate_cost(
                 ids_recv_bytes=ids_t[r][2] + ids_t[r][3],
                 emb_sent_bytes=emb_t[r][0] + emb_t[r][1],
                 emb_recv_bytes=emb_t[r][2] + emb_t[r][3],
-                dp_grad_sent_bytes=dp_t[r][0] + dp_t[r][1],
-                dp_grad_recv_bytes=dp_t[r][2] + dp_t[r][3],
+                dp_grad_sent_bytes=dp_reduce[r],
+                dp_grad_recv_bytes=dp_reduce[r],
                 lookups_per_step=lookups[r],
                 input_dist_s=input_s,
                 lookup_s=lookup_s,

@@ -157,6 +157,23 @@ def shard_memory(
     )
 
 
+def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[str, float]:
+    """How a replicated table's row gradients are synced, and the bytes each rank sends.
+
+    - "all_reduce": one [rows, width + 1] fp32 buffer (summed gradients plus a "touched"
+      count), ring all-reduce: 2 (W-1)/W x rows x (width + 1) x 4 bytes. Best for tiny tables.
+    - "all_gather": each rank's touched rows (at most min(rows, ids_per_rank)) with their
+      gradients, padded to the largest rank's count: (W-1) x U x (width x 4 + 8) bytes. Best
+      when a step touches few of a large table's rows.
+    The runtime (hybridrec.sparse.sharded) makes the same choice from the same numbers.
+    """
+    reduce_bytes = 2 * (world - 1) / world * rows * (width + 1) * EMB_BYTES
+    gather_bytes = (world - 1) * min(rows, ids_per_rank) * (width * EMB_BYTES + ID_BYTES)
+    if gather_bytes < reduce_bytes:
+        return "all_gather", gather_bytes
+    return "all_reduce", reduce_bytes
+
+
 def rank_memory(
     plan: ShardingPlan,
     tables: Sequence[TableConfig],
@@ -164,13 +181,20 @@ def rank_memory(
     optimizer: OptimizerFootprint,
     weight_bytes: int,
 ) -> list[MemoryUse]:
-    """Memory each rank of `plan` needs (index = rank)."""
+    """Memory each rank of `plan` needs (index = rank), including the buffer that syncs
+    replicated tables' gradients (a dense [rows, width + 1] one when they are all-reduced)."""
     by_name = {t.name: t for t in tables}
     use = [MemoryUse() for _ in range(plan.world_size)]
+    b_local = batch_size // plan.world_size
     for tp in plan.tables:
         table = by_name[tp.table]
         for s in tp.shards:
             mem = shard_memory(table, s.num_rows, s.width, batch_size, optimizer, weight_bytes)
+            if tp.sharding is ShardingType.DATA_PARALLEL:
+                ids = b_local * table.hotness
+                how, _ = replica_sync(s.num_rows, s.width, ids, plan.world_size)
+                rows = s.num_rows if how == "all_reduce" else plan.world_size * min(s.num_rows, ids)
+                mem = mem + MemoryUse(buffers=rows * (s.width + 1) * EMB_BYTES)
             use[s.rank] = use[s.rank] + mem
     return use
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, regular_bags
+from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import Pooling, ShardSpec, TableConfig, hot_offsets
 
 
@@ -87,6 +88,7 @@ class EmbeddingCollection(nn.Module):
         self.tables = list(tables)
         self.offsets = hot_offsets(self.tables)
         self.checker = IdChecker(self.tables) if check_ids else None
+        self.timer: PhaseTimer = NULL_TIMER  # the trainer sets its own
         by_width: dict[int, list[int]] = {}
         for i, t in enumerate(self.tables):
             by_width.setdefault(t.dim, []).append(i)
@@ -113,6 +115,11 @@ class EmbeddingCollection(nn.Module):
             self.checker(ids)
         B = ids.shape[0]
         out: list[torch.Tensor | None] = [None] * len(self.tables)
+        with self.timer.phase("lookup"):
+            self._lookup(ids, B, out)
+        return torch.stack(out, dim=1)  # type: ignore[arg-type]
+
+    def _lookup(self, ids: torch.Tensor, B: int, out: list[torch.Tensor | None]) -> None:
         for key, group in self.groups.items():
             idx = self.group_tables[key]
             inputs = []
@@ -123,4 +130,3 @@ class EmbeddingCollection(nn.Module):
                 inputs.append(LookupInput(cols.reshape(-1), bags, B, pooling_scale(t)))
             for i, pooled in zip(idx, group(inputs), strict=True):
                 out[i] = pooled
-        return torch.stack(out, dim=1)  # type: ignore[arg-type]

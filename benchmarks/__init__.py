@@ -1,0 +1,1 @@
+"""Speed benchmarks; see benchmarks/README.md."""
