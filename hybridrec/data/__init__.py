@@ -1,37 +1,53 @@
-"""Data sources and loaders. `synthetic` (the default) needs no files."""
+"""Data: sources, loaders, Criteo preprocessing, datasets. `synthetic` (the default) needs no files.
+
+Names are imported on first use (PEP 562), so `hybridrec-preprocess` and its worker processes
+load only numpy and pyarrow, not torch.
+
+    build_source, build_loader       config -> source / per-rank loader   (data.build)
+    SyntheticCriteo                  the endless synthetic stream          (data.synthetic)
+    preprocess, PreprocessOptions    raw Criteo TSV -> binary dataset      (data.preprocess)
+    open_dataset, Dataset            memmapped arrays + manifest           (data.dataset)
+    Manifest                         the dataset's JSON manifest           (data.manifest)
+    BinarySource                     a dataset as a batch source           (data.source)
+    MemmapReader, DaliReader         rows -> Batch                         (data.readers)
+    SliceLoader, BroadcastLoader     per-rank / rank-0-broadcast loaders
+"""
 
 from __future__ import annotations
 
-from hybridrec.config import Config
-from hybridrec.data.loader import BatchSource, SliceLoader
-from hybridrec.data.synthetic import SyntheticCriteo
+import importlib
+from typing import Any
 
-__all__ = ["BatchSource", "SliceLoader", "SyntheticCriteo", "build_source", "build_loader"]
+_EXPORTS = {
+    "build_source": "hybridrec.data.build",
+    "build_loader": "hybridrec.data.build",
+    "BatchSource": "hybridrec.data.loader",
+    "SliceLoader": "hybridrec.data.loader",
+    "SyntheticCriteo": "hybridrec.data.synthetic",
+    "preprocess": "hybridrec.data.preprocess",
+    "PreprocessOptions": "hybridrec.data.preprocess",
+    "open_dataset": "hybridrec.data.dataset",
+    "Dataset": "hybridrec.data.dataset",
+    "CorruptBlockError": "hybridrec.data.dataset",
+    "MalformedRowError": "hybridrec.data.criteo",
+    "Manifest": "hybridrec.data.manifest",
+    "BinarySource": "hybridrec.data.source",
+    "MemmapReader": "hybridrec.data.readers",
+    "DaliReader": "hybridrec.data.readers",
+    "BroadcastLoader": "hybridrec.data.broadcast",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def build_source(cfg: Config) -> BatchSource:
-    """The global-batch source named by `data.name`."""
-    if cfg.data.name == "synthetic":
-        m = cfg.model
-        return SyntheticCriteo(
-            m.tables(),
-            m.num_dense_features,
-            cfg.seed,
-            cfg.data.zipf_exponent,
-            cfg.data.teacher_scale,
-            cfg.data.label_noise,
-        )
-    raise ValueError(f"data.name={cfg.data.name!r} is not one of: synthetic")
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hybridrec.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
-def build_loader(
-    cfg: Config,
-    source: BatchSource,
-    rank: int,
-    world_size: int,
-    batch_size: int,
-    split: str = "train",
-    start_step: int = 0,
-) -> SliceLoader:
-    """This rank's loader over `split`, starting at global batch `start_step`."""
-    return SliceLoader(source, rank, world_size, batch_size, split, start_step)
+def __dir__() -> list[str]:
+    return __all__

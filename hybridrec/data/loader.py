@@ -2,17 +2,27 @@
 
 A *source* serves global batches by index: `source.batch(step, batch_size, split)` -> Batch of
 `batch_size` samples (the same on every rank that asks). `steps_per_epoch(batch_size, split)`
-says how many full batches a split has (None = endless, like the synthetic stream).
+says how many full batches a split has (None = endless, like the synthetic stream). A source
+may also offer `slice_batch(step, batch_size, split, lo, hi)`: samples [lo, hi) of that
+global batch, read without the rest (file sources do; per-rank loaders use it).
 
 A *loader* walks a source from a start step and yields this rank's contiguous slice of each
 global batch (rank r of W gets samples [r*B/W, (r+1)*B/W)), so every rank runs the same
 number of steps and the union of the slices is exactly the global batch the single-process
-reference sees. `position` is the next step, which is all a checkpoint needs to resume.
+reference sees. `position` is the next step, which is all a checkpoint needs to resume. The
+train split never ends; any other split with a finite `steps_per_epoch` ends (StopIteration)
+after one pass, so evaluation covers it once and never wraps.
+
+Two loaders (data.loader): SliceLoader ("per_rank", here) reads every rank's own slice;
+BroadcastLoader ("broadcast", hybridrec.data.broadcast) reads on rank 0 and broadcasts. Both
+can read ahead in a background thread (Prefetcher), into pinned memory when CUDA is there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from hybridrec.types import Batch
@@ -24,8 +34,99 @@ class BatchSource(Protocol):
     def steps_per_epoch(self, batch_size: int, split: str = "train") -> int | None: ...
 
 
+def epoch_limit(source: BatchSource, batch_size: int, split: str) -> int | None:
+    """Steps a loader may take: None (endless) for train and endless sources, else one epoch."""
+    return None if split == "train" else source.steps_per_epoch(batch_size, split)
+
+
+class Prefetcher:
+    """Calls `read(step)` for step = start, start + 1, ... (< limit) ahead of the consumer.
+
+    With depth > 0 a daemon thread keeps up to `depth` results in a queue; with depth == 0 it
+    reads on demand. `read` does the pinning, if any, so that it too happens off the training
+    thread. `get()` returns ("ok", step, result), ("end", step, None) past `limit`, or
+    ("error", step, exception) when `read` raised: the caller decides how to fail, so every
+    rank can be told before anyone raises. Once "end" or "error" is reached it repeats.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[int], object],
+        start: int,
+        limit: int | None,
+        depth: int = 2,
+    ) -> None:
+        self.read, self.next_step, self.limit, self.depth = read, start, limit, depth
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._thread: threading.Thread | None = None
+        self._final: tuple[str, int, object] | None = None  # "end"/"error" repeats once reached
+        if depth > 0:
+            self._thread = threading.Thread(
+                target=self._run, name="hybridrec-prefetch", daemon=True
+            )
+            self._thread.start()
+
+    def _one(self, step: int) -> tuple[str, int, object]:
+        if self.limit is not None and step >= self.limit:
+            return ("end", step, None)
+        try:
+            return ("ok", step, self.read(step))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, who re-raises it
+            return ("error", step, e)
+
+    def _run(self) -> None:
+        step = self.next_step
+        while not self._stop.is_set():
+            item = self._one(step)
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] != "ok":
+                return
+            step += 1
+
+    def get(self) -> tuple[str, int, object]:
+        if self._final is not None:
+            return self._final
+        if self._thread is None:
+            item = self._one(self.next_step)
+        else:
+            while True:
+                try:
+                    item = self._queue.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not self._thread.is_alive() and self._queue.empty():
+                        raise RuntimeError("the prefetch thread died without a result") from None
+        if item[0] == "ok":
+            self.next_step = item[1] + 1
+        else:
+            self._final = item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def pin_default() -> bool:
+    """Pin host batches when there is a GPU to copy them to."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pinned(batch: Batch, pin: bool) -> Batch:
+    return batch.pin_memory() if pin and batch.dense.device.type == "cpu" else batch
+
+
 class SliceLoader:
-    """Every rank reads the global batch from the source and keeps its slice."""
+    """Every rank reads its own slice of each global batch ("per_rank")."""
 
     def __init__(
         self,
@@ -35,11 +136,27 @@ class SliceLoader:
         batch_size: int,
         split: str = "train",
         start_step: int = 0,
+        prefetch: int = 0,
+        pin_memory: bool | None = None,
     ) -> None:
         if batch_size % world_size:
             raise ValueError(f"batch size {batch_size} is not divisible by {world_size} ranks")
         self.source, self.rank, self.world = source, rank, world_size
         self.batch_size, self.split, self.position = batch_size, split, start_step
+        n = batch_size // world_size
+        self.lo, self.hi = rank * n, (rank + 1) * n
+        self.pin = pin_default() if pin_memory is None else pin_memory
+        self._prefetch = Prefetcher(
+            self._read, start_step, epoch_limit(source, batch_size, split), prefetch
+        )
+
+    def _read(self, step: int) -> Batch:
+        slice_batch = getattr(self.source, "slice_batch", None)
+        if slice_batch is not None:
+            batch = slice_batch(step, self.batch_size, self.split, self.lo, self.hi)
+        else:
+            batch = self.local_slice(self.source.batch(step, self.batch_size, self.split))
+        return pinned(batch, self.pin)
 
     def local_slice(self, batch: Batch) -> Batch:
         n = batch.size // self.world
@@ -49,9 +166,13 @@ class SliceLoader:
         return self
 
     def __next__(self) -> Batch:
-        batch = self.source.batch(self.position, self.batch_size, self.split)
-        self.position += 1
-        return self.local_slice(batch)
+        status, step, value = self._prefetch.get()
+        if status == "end":
+            raise StopIteration
+        if status == "error":
+            raise value  # type: ignore[misc]
+        self.position = step + 1
+        return value  # type: ignore[return-value]
 
     def close(self) -> None:
-        pass
+        self._prefetch.close()

@@ -1,0 +1,75 @@
+"""Config -> data source and per-rank loader (what the trainer calls).
+
+- data.name: `synthetic` (default, no files), `criteo` (a directory made by
+  hybridrec-preprocess, data.path), `criteo_sample` (the 200 real rows beside the repo,
+  preprocessed into a cache on first use); see hybridrec.data.source.
+- data.loader: `per_rank` (every rank reads its own slice) or `broadcast` (rank 0 reads,
+  broadcasts, every rank keeps its slice); both read `data.prefetch` batches ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hybridrec.config import Config
+from hybridrec.data.loader import BatchSource, SliceLoader
+from hybridrec.data.synthetic import SyntheticCriteo
+
+log = logging.getLogger("hybridrec")
+
+
+def build_source(cfg: Config) -> BatchSource:
+    """The global-batch source named by `data.name` (file sources checked against the model)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        ignored = [
+            f"data.{k}={getattr(d, k)!r}"
+            for k, default in (("reader", "memmap"), ("path", None), ("cache_dir", None))
+            if getattr(d, k) != default
+        ]
+        if ignored:
+            log.warning("%s: no effect with data.name=synthetic", ", ".join(ignored))
+        m = cfg.model
+        return SyntheticCriteo(
+            m.tables(),
+            m.num_dense_features,
+            cfg.seed,
+            d.zipf_exponent,
+            d.teacher_scale,
+            d.label_noise,
+        )
+    if d.name in ("criteo", "criteo_sample"):
+        from hybridrec.data.source import open_source
+
+        return open_source(cfg)
+    raise ValueError(f"data.name={d.name!r} is not one of: synthetic, criteo, criteo_sample")
+
+
+def build_loader(
+    cfg: Config,
+    source: BatchSource,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    split: str = "train",
+    start_step: int = 0,
+    group=None,  # noqa: ANN001 - a torch.distributed ProcessGroup (imported lazily)
+):  # noqa: ANN201 - SliceLoader | BroadcastLoader
+    """This rank's loader over `split`, starting at global batch `start_step`.
+
+    `group` is the process group the broadcast loader uses (the default group when None and
+    several ranks run).
+    """
+    d = cfg.data
+    if d.loader == "broadcast":
+        from hybridrec.data.broadcast import BroadcastLoader
+
+        if group is None and world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                group = dist.group.WORLD
+        return BroadcastLoader(
+            source, rank, world_size, batch_size, split, start_step, group, d.prefetch
+        )
+    return SliceLoader(source, rank, world_size, batch_size, split, start_step, d.prefetch)

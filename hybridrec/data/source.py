@@ -1,0 +1,241 @@
+"""Preprocessed Criteo data as a batch source, and the `criteo` / `criteo_sample` data configs.
+
+BinarySource serves global batches of a dataset's splits by step (the BatchSource protocol of
+hybridrec.data.loader), plus `slice_batch` for loaders that read only their rank's rows. The
+split the trainer calls "eval" is `data.eval_split` (val by default). The train split repeats
+over epochs (reshuffled each epoch); other splits end after one epoch (an IndexError past it;
+the loaders stop there).
+
+`open_source(cfg)`:
+- data.name=criteo: opens the preprocessed directory `data.path`;
+- data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE, else
+  `<repo>/../shared/data/criteo_sample.tsv`) is preprocessed with `data.preprocess` into
+  `<cache>/criteo_sample-<key>/` on first use, cache = data.cache_dir, else $HYBRIDREC_CACHE,
+  else ~/.cache/hybridrec; key = hash of the file's bytes and the options. Concurrent ranks
+  each build into a private temp dir and rename it into place; the first one wins.
+Then the dataset's tables are checked against the model config *before* anything is built:
+a different number of tables or dense features, multi-hot tables, or a table whose
+cardinality differs is a ValueError naming the table and giving the override that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hybridrec.config import Config, ModelConfig
+from hybridrec.data.dataset import Dataset, open_dataset
+from hybridrec.data.manifest import MANIFEST, VERSION, Manifest
+from hybridrec.data.order import BatchPlan
+from hybridrec.data.readers import make_reader
+from hybridrec.types import Batch
+
+log = logging.getLogger("hybridrec")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_ENV = "HYBRIDREC_CRITEO_SAMPLE"
+CACHE_ENV = "HYBRIDREC_CACHE"
+
+
+class BinarySource:
+    """Global batches of a preprocessed dataset, by step; see the module docstring."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        reader: str = "memmap",
+        seed: int = 0,
+        shuffle: bool = True,
+        last_batch: str = "drop",
+        eval_split: str = "val",
+        dali_device: str = "cpu",
+    ) -> None:
+        self.dataset = dataset
+        self.reader = make_reader(reader, dataset, dali_device)
+        self.seed, self.shuffle, self.last_batch = seed, shuffle, last_batch
+        self.eval_split = eval_split
+        self._plans: dict[tuple[int, str], BatchPlan] = {}
+
+    def _split(self, split: str) -> str:
+        return self.eval_split if split == "eval" else split
+
+    def plan(self, batch_size: int, split: str = "train") -> BatchPlan:
+        name = self._split(split)
+        key = (batch_size, name)
+        if key not in self._plans:
+            start, end = self.dataset.split(name)
+            self._plans[key] = BatchPlan(
+                start,
+                end,
+                self.dataset.block_rows,
+                batch_size,
+                shuffle=self.shuffle and name == "train",
+                seed=self.seed,
+                last_batch=self.last_batch,
+                name=name,
+            )
+        return self._plans[key]
+
+    def steps_per_epoch(self, batch_size: int, split: str = "train") -> int:
+        plan = self.plan(batch_size, split)
+        if plan.steps_per_epoch == 0 and self._split(split) == "train":
+            raise ValueError(plan.too_small())
+        return plan.steps_per_epoch
+
+    def batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
+        return self.slice_batch(step, batch_size, split, 0, batch_size)
+
+    def slice_batch(self, step: int, batch_size: int, split: str, lo: int, hi: int) -> Batch:
+        """Samples [lo, hi) of global batch `step` (what one rank keeps), read alone."""
+        plan = self.plan(batch_size, split)
+        if plan.steps_per_epoch == 0 and self._split(split) == "train":
+            raise ValueError(plan.too_small())
+        if self._split(split) != "train" and step >= plan.steps_per_epoch:
+            raise IndexError(
+                f"split {plan.name!r} has {plan.steps_per_epoch} batches of {batch_size}; "
+                f"asked for batch {step}"
+            )
+        return self.reader.read(plan, step, lo, hi)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+# -- checking the model against the data -------------------------------------------------------
+
+
+def check_model_matches(manifest: Manifest, model: ModelConfig, where: str) -> None:
+    """ValueError (naming the table) unless the model's tables fit the dataset exactly."""
+    cards = manifest.cardinalities
+    rows = list(model.num_embeddings_per_feature)
+    fix = f"model.num_embeddings_per_feature=[{','.join(map(str, cards))}]"
+    dense = manifest.arrays["dense"].row_shape[0]
+    if model.num_dense_features != dense:
+        raise ValueError(
+            f"dataset {where} has {dense} dense features but model.num_dense_features="
+            f"{model.num_dense_features}"
+        )
+    if len(rows) != len(cards):
+        raise ValueError(
+            f"dataset {where} has {len(cards)} categorical tables but the model "
+            f"({model.name}) has {len(rows)}; use a model with the dataset's tables: {fix}"
+        )
+    hot = model.hotness_list()
+    for t, (table, h) in enumerate(zip(manifest.tables, hot, strict=True)):
+        if h != 1:
+            raise ValueError(
+                f"table {table.name}: model.hotness is {h} but the dataset is one-hot "
+                "(one id per sample and table); set model.hotness=1"
+            )
+        if rows[t] != table.num_embeddings:
+            raise ValueError(
+                f"table {table.name} ({table.field}): the dataset {where} has "
+                f"{table.num_embeddings} ids but model.num_embeddings_per_feature[{t}]="
+                f"{rows[t]} (model {model.name}); the tables must match the data: {fix}"
+            )
+
+
+# -- the criteo_sample cache -------------------------------------------------------------------
+
+
+def sample_path(configured: str | None) -> Path:
+    """The raw sample TSV: the config, else $HYBRIDREC_CRITEO_SAMPLE, else beside the repo."""
+    tried = []
+    for candidate in (
+        configured,
+        os.environ.get(SAMPLE_ENV),
+        REPO_ROOT.parent / "shared" / "data" / "criteo_sample.tsv",
+    ):
+        if candidate:
+            p = Path(candidate).expanduser()
+            if p.is_file():
+                return p
+            tried.append(str(p))
+    raise ValueError(
+        f"criteo_sample: no raw sample file found (tried {', '.join(tried)}); set data.path "
+        f"or ${SAMPLE_ENV} to the criteo_sample.tsv file"
+    )
+
+
+def cache_root(configured: str | None) -> Path:
+    root = configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridrec"
+    return Path(root).expanduser()
+
+
+def preprocessed_sample(raw: Path, cache: Path, options: dict) -> Path:
+    """The preprocessed copy of `raw` under `cache`, built (once) if missing."""
+    from hybridrec.data.preprocess import PreprocessOptions, preprocess
+
+    opts = PreprocessOptions(**options)
+    h = hashlib.sha256(raw.read_bytes())
+    h.update(json.dumps([VERSION, opts.output_options()], sort_keys=True).encode())
+    target = cache / f"{raw.stem}-{h.hexdigest()[:16]}"
+    if (target / MANIFEST).is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache))
+    try:
+        log.info("preprocessing %s into %s", raw, target)
+        preprocess([raw], tmp, opts, workers=1, progress=False)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / MANIFEST).is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def dataset_dir(cfg: Config) -> Path:
+    d = cfg.data
+    if d.name == "criteo":
+        if not d.path:
+            raise ValueError(
+                "data.name=criteo needs data.path: a directory made by hybridrec-preprocess"
+            )
+        return Path(d.path).expanduser()
+    if d.name == "criteo_sample":
+        options = dataclasses.asdict(d.preprocess)
+        return preprocessed_sample(sample_path(d.path), cache_root(d.cache_dir), options)
+    raise ValueError(f"data.name={d.name!r} has no dataset directory")
+
+
+def open_source(cfg: Config) -> BinarySource:
+    """The BinarySource for data.name=criteo|criteo_sample, checked against the model."""
+    path = dataset_dir(cfg)
+    ds = open_dataset(path, cfg.data.verify)
+    check_model_matches(ds.manifest, cfg.model, str(path))
+    dali_device = "cpu"
+    if cfg.data.reader == "dali" and cfg.data.dali_device != "cpu":
+        import torch
+
+        want_gpu = cfg.data.dali_device == "gpu" or (
+            cfg.device in ("auto", "cuda") and torch.cuda.is_available()
+        )
+        dali_device = "gpu" if want_gpu else "cpu"
+    log.info("data: %r, reader %s, loader %s", ds, cfg.data.reader, cfg.data.loader)
+    source = BinarySource(
+        ds,
+        cfg.data.reader,
+        cfg.seed,
+        cfg.data.shuffle,
+        cfg.data.last_batch,
+        cfg.data.eval_split,
+        dali_device,
+    )
+    source.steps_per_epoch(cfg.train.batch_size, "train")  # too small a split: fail now
+    if cfg.eval.batches and source.steps_per_epoch(cfg.eval.batch_size, "eval") == 0:
+        log.warning(
+            "eval split %r has fewer rows than eval.batch_size=%d: evaluation will be empty "
+            "(lower eval.batch_size or set data.last_batch=pad)",
+            cfg.data.eval_split,
+            cfg.eval.batch_size,
+        )
+    return source

@@ -1,0 +1,250 @@
+"""Bad input fails loudly and precisely: malformed rows (file:line), corrupt or truncated
+blocks (caught against the manifest), and a model whose tables do not fit the dataset."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hybridrec.config import CONF_DIR, validate
+from hybridrec.data import CorruptBlockError, MalformedRowError, open_dataset
+from hybridrec.data.criteo import TsvReader, parse_ints
+from hybridrec.data.preprocess import PreprocessOptions, preprocess
+from hybridrec.data.source import BinarySource, check_model_matches
+
+
+def test_parse_ints_grammar():
+    arr = pa.array(
+        [b"12", b"", b"-5", b"007", b"x1", b"-", b"1-2", b"9" * 18, b"9" * 19], pa.binary()
+    )
+    values, empty, bad = parse_ints(arr, 10, signed=True)
+    assert values[:4].tolist() == [12, 0, -5, 7] and values[7] == 10**18 - 1
+    assert empty.tolist() == [False, True] + [False] * 7
+    assert bad.tolist() == [False] * 4 + [True, True, True, False, True]
+    hexes = pa.array([b"05db9164", b"", b"FF", b"0x1", b"f" * 16, b"f" * 17], pa.binary())
+    values, empty, bad = parse_ints(hexes.slice(0), 16, signed=False)
+    assert values[0] == 0x05DB9164 and values[2] == 255 and values[4] == 2**64 - 1
+    assert bad.tolist() == [False, False, False, True, False, True]
+
+
+LINES = {
+    "fields": ("1\t2\t3", "expected 40 tab-separated fields, got 3"),
+    "hex": (None, "field 20 (C6) 'zz12' is not 1-16 hex digits"),
+    "dense": (None, "field 5 (I4) '3.5' is not an integer"),
+    "label": (None, "field 1 (label) must be 0 or 1, got '2'"),
+    "empty": ("", "field 1 (label) must be 0 or 1, got ''"),
+}
+
+
+def _corrupt_copy(sample_tsv, tmp_path, kind: str, line: int) -> tuple:
+    lines = sample_tsv.read_text().splitlines()
+    f = lines[line - 1].split("\t")
+    replacement, message = LINES[kind]
+    if kind == "hex":
+        f[19] = "zz12"
+    elif kind == "dense":
+        f[4] = "3.5"
+    elif kind == "label":
+        f[0] = "2"
+    lines[line - 1] = replacement if replacement is not None else "\t".join(f)
+    path = tmp_path / f"bad_{kind}.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    return path, message
+
+
+@pytest.mark.parametrize("kind", sorted(LINES))
+def test_malformed_row_names_file_and_line(tmp_path, sample_tsv, kind):
+    path, message = _corrupt_copy(sample_tsv, tmp_path, kind, 123)
+    with pytest.raises(MalformedRowError) as e:
+        list(TsvReader(path, chunk_bytes=1 << 16))
+    assert str(e.value).startswith(f"{path}:123: ")
+    assert message in str(e.value)
+    with pytest.raises(MalformedRowError, match=f"{path.name}:123: "):
+        preprocess([path], tmp_path / "out", PreprocessOptions(split="rows"), progress=False)
+
+
+def test_line_numbers_after_dropped_lines_and_across_blocks(tmp_path, sample_tsv):
+    """Skipped short rows shift later rows' line numbers; blocks of 64 KiB split the file."""
+    lines = sample_tsv.read_text().splitlines() * 5  # 1000 lines, several parse blocks
+    lines[9] = "0\t1"  # line 10: too few fields
+    lines[499] = "1\t2\t3"  # line 500
+    f = lines[899].split("\t")
+    f[30] = "q" * 8
+    lines[899] = "\t".join(f)  # line 900: bad hex
+    path = tmp_path / "multi.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    reader = TsvReader(path, chunk_bytes=1 << 16, on_error="skip")
+    rows = sum(len(c) for c in reader)
+    assert rows == 997 and reader.skipped == 3
+    assert [e.split(": ")[0] for e in reader.examples] == [f"{path}:{n}" for n in (10, 500, 900)]
+    assert "field 31 (C17) 'qqqqqqqq'" in reader.examples[2]
+
+
+def test_skip_mode_counts_and_reports(tmp_path, sample_tsv):
+    path, _ = _corrupt_copy(sample_tsv, tmp_path, "hex", 7)
+    report = preprocess(
+        [path], tmp_path / "out", PreprocessOptions(split="rows", on_error="skip"), progress=False
+    )
+    m = report.manifest
+    assert m.skipped_rows == 1 and m.sources[0].skipped_rows == 1 and m.num_rows == 199
+    assert report.skipped_examples[0].startswith(f"{path}:7: field 20 (C6)")
+
+
+@pytest.fixture()
+def dataset_copy(tmp_path, sample_dataset):
+    return shutil.copytree(sample_dataset, tmp_path / "ds")
+
+
+def test_truncated_block_caught_at_open(dataset_copy):
+    path = dataset_copy / "dense.npy"
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(CorruptBlockError, match=r"dense.npy is truncated: .* block 24 \(rows 192"):
+        open_dataset(dataset_copy)
+
+
+def test_corrupt_block_caught_by_checksum(dataset_copy):
+    ds = open_dataset(dataset_copy)
+    header = ds._offsets["categorical"]  # noqa: SLF001
+    row_bytes = 26 * 4
+    with open(dataset_copy / "categorical.npy", "r+b") as f:
+        f.seek(header + 83 * row_bytes + 5)  # row 83 -> block 10 (block_rows 8)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with pytest.raises(CorruptBlockError, match=r"categorical.npy: block 10 \(rows 80..87\)"):
+        open_dataset(dataset_copy, verify="full")
+    # verify=read: opens fine, fails when a batch touches the block (and only then)
+    ds = open_dataset(dataset_copy, verify="read")
+    source = BinarySource(ds, shuffle=False)
+    source.batch(0, 40, "train")  # rows 0..39: fine
+    with pytest.raises(CorruptBlockError, match="block 10"):
+        source.batch(2, 40, "train")  # rows 80..119
+    # verify=size cannot see it (the sizes are intact): that is what checksums are for
+    open_dataset(dataset_copy, verify="size")
+
+
+def test_wrong_header_and_missing_file(dataset_copy):
+    np.save(dataset_copy / "labels.npy", np.zeros((25, 8), np.float32))
+    with pytest.raises(CorruptBlockError, match=r"labels.npy: header says float32"):
+        open_dataset(dataset_copy)
+    (dataset_copy / "labels.npy").unlink()
+    with pytest.raises(CorruptBlockError, match="labels.npy is missing"):
+        open_dataset(dataset_copy)
+    (dataset_copy / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="manifest.json is not valid JSON"):
+        open_dataset(dataset_copy)
+
+
+def _cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=list(overrides)))
+
+
+def test_model_must_match_dataset(sample_dataset):
+    m = open_dataset(sample_dataset).manifest
+    check_model_matches(m, _cfg("data=criteo_sample").model, "x")  # the shipped model fits
+    with pytest.raises(
+        ValueError, match=r"has 26 categorical tables but the model \(dlrm_tiny\) has 6"
+    ):
+        check_model_matches(m, _cfg().model, "x")
+    rows = list(m.cardinalities)
+    rows[7] += 1
+    model = _cfg(
+        "data=criteo_sample", f"model.num_embeddings_per_feature=[{','.join(map(str, rows))}]"
+    ).model
+    with pytest.raises(ValueError) as e:
+        check_model_matches(m, model, "x")
+    assert str(e.value).startswith(f"table cat_7 (C8): the dataset x has {rows[7] - 1} ids")
+    assert f"model.num_embeddings_per_feature=[{','.join(map(str, m.cardinalities))}]" in str(
+        e.value
+    )
+    with pytest.raises(ValueError, match="table cat_0: model.hotness is 2"):
+        check_model_matches(m, _cfg("data=criteo_sample", "model.hotness=2").model, "x")
+
+
+def test_trainer_rejects_mismatch_before_training(sample_dataset):
+    from hybridrec.distributed import init_distributed
+    from hybridrec.train.trainer import Trainer
+
+    cfg = _cfg("data=criteo", f"data.path={sample_dataset}", "model=dlrm_kaggle", "device=cpu")
+    with pytest.raises(ValueError, match=r"table cat_0 \(C1\): the dataset .* has 15 ids"):
+        Trainer(cfg, init_distributed("cpu"))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="data.loader='bcast' is not one of: per_rank, broadcast"):
+        _cfg("data.loader=bcast")
+    with pytest.raises(ValueError, match="data.reader='nvdali' is not one of: memmap, dali"):
+        _cfg("data=criteo_sample", "data.reader=nvdali")
+    with pytest.raises(ValueError, match="data.path must name a directory"):
+        _cfg("data=criteo")
+    with pytest.raises(ValueError, match="data.preprocess.train_fraction must be in"):
+        _cfg("data=criteo_sample", "data.preprocess.train_fraction=0")
+    with pytest.raises(ValueError, match="data.prefetch must be >= 0"):
+        _cfg("data.prefetch=-1")
+
+
+def test_malformed_row_in_a_parallel_run_and_the_cli(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hybridrec.data.fake import write_fake_day
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_fake_day(raw / "day_0", 3000, seed=0)
+    write_fake_day(raw / "day_1", 3000, seed=1)
+    lines = (raw / "day_1").read_text().splitlines()
+    lines[2499] = "7" + lines[2499][1:]  # label 7 on line 2500
+    (raw / "day_1").write_text("\n".join(lines) + "\n")
+    opts = PreprocessOptions(chunk_bytes=1 << 16)
+    with pytest.raises(MalformedRowError, match=r"day_1:2500: field 1 \(label\)"):
+        preprocess([raw], tmp_path / "out", opts, workers=2, progress=False)
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridrec.data.preprocess_cli",
+            "--input",
+            str(raw),
+            "--output",
+            str(tmp_path / "cli"),
+            "--workers",
+            "2",
+        ],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"hybridrec-preprocess: error: {raw / 'day_1'}:2500: field 1 (label)" in out.stderr
+
+
+def test_split_smaller_than_a_batch_fails_at_start(sample_dataset):
+    from hybridrec.data import build_source
+
+    cfg = _cfg(
+        "data=criteo", f"data.path={sample_dataset}", "model=criteo_sample", "train.batch_size=256"
+    )
+    with pytest.raises(
+        ValueError, match="split 'train' has 160 rows, fewer than one global batch of 256"
+    ):
+        build_source(cfg)
+    padded = _cfg(
+        "data=criteo",
+        f"data.path={sample_dataset}",
+        "model=criteo_sample",
+        "train.batch_size=256",
+        "data.last_batch=pad",
+    )
+    assert build_source(padded).batch(0, 256).size == 256
