@@ -28,7 +28,9 @@ DEVICES = ("auto", "cpu", "cuda")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 SPARSE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 SHARDING_TYPES = ("none", "table_wise", "column_wise", "row_wise", "data_parallel", "auto")
-DATA_SOURCES = ("synthetic",)
+DATA_SOURCES = ("synthetic", "criteo", "criteo_sample")
+DATA_READERS = ("memmap", "dali")
+DATA_LOADERS = ("per_rank", "broadcast")
 LOGGERS = ("none", "wandb")
 WANDB_MODES = ("auto", "offline", "online", "disabled")
 
@@ -48,6 +50,7 @@ class ModelConfig:
     top_mlp: list[int] = field(default_factory=lambda: [64, 1])
     dcn_layers: int = 3
     dcn_rank: int = 64
+    init_from: str | None = None  # warm start from a hybridrec-export file
 
     def hotness_list(self) -> list[int]:
         n = len(self.num_embeddings_per_feature)
@@ -64,13 +67,40 @@ class ModelConfig:
 
 
 @dataclass
+class PreprocessConfig:
+    """How data.name=criteo_sample preprocesses its raw file (hybridrec-preprocess options)."""
+
+    encoding: str = "vocab"  # hash (id = value mod hash_cap) | vocab (frequency threshold)
+    hash_cap: int = 40_000_000
+    min_count: int = 2  # vocab: values seen fewer times in train share one id
+    split: str = "rows"  # rows (train_fraction of each file) | days (last file = val + test)
+    train_fraction: float = 0.8
+    holdout_days: int = 1
+    block_rows: int = 8
+    on_error: str = "error"  # error | skip: a malformed row
+    checksums: bool = True
+
+
+@dataclass
 class DataConfig:
-    """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream."""
+    """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream;
+    `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows."""
 
     name: str = "synthetic"
     zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
     teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
     label_noise: float = 0.0  # probability that a label is flipped after sampling
+    path: str | None = None  # criteo: dataset dir; criteo_sample: raw TSV (None = beside repo)
+    cache_dir: str | None = None  # criteo_sample: None = $HYBRIDREC_CACHE or ~/.cache/hybridrec
+    reader: str = "memmap"  # memmap | dali
+    dali_device: str = "auto"  # auto (GPU when training on one) | cpu | gpu
+    loader: str = "per_rank"  # per_rank (each rank reads its slice) | broadcast (rank 0 reads)
+    prefetch: int = 2  # batches read ahead in a background thread (0 = none)
+    shuffle: bool = True  # block-level shuffle of the train split, reseeded every epoch
+    last_batch: str = "drop"  # drop | pad: the final partial global batch of an epoch
+    eval_split: str = "val"  # val | test: what evaluation reads
+    verify: str = "read"  # size | read (checksum each block once when read) | full (at start)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
 
 @dataclass
@@ -116,6 +146,7 @@ class TrainLoopConfig:
     check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
+    nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
 
 
 @dataclass
@@ -123,6 +154,18 @@ class EvalConfig:
     every: int = 100  # 0 = only at the end
     batches: int = 8
     batch_size: int = 1024
+    target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
+
+
+@dataclass
+class CheckpointConfig:
+    """Periodic, atomic, resharding checkpoints (hybridrec.train.checkpoint)."""
+
+    dir: str | None = None  # where step_<N>/ directories go; None = no checkpoints
+    every: int = 0  # save every N steps (0 = only at the end)
+    resume: str = "auto"  # auto (newest complete one in dir) | never | <checkpoint path>
+    keep: int = 3  # newest checkpoints kept
+    verify: bool = True  # check every file's sha256 before loading
 
 
 @dataclass
@@ -140,6 +183,15 @@ class DistConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """Ranks a run starts itself, without torchrun (hybridrec.train.sweep); ignored under it."""
+
+    nproc_per_node: int = 1  # > 1: launch this many local ranks with torch elastic
+    max_restarts: int = 0  # restart every rank this many times after a failure
+    rdzv_timeout_s: float = 300.0  # how long ranks wait for each other at start-up
+
+
+@dataclass
 class Config:
     seed: int = 0
     device: str = "auto"
@@ -151,6 +203,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 def _fields_at(path: str) -> list[str]:
@@ -203,6 +257,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("model.arch", m.arch, ARCHS)
     _choice("model.pooling", m.pooling, tuple(p.value for p in Pooling))
     _choice("data.name", c.data.name, DATA_SOURCES)
+    _check_data(c)
     _choice("sharding.type", c.sharding.type, SHARDING_TYPES)
     _choice("optim.dense.name", c.optim.dense.name, DENSE_OPTIMIZERS)
     _choice("optim.sparse.name", c.optim.sparse.name, SPARSE_OPTIMIZERS)
@@ -210,6 +265,13 @@ def _check(c: Config, world_size: int) -> None:
     _choice("logger.mode", c.logger.mode, WANDB_MODES)
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
+    _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
+    _positive("checkpoint.keep", c.checkpoint.keep)
+    if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:
+        raise ValueError("checkpoint.resume must be auto, never or a checkpoint path")
+    if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
+        raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
     n = len(m.num_embeddings_per_feature)
     if n == 0:
         raise ValueError("model.num_embeddings_per_feature must list at least one table")
@@ -250,6 +312,9 @@ def _check(c: Config, world_size: int) -> None:
     _positive("optim.dense.lr", c.optim.dense.lr)
     _positive("optim.sparse.lr", c.optim.sparse.lr)
     _positive("dist.timeout_s", c.dist.timeout_s)
+    _positive("launcher.nproc_per_node", c.launcher.nproc_per_node)
+    _positive("launcher.max_restarts", c.launcher.max_restarts, allow_zero=True)
+    _positive("launcher.rdzv_timeout_s", c.launcher.rdzv_timeout_s)
     _positive("sharding.hbm_gb", c.sharding.hbm_gb)
     if not 0.0 <= c.data.label_noise < 0.5:
         raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
@@ -266,6 +331,33 @@ def _check(c: Config, world_size: int) -> None:
                 f"{world_size} (every rank takes an equal slice); "
                 f"try {b - b % world_size or world_size}"
             )
+
+
+def _check_data(c: Config) -> None:
+    d, p = c.data, c.data.preprocess
+    _choice("data.reader", d.reader, DATA_READERS)
+    _choice("data.dali_device", d.dali_device, ("auto", "cpu", "gpu"))
+    _choice("data.loader", d.loader, DATA_LOADERS)
+    _choice("data.last_batch", d.last_batch, ("drop", "pad"))
+    _choice("data.eval_split", d.eval_split, ("val", "test"))
+    _choice("data.verify", d.verify, ("size", "read", "full"))
+    _positive("data.prefetch", d.prefetch, allow_zero=True)
+    if d.name == "criteo" and not d.path:
+        raise ValueError(
+            "data.path must name a directory made by hybridrec-preprocess when data.name=criteo"
+        )
+    _choice("data.preprocess.encoding", p.encoding, ("hash", "vocab"))
+    _choice("data.preprocess.split", p.split, ("rows", "days"))
+    _choice("data.preprocess.on_error", p.on_error, ("error", "skip"))
+    if not 1 <= p.hash_cap < 2**31:
+        raise ValueError(f"data.preprocess.hash_cap must be in [1, 2^31), got {p.hash_cap}")
+    _positive("data.preprocess.min_count", p.min_count)
+    _positive("data.preprocess.block_rows", p.block_rows)
+    _positive("data.preprocess.holdout_days", p.holdout_days, allow_zero=True)
+    if not 0.0 < p.train_fraction <= 1.0:
+        raise ValueError(
+            f"data.preprocess.train_fraction must be in (0, 1], got {p.train_fraction}"
+        )
 
 
 def load_model_config(name_or_path: str) -> ModelConfig:

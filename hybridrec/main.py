@@ -1,7 +1,10 @@
 """`python -m hybridrec.main` / `hybridrec-train`: Hydra entry point, kept thin.
 
 Composes conf/train.yaml with its groups and any overrides, validates it into a typed Config,
-joins the process group when started by torchrun (or when sharding needs one), and trains.
+then either trains in this process (joining the process group when started by torchrun, or
+when sharding needs one) or, with `launcher.nproc_per_node` > 1 and no torchrun, starts that
+many local ranks of itself (hybridrec.train.sweep), which is also what each job of a
+`-m` sweep does.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import validate
+from hybridrec.config import Config, validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
 from hybridrec.train.loggers import init_logging
+from hybridrec.train.sweep import environ, final_metrics, launch_ranks, wandb_environ
 
 log = logging.getLogger("hybridrec")
 
@@ -46,14 +50,27 @@ def _run_id() -> str:
 OmegaConf.register_new_resolver("hybridrec_run_id", _run_id, use_cache=True, replace=True)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(raw: DictConfig) -> float | None:
-    rank = int(os.environ.get("RANK", 0))
-    init_logging(rank)
-    world = int(os.environ.get("WORLD_SIZE", 1)) if launched_by_torchrun() else 1
-    cfg = validate(raw, world_size=world)
+def _validated(raw: DictConfig) -> tuple[Config, bool]:
+    """The typed config, checked against the world size the run will have, and whether this
+    process should launch the ranks itself (rather than be one)."""
+    cfg = validate(raw)
+    nproc = cfg.launcher.nproc_per_node
+    if launched_by_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if nproc not in (1, world) and int(os.environ.get("RANK", 0)) == 0:
+            log.warning(
+                "launcher.nproc_per_node=%d has no effect under torchrun (WORLD_SIZE=%d)",
+                nproc,
+                world,
+            )
+        return validate(raw, world_size=world), False
+    if nproc > 1:
+        return validate(raw, world_size=nproc), True
+    return cfg, False
+
+
+def _train(cfg: Config, run_dir: Path) -> float | None:
     env = init_distributed(cfg.device, cfg.dist.timeout_s, force_group=cfg.sharding.type != "none")
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     ok = False
     try:
         from hybridrec.train.trainer import Trainer
@@ -66,6 +83,19 @@ def main(raw: DictConfig) -> float | None:
         destroy_distributed(env, barrier=ok)
     auc = result["eval"].get("auc")
     return None if auc is None else float(auc)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(raw: DictConfig) -> float | None:
+    """Train (or launch the ranks that train); returns the final eval AUC for Hydra sweeps."""
+    init_logging(int(os.environ.get("RANK", 0)))
+    cfg, launch = _validated(raw)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if launch:
+        launch_ranks(cfg, run_dir)
+        return final_metrics(run_dir / "metrics.jsonl")["auc"]
+    with environ(**wandb_environ()):  # a sweep job training in this process
+        return _train(cfg, run_dir)
 
 
 if __name__ == "__main__":

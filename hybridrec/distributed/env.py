@@ -93,7 +93,9 @@ def init_distributed(
     kwargs: dict = {"backend": backend, "timeout": timeout, "rank": rank, "world_size": world_size}
     if dev.type == "cuda":
         kwargs["device_id"] = dev
-    if joining:
+    if joining and init_method is None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(store=_attempt_store(rank, world_size, timeout), **kwargs)
+    elif joining:
         dist.init_process_group(init_method=init_method or "env://", **kwargs)
     else:
         dist.init_process_group(store=dist.HashStore(), **kwargs)
@@ -106,6 +108,26 @@ def init_distributed(
         timeout_s,
     )
     return DistEnv(rank, world_size, local_rank, dev, dist.group.WORLD)
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """torchrun's store, with keys scoped to this restart attempt.
+
+    With `--max-restarts`, torchrun's workers share the agent's TCPStore across attempts;
+    gloo then reads the previous attempt's peer addresses and fails to connect ("Connection
+    refused", pytorch#135712). Prefixing every key with the attempt number isolates them.
+    One agent restarts all its workers together, so on one node the number agrees; across
+    nodes it may not, which is why launch/slurm_multinode.sbatch turns the shared store off
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a fresh store per attempt, no prefix needed).
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,  # the agent hosts it
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"hybridrec/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def destroy_distributed(env: DistEnv, barrier: bool = True) -> None:

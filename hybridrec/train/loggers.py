@@ -1,7 +1,9 @@
 """Where metrics go: <run dir>/metrics.jsonl always, the console, and W&B with logger=wandb.
 
-Only rank 0 logs (other ranks get a NullLogger). W&B is imported lazily and runs offline
-unless the user is logged in (or sets WANDB_MODE=online), so it never needs a network.
+Only rank 0 logs (other ranks get a NullLogger). W&B is an optional extra that must never
+cost a run: it is imported lazily, runs offline unless the user is logged in (see
+`wandb_mode`), its start-up is bounded by a timeout, and any failure of it becomes a warning
+while metrics.jsonl keeps every row.
 """
 
 from __future__ import annotations
@@ -9,12 +11,28 @@ from __future__ import annotations
 import json
 import logging
 import math
+import netrc
 import os
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 log = logging.getLogger("hybridrec")
+
+# Hosts `wandb login` writes to ~/.netrc when WANDB_BASE_URL is unset (the classic API host
+# and, from wandb 0.31, the default CoreWeave Forge front end of the same service).
+_DEFAULT_WANDB_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
+# WANDB_MODE values wandb accepts, as the mode they mean.
+_ENV_MODES = {
+    "online": "online",
+    "run": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+    "disabled": "disabled",
+}
+INIT_TIMEOUT_S = 30.0  # wandb.init gives up after this long (env WANDB_INIT_TIMEOUT overrides)
+FINISH_TIMEOUT_S = 60.0  # online: stop uploading at the end after this long; `wandb sync` later
 
 
 def init_logging(rank: int = 0, level: int = logging.INFO) -> None:
@@ -63,23 +81,91 @@ class JsonlLogger(NullLogger):
         self._f.close()
 
 
-def wandb_mode(requested: str) -> str:
-    """`auto`: online when an API key is configured (env or ~/.netrc), else offline."""
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+# -- Weights & Biases ----------------------------------------------------------------------
+
+
+def wandb_logged_in() -> bool:
+    """Whether W&B credentials are configured, checked locally (no network, no wandb import).
+
+    Credentials are WANDB_API_KEY or WANDB_IDENTITY_TOKEN_FILE in the environment, or a
+    ~/.netrc entry (or $NETRC) for the W&B host: WANDB_BASE_URL's host when set, otherwise
+    the hosts `wandb login` writes by default.
+    """
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    base = os.environ.get("WANDB_BASE_URL")
+    hosts = (urlsplit(base).netloc,) if base else _DEFAULT_WANDB_HOSTS
+    path = os.environ.get("NETRC") or next(
+        (p for p in (Path.home() / ".netrc", Path.home() / "_netrc") if p.is_file()), None
+    )
+    if not path:
+        return False
     try:
-        return "online" if "api.wandb.ai" in netrc.read_text() else "offline"
-    except OSError:
+        entries = netrc.netrc(str(path))
+    except (OSError, netrc.NetrcParseError) as e:
+        log.warning("could not read %s for W&B credentials: %s", path, e)
+        return False
+    return any((auth := entries.authenticators(h)) and auth[2] for h in hosts)
+
+
+def wandb_mode(requested: str) -> str:
+    """The W&B mode a run uses: `online`, `offline` or `disabled`.
+
+    An explicit `logger.mode` wins (as an argument to wandb.init beats the environment);
+    `auto` follows WANDB_MODE (or WANDB_DISABLED) when set, else goes online only when the
+    user is logged in (`wandb_logged_in`), so without credentials nothing touches a network.
+    Online without credentials becomes offline with a warning: wandb would otherwise prompt
+    for a key on a terminal and wait forever.
+    """
+    mode = _requested_mode(requested)
+    if mode == "online" and not wandb_logged_in():
+        log.warning(
+            "W&B mode online but no credentials (WANDB_API_KEY, `wandb login`); logging "
+            "offline instead (upload later with `wandb sync`)"
+        )
         return "offline"
+    return mode
+
+
+def _requested_mode(requested: str) -> str:
+    if requested != "auto":
+        if requested not in ("online", "offline", "disabled"):
+            raise ValueError(
+                f"logger.mode={requested!r} is not one of: auto, online, offline, disabled"
+            )
+        return requested
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env:
+        if env not in _ENV_MODES:
+            raise ValueError(
+                f"WANDB_MODE={os.environ['WANDB_MODE']!r} is not one of: {', '.join(_ENV_MODES)}"
+            )
+        return _ENV_MODES[env]
+    if os.environ.get("WANDB_DISABLED", "").strip().lower() in ("1", "true", "yes"):
+        return "disabled"
+    return "online" if wandb_logged_in() else "offline"
+
+
+def _wandb_settings(wandb: Any, mode: str) -> Any:
+    """wandb.Settings that cannot block a run: bounded init (and, online, a bounded final
+    upload); quiet; no stdout/stderr capture (it would wrap every rank's console)."""
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", INIT_TIMEOUT_S))
+    wanted: dict[str, Any] = {"init_timeout": timeout, "silent": True, "console": "off"}
+    if mode == "online":
+        wanted["finish_timeout"] = FINISH_TIMEOUT_S
+    known = getattr(wandb.Settings, "model_fields", None)  # older wandb lacks some settings
+    if known is not None:
+        wanted = {k: v for k, v in wanted.items() if k in known}
+    return wandb.Settings(**wanted)
 
 
 class WandbLogger(NullLogger):
-    """Weights & Biases run in <run dir>/wandb; offline unless logged in."""
+    """A W&B run in <run dir>/wandb; offline unless logged in; a failure is only a warning.
+
+    Rows are logged at their `step`, with keys prefixed by their split (`train/loss`,
+    `eval/auc`, ...) so dashboards group them; `log_table` adds a wandb.Table at the latest
+    step. The run name is WANDB_NAME (set per job by sweeps) or the run directory's name.
+    """
 
     def __init__(
         self,
@@ -90,31 +176,78 @@ class WandbLogger(NullLogger):
         entity: str | None = None,
         tags: list[str] | None = None,
     ) -> None:
-        import wandb  # lazy: an optional integration must not slow or break import
-
         self.mode = wandb_mode(mode)
-        self._wandb = wandb
-        self.run = wandb.init(
-            project=project,
-            entity=entity,
-            dir=str(run_dir),
-            config=config,
-            mode=self.mode,
-            tags=tags or None,
-            name=run_dir.name,
-            settings=wandb.Settings(init_timeout=60, silent=True, console="off"),
-        )
-        log.info("W&B run %s (%s) in %s", self.run.id, self.mode, run_dir / "wandb")
+        self.run: Any = None
+        self._step = 0
+        if self.mode == "disabled":
+            log.info("W&B disabled (logger.mode / WANDB_MODE); metrics go to metrics.jsonl")
+            return
+        if self.mode == "offline":
+            # wandb's own crash telemetry (on unless disabled) is the one thing an offline run
+            # would still send; it is read when wandb starts its service, at the first init.
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        try:
+            import wandb  # lazy: an optional integration must not slow or break import
+
+            self._table = wandb.Table
+            run_dir.mkdir(parents=True, exist_ok=True)  # wandb looks for a git repo from here
+            self.run = wandb.init(
+                project=project,
+                entity=entity,
+                dir=str(run_dir.resolve()),
+                config=config,
+                mode=self.mode,
+                tags=tags or None,
+                name=os.environ.get("WANDB_NAME") or run_dir.name,
+                settings=_wandb_settings(wandb, self.mode),
+            )
+        except Exception as e:  # W&B must never end a training run
+            self.run = None
+            log.warning(
+                "W&B (%s mode) could not start, continuing with metrics.jsonl only: %s: %s",
+                self.mode,
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+            )
+            return
+        self._call("define_metric", self.run.define_metric, "eval/auc", summary="max")
+        if self.run is not None:
+            where = Path(self.run.dir).parent  # <run dir>/wandb/<offline-run-...>
+            log.info("W&B run %s (%s) in %s", self.run.id, self.mode, where)
+            if self.mode == "offline":
+                log.info("upload it later with: wandb sync %s", where)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Run a W&B call; on failure warn once and stop logging to W&B."""
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            log.warning("W&B %s failed, no more W&B logging in this run: %s", what, e)
+            self.run = None
 
     def log(self, row: dict[str, Any]) -> None:
-        step = row.get("step")
-        self.run.log({k: v for k, v in _clean(row).items() if k != "step"}, step=step)
+        if self.run is None:
+            return
+        split = row.get("split")
+        data = {
+            (f"{split}/{k}" if split else k): v
+            for k, v in row.items()
+            if k not in ("step", "split") and v is not None
+        }
+        if row.get("step") is not None:
+            self._step = int(row["step"])
+        self._call("log", self.run.log, data, step=self._step)
 
     def log_table(self, name: str, columns: list[str], rows: list[list[Any]]) -> None:
-        self.run.log({name: self._wandb.Table(columns=columns, data=rows)})
+        if self.run is None:
+            return
+        table = self._table(columns=list(columns), data=[list(r) for r in rows])
+        self._call("log_table", self.run.log, {name: table}, step=self._step)
 
     def close(self) -> None:
-        self.run.finish()
+        if self.run is not None:
+            self._call("finish", self.run.finish)
+            self.run = None
 
 
 class MultiLogger(NullLogger):

@@ -3,15 +3,26 @@
 Per step each rank takes its slice of global batch `step`, runs forward (embeddings, then the
 dense part under bf16 autocast on GPU), backward (which also updates the embedding rows,
 see hybridrec.sparse.fused) and one dense optimizer step. Every `train.log_every` steps rank 0
-logs the global mean loss and samples/s; every `eval.every` steps and at the end it logs exact
-AUC, log loss and accuracy over the held-out split, gathered from all ranks.
+logs the global mean loss, samples/s, per-phase timings and memory; every `eval.every` steps
+and at the end it logs exact AUC, log loss and accuracy over the held-out split, gathered
+from all ranks. With `checkpoint.dir` set it saves every `checkpoint.every` steps and at the
+end, and resumes from the newest complete checkpoint (`checkpoint.resume=auto`), so a job
+restarted by torchrun continues the same stream and ends with the same weights.
+
+A NaN or inf loss is caught without a host sync per step: a device-side flag remembers the
+first bad step and is read at the next log or checkpoint (`train.nonfinite=error`). The
+`skip` policy must decide before the backward (which applies the sparse update), so it reads
+the loss every step and drops that step's update on every rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-import math
+import os
+import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,6 +38,16 @@ from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.parallelize import build_model
+from hybridrec.timing import PhaseTimer
+from hybridrec.train.checkpoint import (
+    TrainState,
+    checkpoint_step,
+    init_from_export,
+    load_checkpoint,
+    model_signature,
+    resolve_resume,
+    save_checkpoint,
+)
 from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from hybridrec.train.metrics import eval_metrics
 from hybridrec.types import Batch
@@ -74,14 +95,36 @@ class Trainer:
             dtype=torch.bfloat16,
             enabled=cuda and cfg.train.autocast == "bf16",
         )
+        # Which checkpoint a resume will load is known now; rows logged after it (by a run
+        # that crashed) are dropped before the loggers open the file, then logged again.
+        self.resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
+        if self.resume_from is not None and env.is_main and self.run_dir is not None:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", checkpoint_step(self.resume_from))
         self.logger = build_loggers(cfg, env, self.run_dir) if self.run_dir else NullLogger()
         self.history: list[dict[str, Any]] = []
+        self.timer = PhaseTimer(env.device)
+        self.model.embeddings.timer = self.timer
+        for group in self.model.embeddings.groups.values():
+            group.timer = self.timer
+        self.signature = model_signature(
+            list(cfg.model.tables()), self.model, cfg.optim.sparse.name, cfg.optim.dense.name
+        )
+        self.step = 0  # optimizer steps done
+        self.skipped = 0  # steps dropped by train.nonfinite=skip
+        self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
 
     # -- data -------------------------------------------------------------------------------
     def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201
         batch = self.cfg.train.batch_size if split == "train" else self.cfg.eval.batch_size
         return build_loader(
-            self.cfg, self.source, self.env.rank, self.env.world_size, batch, split, start_step
+            self.cfg,
+            self.source,
+            self.env.rank,
+            self.env.world_size,
+            batch,
+            split,
+            start_step,
+            group=self.env.group,
         )
 
     def train_batch(self, step: int) -> Batch:
@@ -92,18 +135,48 @@ class Trainer:
         finally:
             loader.close()
 
-    # -- steps ------------------------------------------------------------------------------
+    # -- steps ----------------------------------------------------------------------------
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step on this rank's batch; returns the local mean loss (no sync)."""
         self.model.train()
         batch = batch.to(self.env.device, non_blocking=True)
-        with self.autocast:
+        with self.timer.phase("forward"), self.autocast:
             logits = self.model(batch.dense, batch.ids)
         loss = loss_fn(logits, batch.labels)
         self.dense_opt.zero_grad(set_to_none=True)
-        loss.backward()  # also applies the sparse optimizer to the touched embedding rows
-        self.dense_opt.step()
+        if self.cfg.train.nonfinite == "skip" and not self._all_finite(loss):
+            self.skipped += 1
+            log.warning(
+                "non-finite loss at step %d: update skipped (%d so far)",
+                self.step + 1,
+                self.skipped,
+            )
+            return loss.detach()
+        with self.timer.phase("backward"):
+            loss.backward()  # also applies the sparse optimizer to the touched embedding rows
+        with self.timer.phase("dense_optimizer"):
+            self.dense_opt.step()
+        bad = ~torch.isfinite(loss.detach())
+        self._first_bad = torch.where(bad & (self._first_bad < 0), self.step + 1, self._first_bad)
         return loss.detach()
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        ok = torch.isfinite(loss.detach()).to(torch.int64)
+        if self.env.group is not None:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.env.group)
+        return bool(ok.item())
+
+    def check_finite(self) -> None:
+        """Raise if any step so far had a NaN or inf loss, naming the first such step."""
+        first = self._first_bad.clone()
+        if self.env.group is not None:
+            dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.env.group)
+        if int(first) >= 0:
+            raise NonFiniteLossError(
+                f"loss became NaN or inf at step {int(first)}; lower the learning rates "
+                "(optim.dense.lr, optim.sparse.lr), check the data, or set "
+                "train.nonfinite=skip to drop such steps"
+            )
 
     def global_mean(self, value: torch.Tensor) -> float:
         """Mean of a per-rank scalar over ranks (ranks hold equal batch slices)."""
@@ -136,6 +209,39 @@ class Trainer:
         metrics["eval_samples"] = int(local.shape[1])
         return metrics
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def restore(self) -> None:
+        """Resume from a checkpoint (checkpoint.resume) or warm-start (model.init_from)."""
+        ck, path = self.cfg.checkpoint, self.resume_from
+        if path is not None:
+            state = load_checkpoint(path, self.model, self.dense_opt, self.signature, ck.verify)
+            self.step = state.step
+            self.skipped = int(state.extra.get("skipped", 0))
+            log.info("resumed from %s at step %d", path, self.step)
+        elif self.cfg.model.init_from:
+            init_from_export(
+                Path(self.cfg.model.init_from), self.model, list(self.cfg.model.tables())
+            )
+            log.info("initialised weights from %s", self.cfg.model.init_from)
+
+    def save(self) -> Path | None:
+        ck = self.cfg.checkpoint
+        if not ck.dir:
+            return None
+        self.check_finite()  # never checkpoint poisoned weights
+        state = TrainState(self.step, self.step, {"skipped": self.skipped})
+        return save_checkpoint(
+            Path(ck.dir),
+            state,
+            self.model,
+            self.dense_opt,
+            self.signature,
+            self.plan,
+            self.env,
+            ck.keep,
+        )
+
+    # -- loop -------------------------------------------------------------------------------
     # -- loop -------------------------------------------------------------------------------
     def _progress(self, steps: int) -> tqdm | None:
         mode = self.cfg.train.progress
@@ -148,48 +254,94 @@ class Trainer:
         self.history.append(row)
         self.logger.log(row)
 
+    def _log_train(self, loss: torch.Tensor, steps_since: int, seconds: float) -> dict[str, Any]:
+        mean_loss = self.global_mean(loss)
+        self.check_finite()
+        phases = self.timer.report(steps_since)
+        emb = sum(
+            phases.get(k, 0.0) for k in ("input_dist", "lookup", "output_dist", "data_parallel")
+        )
+        if "forward" in phases:
+            phases["dense_forward"] = max(phases.pop("forward") - emb, 0.0)
+        row: dict[str, Any] = {
+            "step": self.step,
+            "split": "train",
+            "loss": mean_loss,
+            "samples_per_sec": steps_since * self.cfg.train.batch_size / seconds,
+            **{f"time_ms/{k}": v for k, v in sorted(phases.items())},
+            "mem_gb": _memory_gb(self.env.device),
+        }
+        if self.skipped:
+            row["skipped_steps"] = self.skipped
+        return row
+
     def fit(self) -> dict[str, Any]:
-        """Train for `train.steps` steps; returns the last train row and final eval metrics."""
+        """Train until `train.steps` (resuming if a checkpoint says so); returns the last
+        train row and the final eval metrics."""
         cfg, env = self.cfg, self.env
-        steps, every = cfg.train.steps, cfg.eval.every
+        self.restore()
+        if self.plan is not None and env.is_main:
+            self.logger.log_table(
+                "sharding_plan",
+                ["table", "sharding", "shards", "reason"],
+                [
+                    [
+                        tp.table,
+                        tp.sharding.value,
+                        " ".join(
+                            f"{s.rank}:r{s.row_start}-{s.row_end}c{s.col_start}-{s.col_end}"
+                            for s in tp.shards
+                        ),
+                        tp.reason,
+                    ]
+                    for tp in self.plan.tables
+                ],
+            )
+        steps, every, ck_every = cfg.train.steps, cfg.eval.every, cfg.checkpoint.every
         bar = self._progress(steps)
+        if bar is not None:
+            bar.update(self.step)
         log.info(
-            "training %d steps, global batch %d (%d per rank x %d ranks) on %s",
+            "training steps %d..%d, global batch %d (%d per rank x %d ranks) on %s",
+            self.step + 1,
             steps,
             cfg.train.batch_size,
             self.local_batch,
             env.world_size,
             env.device,
         )
-        t_last, n_last = time.perf_counter(), 0
+        fault = _fault_injection(env.rank)
+        loader = self.loader("train", self.step)
+        t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}
-        loader = self.loader("train", 0)
-        for step in range(1, steps + 1):
+        self.timer.report(1)  # drop anything timed before the loop
+        while self.step < steps:
             loss = self.train_step(next(loader))
+            self.step += 1
+            step = self.step
+            if fault is not None and step == fault:
+                log.warning("rank %d: fault injection at step %d (HYBRIDREC_FAULT)", env.rank, step)
+                os.kill(os.getpid(), signal.SIGKILL)
             if step % cfg.train.log_every == 0 or step == steps:
-                mean_loss = self.global_mean(loss)
-                if not math.isfinite(mean_loss):
-                    raise NonFiniteLossError(
-                        f"loss is {mean_loss} at step {step}; lower the learning rates "
-                        "(optim.dense.lr, optim.sparse.lr) or check the data"
-                    )
                 if env.device.type == "cuda":
                     torch.cuda.synchronize(env.device)
-                now = time.perf_counter()
-                rate = (step - n_last) * cfg.train.batch_size / (now - t_last)
-                t_last, n_last = now, step
-                last_train = {
-                    "step": step,
-                    "split": "train",
-                    "loss": mean_loss,
-                    "samples_per_sec": rate,
-                }
+                last_train = self._log_train(loss, step - n_last, time.perf_counter() - t_last)
                 self._record(last_train)
                 if bar is not None:
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", sps=f"{rate:,.0f}")
+                    bar.set_postfix(
+                        loss=f"{last_train['loss']:.4f}",
+                        sps=f"{last_train['samples_per_sec']:,.0f}",
+                    )
                 else:
-                    log.info("step %d/%d  loss %.5f  %.0f samples/s", step, steps, mean_loss, rate)
+                    log.info(
+                        "step %d/%d  loss %.5f  %.0f samples/s",
+                        step,
+                        steps,
+                        last_train["loss"],
+                        last_train["samples_per_sec"],
+                    )
+            stop = False
             if (every and step % every == 0) or step == steps:
                 final_eval = self.evaluate()
                 if final_eval:
@@ -201,11 +353,52 @@ class Trainer:
                         final_eval["logloss"],
                         final_eval["accuracy"],
                     )
-                t_last = time.perf_counter()  # eval time is not training throughput
+                    target = cfg.eval.target_auc
+                    if target is not None and final_eval["auc"] >= target:
+                        log.info("reached eval.target_auc=%.5f at step %d: stopping", target, step)
+                        stop = True
+            if (ck_every and step % ck_every == 0) or step == steps or stop:
+                self.save()
+            if (every and step % every == 0) or step == steps or stop:
+                self.timer.report(1)
+                t_last, n_last = time.perf_counter(), step  # eval/save time is not throughput
             if bar is not None:
                 bar.update(1)
+            if stop:
+                break
         loader.close()
         if bar is not None:
             bar.close()
         self.logger.close()
         return {"train": last_train, "eval": final_eval}
+
+
+def _memory_gb(device: torch.device) -> float:
+    """Peak device memory (CUDA) or peak resident memory of this process (CPU), in GB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """After a resume, drop rows logged past the checkpoint (they will be logged again)."""
+    if not path.is_file():
+        return
+    keep = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+def _fault_injection(rank: int) -> int | None:
+    """Test hook: HYBRIDREC_FAULT=<rank>:<step> kills that rank at that step, on the first
+    attempt of a torchrun job only (TORCHELASTIC_RESTART_COUNT=0), to prove crash-resume."""
+    spec = os.environ.get("HYBRIDREC_FAULT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    fault_rank, fault_step = (int(x) for x in spec.split(":"))
+    return fault_step if fault_rank == rank else None

@@ -36,18 +36,23 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if r["split"] == "train"]
 
 
-def _torchrun(n: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _torchrun(
+    n: int, args: list[str], cwd: Path, restarts: int = 0, **env: str
+) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={n}",
+        f"--max-restarts={restarts}",
         "-m",
         "hybridrec.main",
         *args,
     ]
-    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=cwd, env={**_env(), **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_torchrun_losses_equal_single_process(tmp_path):
@@ -85,3 +90,44 @@ def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
     runs = [p.parent for p in (tmp_path / "outputs").rglob("metrics.jsonl")]
     hydra_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
     assert len(runs) == 1 and hydra_dirs == runs, (runs, hydra_dirs)
+
+
+def test_killed_rank_restarts_and_resumes_to_the_same_weights(tmp_path):
+    """torchrun --max-restarts=1, checkpoints every 3 steps, rank 1 SIGKILLed at step 7: the
+    job restarts, resumes from step 6 and ends with the uninterrupted run's weights."""
+    import torch
+
+    from hybridrec.train.checkpoint import export_checkpoint
+
+    args = [
+        "sharding=column_wise",
+        "train.steps=10",
+        "train.log_every=1",
+        "eval.batches=1",
+        "checkpoint.every=3",
+        "checkpoint.keep=5",
+        *COMMON[2:],
+    ]
+    clean = _torchrun(
+        2,
+        [*args, f"checkpoint.dir={tmp_path / 'clean'}", f"hydra.run.dir={tmp_path / 'clean_run'}"],
+        tmp_path,
+    )
+    assert clean.returncode == 0, clean.stderr[:3000]
+    crash = _torchrun(
+        2,
+        [*args, f"checkpoint.dir={tmp_path / 'crash'}", f"hydra.run.dir={tmp_path / 'crash_run'}"],
+        tmp_path,
+        restarts=1,
+        HYBRIDREC_FAULT="1:7",
+    )
+    assert crash.returncode == 0, crash.stderr[-3000:]
+    assert "fault injection at step 7" in crash.stderr
+    assert "resumed from" in crash.stderr and "step_6 at step 6" in crash.stderr
+    a = export_checkpoint(tmp_path / "clean" / "step_10", tmp_path / "a.pt")
+    export_checkpoint(tmp_path / "crash" / "step_10", tmp_path / "b.pt")
+    wa, wb = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    for name in a:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-6, atol=1e-7)
+    losses = _losses(tmp_path / "crash_run")
+    assert [round(x, 6) for x in losses] == [round(x, 6) for x in _losses(tmp_path / "clean_run")]

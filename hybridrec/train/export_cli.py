@@ -1,0 +1,44 @@
+"""`hybridrec-export <checkpoint> <file>`: one file with the full model state dict.
+
+Names: `embeddings.<table>.weight` [rows, dim] for every table (reassembled from whatever
+shards the checkpoint holds) and the dense modules by module path (`dense.bottom.0.weight`,
+`dense.top.4.bias`, ...). Load it with torch.load; warm-start a run with
+`model.init_from=<file>`. Needs host memory for the whole model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hybridrec.train.checkpoint import CheckpointError, export_checkpoint, list_checkpoints
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hybridrec-export", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", type=Path,
+                   help="a checkpoint (…/step_N) or a checkpoint.dir (its newest one is used)")
+    p.add_argument("file", type=Path, help="output file (torch.save format)")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
+    args = p.parse_args(argv)
+    path = args.checkpoint
+    if not (path / "manifest.json").is_file():
+        found = list_checkpoints(path)
+        if not found:
+            print(f"hybridrec-export: no complete checkpoint at {path}", file=sys.stderr)
+            return 2
+        path = found[-1]
+    try:
+        shapes = export_checkpoint(path, args.file, verify=not args.no_verify)
+    except CheckpointError as e:
+        print(f"hybridrec-export: {e}", file=sys.stderr)
+        return 2
+    n = sum(1 for k in shapes if k.startswith("embeddings."))
+    print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Single-process checkpoint behaviour: atomic saves, rotation, resume choices, integrity
+and model checks, and the non-finite loss policies."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import torch
+
+from hybridrec.distributed import init_distributed
+from hybridrec.train import checkpoint as ckpt
+from hybridrec.train.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from hybridrec.train.trainer import NonFiniteLossError, Trainer
+from tests.distributed.test_equivalence import make_cfg
+
+
+def _trainer(tmp_path, steps=4, every=2, keep=3, resume="auto", **model):
+    cfg = make_cfg("none", "rowwise_adagrad", 1)
+    cfg.checkpoint.dir, cfg.checkpoint.every, cfg.checkpoint.keep = str(tmp_path), every, keep
+    cfg.checkpoint.resume = resume
+    cfg.train.steps, cfg.eval.batches = steps, 1
+    for k, v in model.items():
+        setattr(cfg.model, k, v)
+    return Trainer(cfg, init_distributed("cpu"))
+
+
+def test_periodic_saves_rotate_and_resume_continues(tmp_path):
+    t = _trainer(tmp_path, steps=6, every=2, keep=2)
+    t.fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_4", "step_6"]
+    assert not list(tmp_path.glob(".*.tmp"))
+    t2 = _trainer(tmp_path, steps=8, every=2, keep=2)
+    t2.restore()
+    assert t2.step == 6
+    t3 = _trainer(tmp_path, steps=8, resume="never")
+    t3.restore()
+    assert t3.step == 0
+    t4 = _trainer(tmp_path, steps=8, resume=str(tmp_path / "step_4"))
+    t4.restore()
+    assert t4.step == 4
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        ckpt.resolve_resume(str(tmp_path), str(tmp_path / "step_99"))
+
+
+def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    t = _trainer(tmp_path, steps=2, every=2)
+    t.fit()
+    real_write = ckpt._write
+
+    def full_disk(obj, path):
+        if path.name == "dense.pt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(obj, path)
+
+    monkeypatch.setattr(ckpt, "_write", full_disk)
+    t.step = 4
+    with pytest.raises(CheckpointError, match=r"No space left on device.*step_2 is intact"):
+        t.save()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2"]
+    assert not list(tmp_path.glob(".*.tmp"))
+    read_manifest(tmp_path / "step_2")  # still complete and valid
+
+
+def test_corrupt_truncated_missing_files_are_named(tmp_path):
+    _trainer(tmp_path, steps=2, every=2).fit()
+    step = tmp_path / "step_2"
+    shard = step / "shards_rank0.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"shards_rank0.pt is corrupt: sha256 differs"):
+        _trainer(tmp_path, steps=4).restore()
+    shard.write_bytes(bytes(data[:100]))
+    with pytest.raises(CheckpointError, match=r"has 100 bytes, the manifest says \d+ \(truncated"):
+        _trainer(tmp_path, steps=4).restore()
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=r"missing its file shards_rank0.pt"):
+        _trainer(tmp_path, steps=4).restore()
+    (step / "manifest.json").unlink()  # incomplete: never picked by resume=auto
+    assert list_checkpoints(tmp_path) == []
+
+
+def test_checkpoint_of_another_model_lists_differences(tmp_path):
+    _trainer(tmp_path, steps=2, every=2).fit()
+    other = _trainer(tmp_path, steps=4, num_embeddings_per_feature=[3, 40, 700, 5000, 999],
+                     bottom_mlp=[32, 8])
+    with pytest.raises(CheckpointError, match=r"(?s)different model.*table cat_4: checkpoint "
+                       r"20000x8, model 999x8.*dense bottom.0.weight: checkpoint \[16, 13\], "
+                       r"model \[32, 13\]"):
+        other.restore()
+
+
+def _nan_batch(t):
+    batch = t.train_batch(0)
+    batch.dense[0, 0] = float("nan")
+    return batch
+
+
+def test_nonfinite_loss_error_names_the_step(tmp_path):
+    t = _trainer(tmp_path)
+    t.train_step(t.train_batch(0))
+    t.step = 1
+    t.train_step(_nan_batch(t))
+    t.step = 2
+    with pytest.raises(NonFiniteLossError, match="NaN or inf at step 2"):
+        t.check_finite()
+    with pytest.raises(NonFiniteLossError):
+        t.save()  # poisoned weights are never checkpointed
+
+
+def test_nonfinite_skip_policy_drops_the_update(tmp_path):
+    t = _trainer(tmp_path)
+    t.cfg.train.nonfinite = "skip"
+    before = [w.clone() for _, w, _ in t.model.embeddings.shard_views()]
+    dense_before = [p.clone() for p in t.model.dense.parameters()]
+    t.train_step(_nan_batch(t))
+    assert t.skipped == 1
+    for b, (_, w, _) in zip(before, t.model.embeddings.shard_views()):
+        assert torch.equal(b, w)
+    for b, p in zip(dense_before, t.model.dense.parameters()):
+        assert torch.equal(b, p)
+    t.check_finite()  # nothing poisoned
+
+
+def test_early_stop_at_target_auc(tmp_path):
+    t = _trainer(tmp_path, steps=50, every=0)
+    t.cfg.eval.every, t.cfg.eval.target_auc = 5, 0.51
+    t.cfg.eval.batches = 4
+    result = t.fit()
+    evals = [r for r in t.history if r["split"] == "eval"]
+    assert t.step < 50 and evals[-1]["step"] == t.step and result["eval"]["auc"] >= 0.51
+    assert all(r["auc"] < 0.51 for r in evals[:-1])
+    assert list_checkpoints(tmp_path)[-1].name == f"step_{t.step}"  # saved on the way out
+
+
+def test_export_cli(tmp_path, capsys):
+    from hybridrec.train.export_cli import main
+
+    _trainer(tmp_path / "ck", steps=2, every=2).fit()
+    assert main([str(tmp_path / "ck"), str(tmp_path / "m.pt")]) == 0
+    assert "5 tables and" in capsys.readouterr().out
+    state = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert state["embeddings.cat_4.weight"].shape == (20000, 8)
+    assert main([str(tmp_path / "nothing"), str(tmp_path / "x.pt")]) == 2
