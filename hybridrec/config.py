@@ -217,6 +217,31 @@ def _fields_at(path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
+GROUPS = ("model", "data", "sharding", "optim", "logger")
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Command-line `key=value` overrides must name schema keys (Hydra alone would say only
+    "not in struct"); the error lists the keys allowed where the typo is. Group choices
+    (`model=...`), Hydra's own keys, additions (`+key=`) and deletions (`~key`) pass through:
+    Hydra and validate() check those."""
+    for arg in overrides:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key = arg.split("=", 1)[0]
+        if key in GROUPS or key.startswith("hydra") or "@" in key or "/" in key:
+            continue
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            parent = ".".join(parts[:i])
+            allowed = _fields_at(parent)
+            if not allowed:  # inside a list or dict value: not the schema's to check
+                break
+            if part not in allowed:
+                where = f"under '{parent}'" if parent else "at the top level"
+                raise ValueError(f"unknown config key '{key}'; keys {where}: {', '.join(allowed)}")
+
+
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import Config, validate
+from hybridrec.config import Config, check_override_keys, validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
 from hybridrec.train.loggers import init_logging
 from hybridrec.train.sweep import environ, final_metrics, launch_ranks, wandb_environ
@@ -98,5 +99,16 @@ def main(raw: DictConfig) -> float | None:
         return _train(cfg, run_dir)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry (`hybridrec-train`, `python -m hybridrec.main`): catch misspelt keys
+    with the list of valid ones before Hydra composes anything."""
+    try:
+        check_override_keys(sys.argv[1:])
+    except ValueError as e:
+        print(f"hybridrec-train: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -85,3 +85,29 @@ def test_global_batch_must_split_over_ranks():
 def test_unknown_group_option_lists_choices():
     with pytest.raises(Exception, match=r"(?s)model/dlrm_huge.*Available options.*dlrm_kaggle"):
         _compose("model=dlrm_huge")
+
+
+def test_command_line_key_typos_list_the_valid_keys():
+    from hybridrec.config import check_override_keys
+
+    check_override_keys(
+        [
+            "train.steps=3",
+            "model=dlrm_kaggle",
+            "+extra=1",
+            "hydra.run.dir=x",
+            "data.preprocess.min_count=2",
+            "--help",
+            "-m",
+        ]
+    )
+    with pytest.raises(
+        ValueError, match=r"unknown config key 'train.stpes'; keys under 'train': steps"
+    ):
+        check_override_keys(["train.stpes=3"])
+    with pytest.raises(
+        ValueError, match=r"unknown config key 'trian.steps'; keys at the top level: seed"
+    ):
+        check_override_keys(["trian.steps=3"])
+    with pytest.raises(ValueError, match=r"keys under 'data.preprocess': encoding"):
+        check_override_keys(["data.preprocess.min_cnt=3"])
