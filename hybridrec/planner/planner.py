@@ -169,7 +169,7 @@ def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[
     """
     reduce_bytes = 2 * (world - 1) / world * rows * (width + 1) * EMB_BYTES
     gather_bytes = (world - 1) * min(rows, ids_per_rank) * (width * EMB_BYTES + ID_BYTES)
-    if gather_bytes < reduce_bytes:
+    if gather_bytes <= reduce_bytes:  # on one rank both are 0: gathering skips a dense buffer
         return "all_gather", gather_bytes
     return "all_reduce", reduce_bytes
 
