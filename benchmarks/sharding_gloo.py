@@ -42,8 +42,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
-from torch import nn  # noqa: E402
 
+from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     command_line,
     cpu_seconds,
@@ -64,7 +64,7 @@ from hybridrec.optim import build_dense_optimizer  # noqa: E402
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost  # noqa: E402
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection  # noqa: E402
 from hybridrec.train.trainer import Trainer  # noqa: E402
-from hybridrec.types import ShardingPlan, ShardingType, hot_offsets  # noqa: E402
+from hybridrec.types import ShardingPlan, ShardingType  # noqa: E402
 from tests.distributed.harness import spawn  # noqa: E402
 
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto")
@@ -168,36 +168,6 @@ def run_rank(env: DistEnv, jobs: list[tuple[str, Config]], steps: int, warmup: i
 
 
 # -- the plain PyTorch baseline ------------------------------------------------------------
-class PlainDLRM(nn.Module):
-    """One nn.EmbeddingBag(sparse=True) per table + hybridrec's dense part (same MLPs)."""
-
-    def __init__(self, cfg: Config) -> None:
-        super().__init__()
-        torch.manual_seed(cfg.seed)
-        self.dense = DenseArch(cfg.model)
-        tables = cfg.model.tables()
-        self.offsets = hot_offsets(tables)
-        self.bags = nn.ModuleList(
-            nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value, sparse=True) for t in tables
-        )
-
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        pooled = torch.stack(
-            [bag(ids[:, self.offsets[i] : self.offsets[i + 1]]) for i, bag in enumerate(self.bags)],
-            dim=1,
-        )
-        return self.dense(dense, pooled)
-
-
-def plain_sparse_optimizer(params: list[nn.Parameter], cfg: Config) -> torch.optim.Optimizer:
-    s = cfg.optim.sparse
-    if s.name == "sgd":
-        return torch.optim.SGD(params, lr=s.lr)
-    if s.name == "adam":
-        return torch.optim.SparseAdam(params, lr=s.lr, betas=(s.beta1, s.beta2), eps=s.eps)
-    return torch.optim.Adagrad(params, lr=s.lr, eps=s.eps)  # element-wise: no row-wise one
-
-
 def measure_plain(cfg: Config, steps: int, warmup: int) -> dict:
     model = PlainDLRM(cfg)
     dense_opt = build_dense_optimizer(

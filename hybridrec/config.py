@@ -147,6 +147,7 @@ class TrainLoopConfig:
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
     nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
+    compile: str = "auto"  # dense: torch.compile the dense part | none | auto (dense on CUDA)
 
 
 @dataclass
@@ -291,6 +292,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _choice("train.compile", c.train.compile, ("auto", "dense", "none"))
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", c.checkpoint.keep)
     if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:

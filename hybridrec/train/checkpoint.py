@@ -58,8 +58,12 @@ class CheckpointError(RuntimeError):
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """The module inside DDP (or the module itself)."""
-    return getattr(module, "module", module)
+    """The plain module inside DDP and/or torch.compile wrappers (or the module itself)."""
+    while True:
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if not isinstance(inner, nn.Module):
+            return module
+        module = inner
 
 
 def model_signature(

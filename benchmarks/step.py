@@ -1,0 +1,172 @@
+"""Single-device training step: plain PyTorch vs hybridrec, same model, same data, one process.
+
+    python benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536   # issue 5
+    python benchmarks/step.py --device cpu --model dlrm_tiny --batch-size 4096      # smoke
+
+Rows, each timed over the same pre-generated batches already on the device (data loading is
+not timed; the batches cycle):
+- plain PyTorch: one nn.EmbeddingBag(sparse=True) per table, torch.optim SGD / SparseAdam for
+  the embeddings, hybridrec's dense part and dense optimizer (benchmarks/baseline.py);
+- hybridrec (`sharding=none`): fused tables, the sparse optimizer applied inside the
+  backward (sgd, rowwise_adagrad, adam), the dense part compiled per `train.compile`.
+bf16 autocast for the MLPs on CUDA in every row. Prints samples/s, the ratio to the plain SGD
+row and peak device memory; `--out` writes a markdown report with command and hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer  # noqa: E402
+from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
+from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
+from hybridrec.data import build_source  # noqa: E402
+from hybridrec.distributed import DistEnv, resolve_device  # noqa: E402
+from hybridrec.model import loss_fn  # noqa: E402
+from hybridrec.optim import build_dense_optimizer  # noqa: E402
+from hybridrec.train.trainer import Trainer  # noqa: E402
+from hybridrec.types import Batch  # noqa: E402
+
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+
+
+def make_cfg(args: argparse.Namespace, sparse: str) -> Config:
+    overrides = [
+        f"model={args.model}",
+        f"train.batch_size={args.batch_size}",
+        f"optim.sparse.name={sparse}",
+        f"optim.sparse.lr={SPARSE_LR[sparse]}",
+        f"train.compile={args.compile}",
+        f"train.check_ids={args.check_ids}",
+        f"device={args.device}",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=overrides))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_gb(device: torch.device) -> str:
+    return f"{torch.cuda.max_memory_allocated(device) / 1e9:.1f}" if device.type == "cuda" else "-"
+
+
+def _reset(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
+    _reset(device)
+    model = PlainDLRM(cfg).to(device)
+    dense_opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, device)
+    sparse_opt = plain_sparse_optimizer(list(model.bags.parameters()), cfg)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(i: int) -> None:
+        b = batches[i % len(batches)]
+        with autocast:
+            logits = model(b.dense, b.ids).float()
+        loss = loss_fn(logits, b.labels)
+        dense_opt.zero_grad(set_to_none=True)
+        sparse_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        dense_opt.step()
+        sparse_opt.step()
+        _sync(device)
+
+    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(device))
+    out = {"ms": 1e3 * median(times), "peak": _peak_gb(device)}
+    return out
+
+
+def run_hybridrec(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
+    _reset(device)
+    trainer = Trainer(cfg, DistEnv(device=device))
+
+    def step(i: int) -> None:
+        trainer.train_step(batches[i % len(batches)])
+        _sync(device)
+
+    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(device))
+    out = {"ms": 1e3 * median(times), "peak": _peak_gb(device)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model config (default: dlrm_kaggle on CUDA, dlrm_tiny on CPU)",
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="default 65536 CUDA, 4096 CPU")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batches", type=int, default=4, help="distinct batches, cycled")
+    p.add_argument("--optimizers", default="sgd,rowwise_adagrad,adam")
+    p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
+    p.add_argument("--check-ids", default="false", help="train.check_ids for hybridrec rows")
+    p.add_argument("--plain-adam", action="store_true", help="also time plain SparseAdam")
+    p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    args = p.parse_args(argv)
+    device = resolve_device(args.device)
+    args.device = device.type
+    args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
+    args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    torch.manual_seed(0)
+
+    base = make_cfg(args, "sgd")
+    source = build_source(base)
+    batches = [source.batch(s, args.batch_size).to(device) for s in range(args.batches)]
+    rows = []
+    plain = run_plain(base, batches, device, args)
+    ref = plain["ms"]
+
+    def add(name: str, res: dict) -> None:
+        sps = args.batch_size / (res["ms"] / 1e3)
+        rows.append(
+            [name, f"{res['ms']:.2f}", f"{sps:,.0f}", f"{ref / res['ms']:.2f}", res["peak"]]
+        )
+        print(
+            f"{name:40s} {res['ms']:8.2f} ms  {sps:14,.0f} samples/s  "
+            f"x{ref / res['ms']:.2f}  peak {res['peak']} GB",
+            flush=True,
+        )
+
+    add("plain PyTorch, EmbeddingBag + SGD", plain)
+    if args.plain_adam:
+        add(
+            "plain PyTorch, EmbeddingBag + SparseAdam",
+            run_plain(make_cfg(args, "adam"), batches, device, args),
+        )
+    for name in args.optimizers.split(","):
+        add(f"hybridrec, {name}", run_hybridrec(make_cfg(args, name), batches, device, args))
+    if args.out:
+        table = markdown_table(["run", "ms/step", "samples/s", "vs plain SGD", "peak GB"], rows)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            f"# Single-device step: plain PyTorch vs hybridrec\n\nCommand: `{command_line()}`\n\n"
+            f"- Hardware: {hardware()}\n- Model `{args.model}`, global batch {args.batch_size}, "
+            f"{args.batches} distinct synthetic batches on the device, median of {args.steps} "
+            f"steps after {args.warmup} warmup; train.compile={args.compile}, "
+            f"check_ids={args.check_ids}.\n\n{table}\n"
+        )
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
