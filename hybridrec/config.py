@@ -24,6 +24,7 @@ from hybridrec.types import Pooling, TableConfig
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 ARCHS = ("dlrm", "dcnv2")
+TABLE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 SPARSE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
@@ -51,6 +52,7 @@ class ModelConfig:
     dcn_layers: int = 3
     dcn_rank: int = 64
     init_from: str | None = None  # warm start from a hybridrec-export file
+    table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
 
     def hotness_list(self) -> list[int]:
         n = len(self.num_embeddings_per_feature)
@@ -282,6 +284,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
     _choice("model.pooling", m.pooling, tuple(p.value for p in Pooling))
+    _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
     _choice("data.name", c.data.name, DATA_SOURCES)
     _check_data(c)
     _choice("sharding.type", c.sharding.type, SHARDING_TYPES)

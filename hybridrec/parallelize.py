@@ -24,7 +24,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridrec.config import Config
+from hybridrec.config import TABLE_DTYPES, Config
 from hybridrec.distributed.comm import CommStats
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import DLRM, DenseArch
@@ -43,6 +43,11 @@ from hybridrec.types import ShardingPlan
 log = logging.getLogger("hybridrec")
 
 
+def table_dtype(cfg: Config) -> torch.dtype:
+    """The storage dtype of embedding weights (`model.table_dtype`)."""
+    return getattr(torch, TABLE_DTYPES[cfg.model.table_dtype])
+
+
 def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
     """The planner's placement of cfg's tables on `world_size` ranks (pure, deterministic)."""
     topology = Topology(world_size, int(cfg.sharding.hbm_gb * 2**30))
@@ -52,6 +57,7 @@ def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
         cfg.sharding.type,
         cfg.train.batch_size,
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
+        weight_bytes=table_dtype(cfg).itemsize,
         data_parallel_max_bytes=cfg.sharding.data_parallel_max_bytes,
     )
 
@@ -66,6 +72,7 @@ def plan_report(cfg: Config, plan: ShardingPlan) -> str:
         topology,
         cfg.train.batch_size,
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
+        weight_bytes=table_dtype(cfg).itemsize,
     )
     return format_plan(plan, cost, tables)
 
@@ -119,7 +126,9 @@ def build_model(
                 f"sharding=none keeps every table in one process, but {env.world_size} ranks "
                 "were started; choose sharding=table_wise|column_wise|row_wise|data_parallel|auto"
             )
-        emb = EmbeddingCollection(tables, sparse_opt, cfg.seed, env.device, cfg.train.check_ids)
+        emb = EmbeddingCollection(
+            tables, sparse_opt, cfg.seed, env.device, cfg.train.check_ids, table_dtype(cfg)
+        )
         return DLRM(dense, emb), None
     if env.group is None:
         raise ValueError(f"sharding={cfg.sharding.type} needs a process group (init_distributed)")
@@ -133,7 +142,15 @@ def build_model(
             plan_report(cfg, plan),
         )
     emb = ShardedEmbeddingCollection(
-        tables, plan, env.group, sparse_opt, cfg.seed, env.device, cfg.train.check_ids, stats
+        tables,
+        plan,
+        env.group,
+        sparse_opt,
+        cfg.seed,
+        env.device,
+        cfg.train.check_ids,
+        stats,
+        table_dtype(cfg),
     )
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.

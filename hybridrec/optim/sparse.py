@@ -15,6 +15,9 @@ Row-wise Adagrad's statistic is the mean of g^2 over the *whole* row. When a tab
 column-wise, the sharded collection computes it across the column shards and passes it in as
 `row_sq_mean`, so the update equals the unsharded one.
 
+Weights may be stored in fp16/bf16 (`model.table_dtype`); optimizer state and all optimizer
+math stay fp32, and each updated row is rounded once, when it is written back (`_apply`).
+
 Touching only the batch's rows is the standard sparse semantics (torch SparseAdam, FBGEMM);
 where every row is touched each step it equals the dense optimizer.
 """
@@ -23,7 +26,19 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from hybridrec.config import SparseOptimConfig
+
+
+def _apply(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
+    """weight[rows] -= scale * delta, in fp32 (rows unique). fp32 weights take the fused
+    index_add_; low-precision weights are read, updated in fp32 and rounded once."""
+    if weight.dtype == torch.float32:
+        weight.index_add_(0, rows, delta, alpha=-scale)
+    else:
+        new = weight.index_select(0, rows).float().sub_(delta, alpha=scale)
+        weight.index_copy_(0, rows, new.to(weight.dtype))
 
 
 class SparseSGD:
@@ -36,7 +51,7 @@ class SparseSGD:
         return {}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
-        weight.index_add_(0, rows, grads.to(weight.dtype), alpha=-self.lr)
+        _apply(weight, rows, grads, self.lr)
 
 
 class RowWiseAdagrad:
@@ -56,7 +71,7 @@ class RowWiseAdagrad:
         new_sum = acc.index_select(0, rows) + row_sq_mean
         acc.index_copy_(0, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps).unsqueeze(1)
-        weight.index_add_(0, rows, delta.to(weight.dtype), alpha=-self.lr)
+        _apply(weight, rows, delta, self.lr)
 
 
 class SparseAdam:
@@ -79,7 +94,7 @@ class SparseAdam:
         bias2 = 1 - self.beta2**step
         step_size = self.lr * math.sqrt(bias2) / bias1
         delta = m / (v.sqrt() + self.eps)
-        weight.index_add_(0, rows, delta.to(weight.dtype), alpha=-step_size)
+        _apply(weight, rows, delta, step_size)
 
 
 RowOptimizerT = SparseSGD | RowWiseAdagrad | SparseAdam

@@ -83,6 +83,7 @@ class EmbeddingCollection(nn.Module):
         seed: int = 0,
         device: torch.device | str = "cpu",
         check_ids: bool = True,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -100,6 +101,7 @@ class EmbeddingCollection(nn.Module):
                     optimizer,
                     seed,
                     device,
+                    dtype,
                 )
                 for key, idx in self.group_tables.items()
             }

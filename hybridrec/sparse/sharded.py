@@ -88,6 +88,7 @@ class ShardedEmbeddingCollection(nn.Module):
         device: torch.device | str = "cpu",
         check_ids: bool = True,
         stats: CommStats | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -143,7 +144,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 )
                 for k in ks
             ]
-            groups[key] = FusedEmbedding(shards, optimizer, seed, device)
+            groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
             for pos, k in enumerate(ks):
                 self.slots[k] = (key, pos)
         # Replicated tables: the full table on every rank, grouped by width the same way.
@@ -153,7 +154,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.dp_group_tables = {f"dp_w{w}": idx for w, idx in dp_by_width.items()}
         for key, idx in self.dp_group_tables.items():
             shards = [(self.tables[i], i, plan.tables[i].shards[self.rank]) for i in idx]
-            groups[key] = FusedEmbedding(shards, optimizer, seed, device)
+            groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
         self.groups = nn.ModuleDict(groups)
         # Column shards that must share row-wise optimizer statistics: peers[k] = the ranks
         # holding the other column shards of local unit k's table.

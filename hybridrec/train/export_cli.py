@@ -18,8 +18,11 @@ from hybridrec.train.checkpoint import CheckpointError, export_checkpoint, list_
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hybridrec-export", description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", type=Path,
-                   help="a checkpoint (…/step_N) or a checkpoint.dir (its newest one is used)")
+    p.add_argument(
+        "checkpoint",
+        type=Path,
+        help="a checkpoint (…/step_N) or a checkpoint.dir (its newest one is used)",
+    )
     p.add_argument("file", type=Path, help="output file (torch.save format)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
     args = p.parse_args(argv)

@@ -129,3 +129,22 @@ def test_no_update_without_grad():
     with torch.no_grad():
         coll(torch.tensor([[1], [2]]))
     assert torch.equal(before, coll.groups["w4"].weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_tables_round_once_with_fp32_math(dtype):
+    table = TableConfig("t", 30, 8)
+    g = FusedEmbedding([(table, 0, full_shard(table))], RowWiseAdagrad(0.1), seed=2, dtype=dtype)
+    assert g.weight.dtype == dtype and g.state()["sum"].dtype == torch.float32
+    before = g.weight.clone()
+    ids = torch.tensor([3, 3, 7])
+    out = g([LookupInput(ids, torch.tensor([0, 1, 2]), 3)])[0]
+    assert out.dtype == torch.float32  # pooled in fp32
+    coeff = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    (out * coeff).sum().backward()
+    grads = torch.stack([coeff[0] + coeff[1], coeff[2]])  # rows 3 and 7
+    s = grads.pow(2).mean(1)
+    expected = (before[[3, 7]].float() - 0.1 * grads / (s.sqrt() + 1e-8).unsqueeze(1)).to(dtype)
+    assert torch.equal(g.weight[[3, 7]], expected)
+    untouched = [i for i in range(30) if i not in (3, 7)]
+    assert torch.equal(g.weight[untouched], before[untouched])

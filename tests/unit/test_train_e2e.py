@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from hybridrec.config import CONF_DIR, validate
@@ -87,3 +88,14 @@ def test_cli_bad_value_is_a_clear_error(tmp_path):
     assert typo.returncode == 2 and "keys under 'train': steps, batch_size" in typo.stderr
     assert out.returncode != 0
     assert "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam" in out.stderr
+
+
+@pytest.mark.parametrize("table_dtype", ["bf16", "fp16"])
+def test_low_precision_tables_train(tmp_path, table_dtype):
+    cfg = _cfg("train.steps=200", "train.batch_size=256", "train.log_every=50", "eval.every=0",
+               "eval.batches=4", f"model.table_dtype={table_dtype}", "device=cpu")
+    trainer = Trainer(cfg, init_distributed("cpu"), tmp_path)
+    result = trainer.fit()
+    weights = [w for _, w, _ in trainer.model.embeddings.shard_views()]
+    assert all(w.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[table_dtype] for w in weights)
+    assert result["eval"]["auc"] > 0.7
