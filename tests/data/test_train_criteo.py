@@ -9,9 +9,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,21 +18,12 @@ from hydra import compose, initialize_config_dir
 from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
+from tests.cli import run_cli
 from tests.distributed.harness import spawn
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hybridrec.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.mark.slow

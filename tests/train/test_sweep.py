@@ -10,18 +10,16 @@ rule: sharding is an execution strategy), and the summary must have one row per 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hybridrec.config import validate
 from hybridrec.train.sweep import _quote, final_metrics, write_summary
+from tests.cli import run_cli
 from tests.train.wandb_file import offline_run_file, read_records, run_record
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "train.steps=4",
     "train.log_every=2",
@@ -34,17 +32,11 @@ SMALL = [
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env |= {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(cwd)}
-    for k in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        env[k] = str(cwd / k.lower())
-    return subprocess.run(
-        [sys.executable, "-m", "hybridrec.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    wandb = {
+        k: str(cwd / k.lower()) for k in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")
+    }
+    return run_cli(
+        *args, cwd=cwd, WANDB_MODE="offline", WANDB_SILENT="true", HOME=str(cwd), **wandb
     )
 
 

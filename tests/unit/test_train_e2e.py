@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,7 @@ from hydra import compose, initialize_config_dir
 from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import init_distributed
 from hybridrec.train.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.cli import run_cli
 
 
 def _cfg(*overrides: str):
@@ -53,15 +50,7 @@ def test_loss_falls_and_auc_beats_chance(tmp_path, arch, sparse):
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hybridrec.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(*args, cwd=cwd)
 
 
 def test_cli_help_and_short_run(tmp_path):
@@ -92,10 +81,19 @@ def test_cli_bad_value_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("table_dtype", ["bf16", "fp16"])
 def test_low_precision_tables_train(tmp_path, table_dtype):
-    cfg = _cfg("train.steps=200", "train.batch_size=256", "train.log_every=50", "eval.every=0",
-               "eval.batches=4", f"model.table_dtype={table_dtype}", "device=cpu")
+    cfg = _cfg(
+        "train.steps=200",
+        "train.batch_size=256",
+        "train.log_every=50",
+        "eval.every=0",
+        "eval.batches=4",
+        f"model.table_dtype={table_dtype}",
+        "device=cpu",
+    )
     trainer = Trainer(cfg, init_distributed("cpu"), tmp_path)
     result = trainer.fit()
     weights = [w for _, w, _ in trainer.model.embeddings.shard_views()]
-    assert all(w.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[table_dtype] for w in weights)
+    assert all(
+        w.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[table_dtype] for w in weights
+    )
     assert result["eval"]["auc"] > 0.7
