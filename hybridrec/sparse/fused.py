@@ -60,7 +60,7 @@ class LookupInput:
     """Ids for one shard of a group.
 
     ids  [N_u] int64 row ids relative to the shard (0 <= id < shard rows)
-    bags [N_u] int64 bag (output row) of each id, 0 <= bag < num_bags
+    bags [N_u] int64 bag (output row) of each id, 0 <= bag < num_bags, non-decreasing
     scale      pooling multiplier for every id: 1 for sum, 1/hotness for mean
     """
 
@@ -77,7 +77,23 @@ def _pool(
     scale: torch.Tensor | None,
     num_bags: int,
 ) -> torch.Tensor:
-    """pooled [num_bags, D] fp32: pooled[bags[i]] += scale[i] * weight[rows[i]]."""
+    """pooled [num_bags, D] fp32: pooled[bags[i]] += scale[i] * weight[rows[i]].
+
+    `bags` must be non-decreasing (every producer in hybridrec lays ids out bag by bag). fp32
+    tables use torch's embedding_bag kernel (2-3x faster than gather + index_add_ on CPU).
+    Bag starts: bincount on CPU (fastest there); searchsorted on CUDA, where bincount would
+    sync with the host to size its output. Low-precision tables gather, convert and sum in
+    fp32."""
+    if weight.dtype == torch.float32:
+        if bags.is_cuda:
+            starts = torch.arange(num_bags, device=bags.device, dtype=bags.dtype)
+            offsets = torch.searchsorted(bags, starts)
+        else:
+            counts = torch.bincount(bags, minlength=num_bags)
+            offsets = counts.cumsum(0) - counts
+        return torch.nn.functional.embedding_bag(
+            rows, weight, offsets, mode="sum", per_sample_weights=scale
+        )
     gathered = weight.index_select(0, rows).float()
     if scale is not None:
         gathered = gathered * scale.unsqueeze(1)
