@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
+from hybridrec.data.device import DevicePrefetcher
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import build_dense_optimizer
@@ -316,7 +317,7 @@ class Trainer:
             env.device,
         )
         fault = _fault_injection(env.rank)
-        loader = self.loader("train", self.step)
+        loader = DevicePrefetcher(self.loader("train", self.step), self.env.device)
         t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}

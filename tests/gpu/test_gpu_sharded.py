@@ -62,3 +62,22 @@ def test_bf16_training_on_gpu_learns():
     finally:
         destroy_distributed(env)
     assert result["eval"]["auc"] > 0.6
+
+
+def test_device_prefetcher_copies_ahead_on_cuda():
+    from hybridrec.data.device import DevicePrefetcher
+    from hybridrec.types import Batch
+
+    src = [
+        Batch(
+            torch.randn(4, 13).pin_memory(),
+            torch.randint(0, 9, (4, 2)).pin_memory(),
+            torch.rand(4).pin_memory(),
+        )
+        for _ in range(3)
+    ]
+    got = list(DevicePrefetcher(iter(src), torch.device("cuda")))
+    assert len(got) == 3
+    for g, s in zip(got, src):
+        assert g.ids.is_cuda and torch.equal(g.ids.cpu(), s.ids)
+        assert torch.equal(g.dense.cpu(), s.dense)
