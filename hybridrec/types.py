@@ -110,10 +110,6 @@ class ShardingPlan:
                 return tp
         raise KeyError(f"table {name!r} is not in the plan")
 
-    def shards_on(self, rank: int) -> list[ShardSpec]:
-        """Shards stored on `rank`, in table order then shard order."""
-        return [s for tp in self.tables for s in tp.shards if s.rank == rank]
-
     def fingerprint(self) -> str:
         """A short stable hash of the plan, for checking that all ranks agree."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
