@@ -28,7 +28,15 @@ TABLE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 SPARSE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
-SHARDING_TYPES = ("none", "table_wise", "column_wise", "row_wise", "data_parallel", "auto")
+SHARDING_TYPES = (
+    "none",
+    "table_wise",
+    "column_wise",
+    "row_wise",
+    "data_parallel",
+    "auto",
+    "host",
+)
 DATA_SOURCES = ("synthetic", "criteo", "criteo_sample")
 DATA_READERS = ("memmap", "dali")
 DATA_LOADERS = ("per_rank", "broadcast")
@@ -112,6 +120,11 @@ class ShardingConfig:
     type: str = "none"
     hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
     data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
+    # Host-resident tables (type=host, or auto past hbm_gb) keep a device cache of hot rows:
+    cache_fraction: float = 0.05  # rows cached per shard, as a fraction of its rows
+    cache_gb: float | None = None  # or: GiB of caches per rank (rows + optimizer state)
+    host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
+    pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
 
 
 @dataclass
@@ -346,6 +359,14 @@ def _check(c: Config, world_size: int) -> None:
     _positive("launcher.max_restarts", c.launcher.max_restarts, allow_zero=True)
     _positive("launcher.rdzv_timeout_s", c.launcher.rdzv_timeout_s)
     _positive("sharding.hbm_gb", c.sharding.hbm_gb)
+    if not 0.0 < c.sharding.cache_fraction <= 1.0:
+        raise ValueError(
+            f"sharding.cache_fraction must be in (0, 1], got {c.sharding.cache_fraction}"
+        )
+    if c.sharding.cache_gb is not None:
+        _positive("sharding.cache_gb", c.sharding.cache_gb)
+    if c.sharding.host_gb is not None:
+        _positive("sharding.host_gb", c.sharding.host_gb)
     if not 0.0 <= c.data.label_noise < 0.5:
         raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
     _positive("data.zipf_exponent", c.data.zipf_exponent)

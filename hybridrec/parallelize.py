@@ -1,6 +1,8 @@
 """Where the model meets distribution: config + ranks -> a ready-to-train DLRM.
 
 - sharding=none: every table in this process (hybridrec.sparse.EmbeddingCollection).
+- sharding=host (or auto past `sharding.hbm_gb`): tables, or the largest ones, in host memory
+  with a device cache of hot rows (hybridrec.sparse.host), through the same sharded path.
 - any other sharding type: the planner places tables on ranks, every rank builds only its
   shards (hybridrec.sparse.sharded.ShardedEmbeddingCollection), and the dense part is wrapped
   in DistributedDataParallel. Embedding weights are buffers updated inside the backward, so
@@ -30,13 +32,17 @@ from hybridrec.distributed.env import DistEnv
 from hybridrec.model import DLRM, DenseArch
 from hybridrec.optim import build_sparse_optimizer
 from hybridrec.planner import (
+    CachePolicy,
     OptimizerFootprint,
     Topology,
     estimate_cost,
     format_plan,
+    host_memory,
     plan_sharding,
+    rank_memory,
 )
 from hybridrec.sparse import EmbeddingCollection
+from hybridrec.sparse.host import check_host_memory
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan
 
@@ -49,7 +55,10 @@ def table_dtype(cfg: Config) -> torch.dtype:
 
 
 def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
-    """The planner's placement of cfg's tables on `world_size` ranks (pure, deterministic)."""
+    """The planner's placement of cfg's tables on `world_size` ranks (pure, deterministic).
+
+    sharding=host puts every table in host memory behind a device cache; auto does so for
+    the largest tables only when they do not fit `sharding.hbm_gb`."""
     topology = Topology(world_size, int(cfg.sharding.hbm_gb * 2**30))
     return plan_sharding(
         cfg.model.tables(),
@@ -59,7 +68,35 @@ def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
         weight_bytes=table_dtype(cfg).itemsize,
         data_parallel_max_bytes=cfg.sharding.data_parallel_max_bytes,
+        cache=CachePolicy(cfg.sharding.cache_fraction, cfg.sharding.cache_gb),
     )
+
+
+def check_memory(cfg: Config, plan: ShardingPlan, env: DistEnv) -> None:
+    """Before allocating: this rank's host-resident tables must fit in host memory, and its
+    planned device memory must fit in the GPU (a cache larger than the GPU is an error)."""
+    footprint = OptimizerFootprint.for_optimizer(cfg.optim.sparse.name)
+    wb = table_dtype(cfg).itemsize
+    host_need = host_memory(plan, footprint, wb)[env.rank]
+    if host_need:
+        names = sorted(
+            {tp.table for tp in plan.tables for s in tp.shards if s.on_host and s.rank == env.rank}
+        )
+        budget = None if cfg.sharding.host_gb is None else int(cfg.sharding.host_gb * 2**30)
+        check_host_memory(
+            host_need, budget, f"rank {env.rank}'s host-resident tables ({', '.join(names)})"
+        )
+    if env.device.type == "cuda":
+        total = torch.cuda.get_device_properties(env.device).total_memory
+        use = rank_memory(plan, cfg.model.tables(), cfg.train.batch_size, footprint, wb)
+        need = use[env.rank].total
+        if need > total:
+            raise ValueError(
+                f"rank {env.rank}: the plan puts {need / 2**30:.2f} GiB of embeddings, caches "
+                f"and buffers on {env.device}, which has {total / 2**30:.2f} GiB; lower "
+                "sharding.hbm_gb (the planner then moves tables to host memory with "
+                "sharding=auto), sharding.cache_fraction or sharding.cache_gb"
+            )
 
 
 def plan_report(cfg: Config, plan: ShardingPlan) -> str:
@@ -134,6 +171,7 @@ def build_model(
         raise ValueError(f"sharding={cfg.sharding.type} needs a process group (init_distributed)")
     plan = make_plan(cfg, env.world_size)
     verify_same_everywhere(cfg, plan, env)
+    check_memory(cfg, plan, env)
     if env.is_main:
         log.info(
             "sharding plan (%s, %d ranks):\n%s",
@@ -151,6 +189,7 @@ def build_model(
         cfg.train.check_ids,
         stats,
         table_dtype(cfg),
+        cfg.sharding.pin_host,
     )
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.

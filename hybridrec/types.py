@@ -63,7 +63,11 @@ def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """One piece of a table: rows [row_start, row_end) x cols [col_start, col_end) on `rank`."""
+    """One piece of a table: rows [row_start, row_end) x cols [col_start, col_end) on `rank`.
+
+    `cache_rows` > 0 places the shard in host memory with a device cache of that many rows
+    (hybridrec.sparse.host); 0 keeps the whole shard in device memory.
+    """
 
     table: str
     rank: int
@@ -71,6 +75,11 @@ class ShardSpec:
     row_end: int
     col_start: int
     col_end: int
+    cache_rows: int = 0
+
+    @property
+    def on_host(self) -> bool:
+        return self.cache_rows > 0
 
     @property
     def num_rows(self) -> int:

@@ -29,6 +29,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from hybridrec.config import Config, ModelConfig
 from hybridrec.data.dataset import Dataset, open_dataset
 from hybridrec.data.manifest import MANIFEST, VERSION, Manifest
@@ -102,6 +104,19 @@ class BinarySource:
                 f"asked for batch {step}"
             )
         return self.reader.read(plan, step, lo, hi)
+
+    def id_counts(self, table_index: int) -> np.ndarray | None:
+        """Train frequency of every id of table `table_index`, [num_embeddings] int64 (from
+        the manifest's counts file; None when there is none): warm-starts host caches."""
+        stats = self.dataset.manifest.tables[table_index]
+        path = self.dataset.path / stats.counts_file
+        if not stats.counts_file or not path.is_file():
+            return None
+        with np.load(path) as f:
+            ids, counts = f["ids"], f["counts"]
+        dense = np.zeros(stats.num_embeddings, dtype=np.int64)
+        dense[ids] = counts
+        return dense
 
     def close(self) -> None:
         self.reader.close()

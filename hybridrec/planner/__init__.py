@@ -11,11 +11,14 @@ rank agrees with `ShardingPlan.fingerprint()`.
 from hybridrec.planner.cost import PlanCost, RankCost, estimate_cost
 from hybridrec.planner.planner import (
     MODES,
+    CachePolicy,
     MemoryUse,
     OptimizerFootprint,
     PlannerError,
     Topology,
+    cache_row_bytes,
     column_widths,
+    host_memory,
     plan_sharding,
     rank_memory,
     replica_sync,
@@ -26,13 +29,16 @@ from hybridrec.planner.report import format_plan
 
 __all__ = [
     "MODES",
+    "CachePolicy",
     "MemoryUse",
     "OptimizerFootprint",
     "PlanCost",
     "PlannerError",
     "RankCost",
     "Topology",
+    "cache_row_bytes",
     "column_widths",
+    "host_memory",
     "estimate_cost",
     "replica_sync",
     "format_plan",

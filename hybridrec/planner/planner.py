@@ -20,28 +20,40 @@ Modes:
 - ``column_wise``: every table cut into k = min(W, dim) column slices on k distinct ranks.
 - ``row_wise``: every table cut into k = min(W, num_rows) row ranges, range i on rank i.
 - ``data_parallel``: every table replicated on every rank.
+- ``host``: every table in host memory with a device cache of its hot rows (one GPU, tables
+  larger than its memory; hybridrec.sparse.host); on several ranks each rank owns one row
+  range of every table, host-resident with its own cache.
 - ``auto``: tiny tables replicated; the rest whole where they fit, else column slices (or row
   ranges when the width does not allow enough slices of >= 4 columns); very hot tables cut so
   no piece carries more than one rank's share of the lookups; then, while the fullest rank
   holds more than 10% over the mean, the largest piece on it is cut into one more column
-  slice and everything is placed again (see `_plan_auto`).
+  slice and everything is placed again (see `_plan_auto`). When the tables do not fit the
+  device budget even so, the largest tables move to host memory with a device cache, one at a
+  time, until the rest fits next to their caches (`_plan_auto_host`).
+
+Host-resident shards (`ShardSpec.cache_rows` > 0) count on the device only their cache: cache
+rows x (width x weight bytes + optimizer state per row + 13 bytes of cache bookkeeping) plus a
+4-byte slot entry per shard row and the usual buffers; the table and its optimizer state count
+against the host (`host_memory`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
-MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto")
+MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 ID_BYTES = 8  # ids and lengths travel as int64
 EMB_BYTES = 4  # pooled embeddings and their gradients travel as fp32
 GIB = 1 << 30
 BALANCE_TOLERANCE = 0.10  # auto stops splitting once the fullest rank is within 10% of the mean
 MIN_COLUMN_WIDTH = 4  # auto never cuts column slices narrower than this (vector loads, alignment)
+CACHE_META_BYTES = 13  # per cache row: its table row (int64), its score (fp32), a dirty flag
+SLOT_BYTES = 4  # per host-resident row: its cache slot (int32, -1 when not cached)
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,41 @@ class MemoryUse:
         )
 
 
+@dataclass(frozen=True)
+class CachePolicy:
+    """Size of the device cache of a host-resident shard (config: sharding.cache_*).
+
+    Each shard caches `fraction` of its rows, or, when `gb` is set, every host-resident
+    shard of a rank caches the same fraction, chosen so the rank's caches (rows, optimizer
+    state, bookkeeping) take `gb` GiB. Either way a cache holds at least `min_batches`
+    batches' ids (so one step's rows, and the next step's prefetched ones, always fit) and
+    at most the whole shard.
+    """
+
+    fraction: float = 0.05
+    gb: float | None = None
+    min_batches: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"cache fraction must be in (0, 1], got {self.fraction}")
+        if self.gb is not None and self.gb <= 0:
+            raise ValueError(f"cache size in GB must be > 0, got {self.gb}")
+        if self.min_batches < 1:
+            raise ValueError(f"cache min_batches must be >= 1, got {self.min_batches}")
+
+    def rows(self, shard_rows: int, ids_per_step: int, fraction: float | None = None) -> int:
+        """Cache rows for a shard of `shard_rows` rows that receives `ids_per_step` ids."""
+        want = math.ceil((self.fraction if fraction is None else fraction) * shard_rows)
+        floor = min(shard_rows, self.min_batches * ids_per_step)
+        return max(1, min(shard_rows, max(want, floor)))
+
+
+def cache_row_bytes(width: int, optimizer: OptimizerFootprint, weight_bytes: int) -> int:
+    """Device bytes per cached row: the row, its optimizer state and its bookkeeping."""
+    return width * weight_bytes + optimizer.bytes_for(1, width) + CACHE_META_BYTES
+
+
 def shard_memory(
     table: TableConfig,
     rows: int,
@@ -148,13 +195,35 @@ def shard_memory(
     batch_size: int,
     optimizer: OptimizerFootprint,
     weight_bytes: int,
+    cache_rows: int = 0,
 ) -> MemoryUse:
-    """Bytes for one shard (or one replica) of `table`: rows x width, serving the global batch."""
+    """Device bytes for one shard (or one replica) of `table`: rows x width, serving the
+    global batch. A host-resident shard (`cache_rows` > 0) holds only its cache here."""
+    buffers = batch_size * table.hotness * ID_BYTES + 2 * batch_size * width * EMB_BYTES
+    if cache_rows:
+        return MemoryUse(
+            weights=cache_rows * width * weight_bytes,
+            optimizer=optimizer.bytes_for(cache_rows, width),
+            buffers=buffers + rows * SLOT_BYTES + cache_rows * CACHE_META_BYTES,
+        )
     return MemoryUse(
         weights=rows * width * weight_bytes,
         optimizer=optimizer.bytes_for(rows, width),
-        buffers=batch_size * table.hotness * ID_BYTES + 2 * batch_size * width * EMB_BYTES,
+        buffers=buffers,
     )
+
+
+def host_memory(
+    plan: ShardingPlan, optimizer: OptimizerFootprint, weight_bytes: int
+) -> list[int]:
+    """Host bytes each rank needs for its host-resident shards: weights and optimizer state."""
+    use = [0] * plan.world_size
+    for tp in plan.tables:
+        for s in tp.shards:
+            if s.on_host:
+                use[s.rank] += s.num_rows * s.width * weight_bytes
+                use[s.rank] += optimizer.bytes_for(s.num_rows, s.width)
+    return use
 
 
 def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[str, float]:
@@ -189,7 +258,9 @@ def rank_memory(
     for tp in plan.tables:
         table = by_name[tp.table]
         for s in tp.shards:
-            mem = shard_memory(table, s.num_rows, s.width, batch_size, optimizer, weight_bytes)
+            mem = shard_memory(
+                table, s.num_rows, s.width, batch_size, optimizer, weight_bytes, s.cache_rows
+            )
             if tp.sharding is ShardingType.DATA_PARALLEL:
                 ids = b_local * table.hotness
                 how, _ = replica_sync(s.num_rows, s.width, ids, plan.world_size)
@@ -321,8 +392,10 @@ class _Context:
     optimizer: OptimizerFootprint
     weight_bytes: int
 
-    def memory(self, table: TableConfig, rows: int, width: int) -> MemoryUse:
-        return shard_memory(table, rows, width, self.batch, self.optimizer, self.weight_bytes)
+    def memory(self, table: TableConfig, rows: int, width: int, cache_rows: int = 0) -> MemoryUse:
+        return shard_memory(
+            table, rows, width, self.batch, self.optimizer, self.weight_bytes, cache_rows
+        )
 
     def whole(self, table: TableConfig) -> int:
         return self.memory(table, table.num_rows, table.dim).total
@@ -350,6 +423,89 @@ def _rw_plan(table: TableConfig, world: int, reason: str) -> TablePlan:
 def _dp_plan(table: TableConfig, world: int, reason: str) -> TablePlan:
     shards = tuple(ShardSpec(table.name, r, 0, table.num_rows, 0, table.dim) for r in range(world))
     return TablePlan(table.name, ShardingType.DATA_PARALLEL, shards, reason)
+
+
+def _plan_host(
+    tables: Sequence[TableConfig], ctx: _Context, cache: CachePolicy, why: str = ""
+) -> dict[str, TablePlan]:
+    """Every table in host memory: on W ranks, row range i of each table on rank i, each
+    range with its own device cache (sized by `cache`; with `cache.gb`, one fraction for all
+    tables such that the fullest rank's caches take cache.gb GiB)."""
+    fraction = None
+    if cache.gb is not None:
+        per_rank = [0] * ctx.world
+        for t in tables:
+            for r, (a, b) in enumerate(row_ranges(t.num_rows, min(ctx.world, t.num_rows))):
+                per_rank[r] += (b - a) * cache_row_bytes(t.dim, ctx.optimizer, ctx.weight_bytes)
+        fraction = min(1.0, cache.gb * GIB / max(1, max(per_rank)))
+    plans = {}
+    for t in tables:
+        ranges = row_ranges(t.num_rows, min(ctx.world, t.num_rows))
+        ids = ctx.batch * t.hotness
+        shards = tuple(
+            ShardSpec(t.name, r, a, b, 0, t.dim, cache.rows(b - a, ids, fraction))
+            for r, (a, b) in enumerate(ranges)
+        )
+        cached = sum(s.cache_rows for s in shards)
+        kind = ShardingType.ROW_WISE if len(shards) > 1 else ShardingType.TABLE_WISE
+        reason = (
+            f"{why}host memory, device cache {cached:,} rows "
+            f"({100 * cached / t.num_rows:.3g}%)"
+        )
+        plans[t.name] = TablePlan(t.name, kind, shards, reason)
+    return plans
+
+
+def _host_device_use(plans: Sequence[TablePlan], tables: dict[str, TableConfig], ctx: _Context):
+    use = [0] * ctx.world
+    for tp in plans:
+        for s in tp.shards:
+            use[s.rank] += ctx.memory(tables[tp.table], s.num_rows, s.width, s.cache_rows).total
+    return use
+
+
+def _plan_auto_host(
+    tables: Sequence[TableConfig], ctx: _Context, dp_max: int, cache: CachePolicy
+) -> dict[str, TablePlan]:
+    """`auto` past the device budget: move the largest tables to host memory (with caches),
+    one at a time, until the other tables fit on the devices next to those caches."""
+    by_name = {t.name: t for t in tables}
+    movable = sorted(
+        (t for t in tables if t.num_rows * t.dim * ctx.weight_bytes > dp_max),
+        key=lambda t: (-ctx.whole(t), t.name),
+    )
+    host: list[TableConfig] = []
+    needs: list[int] = []
+    for t in movable:
+        host.append(t)
+        host_plans = _plan_host(host, ctx, cache, "> device budget: ")
+        use = _host_device_use(list(host_plans.values()), by_name, ctx)
+        room = ctx.budget - max(use)
+        needs = use
+        if room <= 0:
+            break  # the caches alone fill a rank: more host tables only add caches
+        rest = [x for x in tables if x not in host]
+        try:
+            plans = _plan_auto(rest, replace(ctx, budget=room), dp_max) if rest else {}
+        except PlannerError as e:
+            needs = [u + n for u, n in zip(use, e.needs, strict=True)]
+            continue
+        plans.update(host_plans)
+        plan = ShardingPlan(ctx.world, tuple(plans[x.name] for x in tables))
+        needs = [
+            m.total
+            for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)
+        ]
+        if max(needs) <= ctx.budget:  # (replicas' gradient buffers count here too)
+            return plans
+    raise PlannerError(
+        f"auto: the tables do not fit {ctx.world} x {human_bytes(ctx.budget)} of device memory "
+        f"even with {len(host)} of them in host memory behind device caches; needs per rank:",
+        needs or [0] * ctx.world,
+        ctx.budget,
+        "hint: lower sharding.cache_fraction / sharding.cache_gb, use more ranks or a larger "
+        "budget",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -575,12 +731,16 @@ def plan_sharding(
     optimizer: OptimizerFootprint = NO_OPTIMIZER_STATE,
     weight_bytes: int = 4,
     data_parallel_max_bytes: int = 1 << 20,
+    cache: CachePolicy | None = None,
 ) -> ShardingPlan:
     """Shard `tables` over `topology.world_size` ranks; tables keep their input order.
 
     `batch_size` is the global batch (samples per step over all ranks); `weight_bytes` is 4 for
-    fp32 tables, 2 for fp16/bf16. Raises ValueError for bad arguments and PlannerError (a
-    ValueError) when some rank would need more than `topology.hbm_bytes_per_rank`.
+    fp32 tables, 2 for fp16/bf16. `cache` sizes the device caches of host-resident tables:
+    mode `host` puts every table there (default CachePolicy() when None); mode `auto` moves
+    tables there only when they do not fit the devices, and only when `cache` is given.
+    Raises ValueError for bad arguments and PlannerError (a ValueError) when some rank would
+    need more than `topology.hbm_bytes_per_rank`.
     """
     if mode not in MODES:
         raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -611,8 +771,15 @@ def plan_sharding(
             t.name: _dp_plan(t, world, f"data_parallel: replicated on {world} ranks")
             for t in tables
         }
+    elif mode == "host":
+        plans = _plan_host(tables, ctx, cache or CachePolicy())
     else:
-        plans = _plan_auto(tables, ctx, data_parallel_max_bytes)
+        try:
+            plans = _plan_auto(tables, ctx, data_parallel_max_bytes)
+        except PlannerError:
+            if cache is None:
+                raise
+            plans = _plan_auto_host(tables, ctx, data_parallel_max_bytes, cache)
 
     plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
     needs = [m.total for m in rank_memory(plan, tables, batch_size, optimizer, weight_bytes)]

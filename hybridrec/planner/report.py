@@ -4,7 +4,8 @@ Memory is shown in binary units (GiB = 2**30 bytes, as memory is sized), traffic
 decimal ones (MB = 10**6 bytes, as links are rated), times in ms; each column block uses the
 largest unit its biggest number reaches. Shards are written compactly as
 ``rank:rows[a:b]xcols[c:d]``, leaving out a full dimension: ``3:all`` (a whole table on
-rank 3), ``1:cols[0:64]``, ``0:rows[0:500]``, ``0-7:all`` (replicated).
+rank 3), ``1:cols[0:64]``, ``0:rows[0:500]``, ``0-7:all`` (replicated); a host-resident shard
+adds its device cache: ``0:all@host(cache 1.99M)``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _shard(s: ShardSpec, table: TableConfig) -> str:
         parts.append(f"rows[{s.row_start}:{s.row_end}]")
     if (s.col_start, s.col_end) != (0, table.dim):
         parts.append(f"cols[{s.col_start}:{s.col_end}]")
-    return f"{s.rank}:{'x'.join(parts) or 'all'}"
+    where = f"@host(cache {_count(s.cache_rows)})" if s.on_host else ""
+    return f"{s.rank}:{'x'.join(parts) or 'all'}{where}"
 
 
 def _shards(tp: TablePlan, table: TableConfig, world: int) -> str:

@@ -133,7 +133,7 @@ class _GroupLookup(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.group = group
         ctx.save_for_backward(rows, bags, scale)
-        return _pool(group.weight, rows, bags, scale, num_bags)
+        return group.pool(rows, bags, scale, num_bags)
 
     @staticmethod
     def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple:  # type: ignore[override]
@@ -175,15 +175,29 @@ class FusedEmbedding(nn.Module):
         for s in self.shards:
             offsets.append(offsets[-1] + s.num_rows)
         self.offsets_list = offsets
-        weight = torch.cat([init_shard(t, i, s, seed, dtype) for t, i, s in shards])
-        self.register_buffer("weight", weight.to(device))
         self.register_buffer("row_offsets", torch.tensor(offsets, dtype=torch.int64, device=device))
         self.state_names: list[str] = []
+        self.state_shapes: dict[str, tuple[int, ...]] = {}
         if optimizer is not None:
             for name, per_row in optimizer.state_spec(self.width).items():
                 shape = (offsets[-1],) if per_row == 1 else (offsets[-1], per_row)
-                self.register_buffer(f"state_{name}", torch.zeros(shape, device=device))
+                self.state_shapes[name] = shape
                 self.state_names.append(name)
+        self._init_storage(shards, seed, torch.device(device), dtype)
+
+    def _init_storage(
+        self,
+        shards: Sequence[tuple[TableConfig, int, ShardSpec]],
+        seed: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        """The rows and their optimizer state, as device buffers (see HostCachedEmbedding for
+        host-resident storage)."""
+        weight = torch.cat([init_shard(t, i, s, seed, dtype) for t, i, s in shards])
+        self.register_buffer("weight", weight.to(device))
+        for name, shape in self.state_shapes.items():
+            self.register_buffer(f"state_{name}", torch.zeros(shape, device=device))
 
     @property
     def num_rows(self) -> int:
@@ -222,11 +236,23 @@ class FusedEmbedding(nn.Module):
         """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
         rows_t, bags_t, scale_t, sizes = self.flatten(inputs)
         if torch.is_grad_enabled() and self.optimizer is not None:
-            anchor = torch.zeros(0, device=self.weight.device, requires_grad=True)
+            anchor = torch.zeros(0, device=self.row_offsets.device, requires_grad=True)
             pooled = _GroupLookup.apply(anchor, self, rows_t, bags_t, scale_t, sum(sizes))
         else:
-            pooled = _pool(self.weight, rows_t, bags_t, scale_t, sum(sizes))
+            pooled = self.pool(rows_t, bags_t, scale_t, sum(sizes))
         return list(torch.split(pooled, sizes))
+
+    def pool(
+        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+    ) -> torch.Tensor:
+        """pooled [num_bags, D] fp32 of group rows `rows` [N] (see `_pool`)."""
+        return _pool(self.weight, rows, bags, scale, num_bags)
+
+    def _update_target(
+        self, unique_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Where the optimizer writes: (weight, state, indices of `unique_rows` in them)."""
+        return self.weight, self.state(), unique_rows
 
     @torch.no_grad()
     def apply_gradient(
@@ -253,9 +279,8 @@ class FusedEmbedding(nn.Module):
             for u, stat in self.row_sq_override.items():
                 row_sq[bounds[u] : bounds[u + 1]] = stat
             self.row_sq_override = {}
-        self.optimizer.update(
-            self.weight, self.state(), unique_rows, grads, self.step_count, row_sq
-        )
+        weight, state, index = self._update_target(unique_rows)
+        self.optimizer.update(weight, state, index, grads, self.step_count, row_sq)
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

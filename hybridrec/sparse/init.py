@@ -26,14 +26,21 @@ def _chunk_seed(seed: int, table_index: int, chunk: int) -> int:
 
 
 def init_shard(
-    table: TableConfig, table_index: int, shard: ShardSpec, seed: int, dtype: torch.dtype
+    table: TableConfig,
+    table_index: int,
+    shard: ShardSpec,
+    seed: int,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Initial values of rows [row_start, row_end) x cols [col_start, col_end) of `table`.
 
-    Returns [shard.num_rows, shard.width] on CPU in `dtype`.
+    Returns [shard.num_rows, shard.width] on CPU in `dtype`, written into `out` when given
+    (a CPU tensor of that shape: host-resident tables fill their pinned storage in place).
     """
     bound = 1.0 / math.sqrt(table.num_rows)
-    out = torch.empty(shard.num_rows, shard.width, dtype=dtype)
+    if out is None:
+        out = torch.empty(shard.num_rows, shard.width, dtype=dtype)
     first, last = shard.row_start // CHUNK_ROWS, (shard.row_end - 1) // CHUNK_ROWS
     gen = torch.Generator()
     for chunk in range(first, last + 1):

@@ -37,9 +37,10 @@ hybridrec.parallelize).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -61,6 +62,7 @@ from hybridrec.sparse.fused import (
     dedupe,
     regular_bags,
 )
+from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, hot_offsets
 
@@ -89,6 +91,7 @@ class ShardedEmbeddingCollection(nn.Module):
         check_ids: bool = True,
         stats: CommStats | None = None,
         dtype: torch.dtype = torch.float32,
+        pin_host: bool = True,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -127,26 +130,30 @@ class ShardedEmbeddingCollection(nn.Module):
         self.has_row_wise = any(u.row_wise for units in self.units_on for u in units)
         self.width_on = [sum(u.shard.width for u in units) for units in self.units_on]
 
-        # This rank's units, one fused group per width; slot[k] = (group key, index in group).
+        # This rank's units, one fused group per width and placement ("w<width>" in device
+        # memory, "h<width>" in host memory behind a device cache: hybridrec.sparse.host);
+        # slot[k] = (group key, index in group).
         self.local_units = self.units_on[self.rank]
-        by_width: dict[int, list[int]] = {}
+        by_key: dict[str, list[int]] = {}
         for k, u in enumerate(self.local_units):
-            by_width.setdefault(u.shard.width, []).append(k)
+            by_key.setdefault(f"{'h' if u.shard.on_host else 'w'}{u.shard.width}", []).append(k)
         self.slots: list[tuple[str, int]] = [("", 0)] * len(self.local_units)
         groups: dict[str, FusedEmbedding] = {}
-        for w, ks in by_width.items():
-            key = f"w{w}"
-            shards = [
-                (
-                    self.local_units[k].table,
-                    self.local_units[k].table_index,
-                    self.local_units[k].shard,
+        for key, ks in by_key.items():
+            units = [self.local_units[k] for k in ks]
+            shards = [(u.table, u.table_index, u.shard) for u in units]
+            if key.startswith("h"):
+                cache_rows = sum(u.shard.cache_rows for u in units)
+                groups[key] = HostCachedEmbedding(
+                    shards, optimizer, cache_rows, seed, device, dtype, pin_host
                 )
-                for k in ks
-            ]
-            groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
+            else:
+                groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
             for pos, k in enumerate(ks):
                 self.slots[k] = (key, pos)
+        # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
+        self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
+        self._prefetched: tuple[torch.Tensor, list[LookupInput]] | None = None
         # Replicated tables: the full table on every rank, grouped by width the same way.
         dp_by_width: dict[int, list[int]] = {}
         for i in self.dp_tables:
@@ -396,12 +403,76 @@ class ShardedEmbeddingCollection(nn.Module):
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
         return [view for group in self.groups.values() for view in group.shard_views()]
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (this rank's samples)."""
+    def host_groups(self) -> list[HostCachedEmbedding]:
+        return [g for g in self.groups.values() if isinstance(g, HostCachedEmbedding)]
+
+    def warm_start_caches(
+        self, counts: Callable[[int], np.ndarray | None], batch_size: int
+    ) -> int:
+        """Fill each host cache with its most frequent rows: `counts(t)` gives table t's id
+        frequencies [num_rows] (None: unknown). Returns the rows loaded on this rank."""
+        loaded = 0
+        for key, group in self.groups.items():
+            if not isinstance(group, HostCachedEmbedding):
+                continue
+            freq = torch.zeros(group.num_rows, dtype=torch.float64)
+            known = False
+            ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
+            ids_per_step = 0.0
+            for pos, k in enumerate(ks):
+                u = self.local_units[k]
+                table_counts = counts(u.table_index)
+                if table_counts is None:
+                    continue
+                known = True
+                a = group.offsets_list[pos]
+                part = torch.from_numpy(table_counts[u.shard.row_start : u.shard.row_end])
+                freq[a : a + u.shard.num_rows] = part.double()
+                share = part.sum().item() / max(1, int(table_counts.sum()))
+                ids_per_step += batch_size * u.table.hotness * share
+            if known:
+                loaded += group.warm_start(freq, ids_per_step)
+        return loaded
+
+    def cache_stats(self) -> CacheStats | None:
+        """This rank's host-cache counters since the last call (None: no host groups here)."""
+        groups = self.host_groups()
+        if not groups:
+            return None
+        total = CacheStats()
+        for g in groups:
+            total.add(g.take_stats())
+        return total
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start moving the next batch's host-resident rows into the device caches.
+
+        ids [B_l, H]: this rank's next batch. Collective when any rank holds host-resident
+        shards (the ids travel by the same input dist the forward uses, whose result the next
+        forward reuses), so every rank calls it at the same point: the trainer does, between
+        a step's forward and its backward."""
+        if not self.has_host:
+            return
         self._check_ids(ids)
-        b_local = ids.shape[0]
         with self.timer.phase("input_dist"):
             inputs = self._input_dist(ids)
+        self._prefetched = (ids, inputs)
+        with self.timer.phase("host_prefetch"):
+            for key, group in self.groups.items():
+                if isinstance(group, HostCachedEmbedding):
+                    ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
+                    group.prefetch(group.flatten([inputs[k] for k in ks])[0])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (this rank's samples)."""
+        b_local = ids.shape[0]
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] is ids:
+            inputs = prefetched[1]  # checked and distributed by prefetch()
+        else:
+            self._check_ids(ids)
+            with self.timer.phase("input_dist"):
+                inputs = self._input_dist(ids)
         self._inputs = inputs if self.exchange_row_stats else []
         with self.timer.phase("lookup"):
             pooled = self._lookup(inputs)

@@ -39,6 +39,7 @@ from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.parallelize import build_model
+from hybridrec.sparse.host import CacheStats
 from hybridrec.timing import PhaseTimer
 from hybridrec.train.checkpoint import (
     TrainState,
@@ -110,6 +111,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.timer = PhaseTimer(env.device)
         self.model.embeddings.timer = self.timer
+        self.has_host = bool(getattr(self.model.embeddings, "has_host", False))
         for group in self.model.embeddings.groups.values():
             group.timer = self.timer
         self.signature = model_signature(
@@ -118,6 +120,15 @@ class Trainer:
         self.step = 0  # optimizer steps done
         self.skipped = 0  # steps dropped by train.nonfinite=skip
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
+
+    def _warm_start_caches(self) -> None:
+        """Load each host cache's most frequent rows, when the dataset records frequencies."""
+        counts = getattr(self.source, "id_counts", None)
+        if counts is None:
+            log.info("host caches start empty (the data source records no id frequencies)")
+            return
+        loaded = self.model.embeddings.warm_start_caches(counts, self.cfg.train.batch_size)
+        log.info("host caches warm-started with %d rows from the dataset's id counts", loaded)
 
     # -- data -------------------------------------------------------------------------------
     def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201
@@ -142,13 +153,18 @@ class Trainer:
             loader.close()
 
     # -- steps ----------------------------------------------------------------------------
-    def train_step(self, batch: Batch) -> torch.Tensor:
-        """One optimizer step on this rank's batch; returns the local mean loss (no sync)."""
+    def train_step(self, batch: Batch, upcoming: Batch | None = None) -> torch.Tensor:
+        """One optimizer step on this rank's batch; returns the local mean loss (no sync).
+
+        `upcoming` (the next batch, when tables are host-resident) has its rows brought to
+        the device caches while this step's backward runs (hybridrec.sparse.host)."""
         self.model.train()
         batch = batch.to(self.env.device, non_blocking=True)
         with self.timer.phase("forward"), self.autocast:
             logits = self.model(batch.dense, batch.ids)
         loss = loss_fn(logits, batch.labels)
+        if upcoming is not None:
+            self.model.embeddings.prefetch(upcoming.ids)
         self.dense_opt.zero_grad(set_to_none=True)
         if self.cfg.train.nonfinite == "skip" and not self._all_finite(loss):
             self.skipped += 1
@@ -279,7 +295,37 @@ class Trainer:
         }
         if self.skipped:
             row["skipped_steps"] = self.skipped
+        if self.has_host:
+            row.update(self._cache_metrics(steps_since))
         return row
+
+    def _cache_metrics(self, steps: int) -> dict[str, float]:
+        """Host caches over all ranks since the last log: hit rate, rows moved per step (in
+        and out), copy bandwidth and time the steps waited on host memory."""
+        st = self.model.embeddings.cache_stats() or CacheStats()
+        v = torch.tensor(
+            [
+                st.rows_requested,
+                st.hits,
+                st.rows_loaded,
+                st.rows_written,
+                st.bytes_moved,
+                st.transfer_s,
+                st.wait_s,
+            ],
+            dtype=torch.float64,
+            device=self.env.device,
+        )
+        if self.env.group is not None:
+            dist.all_reduce(v, op=dist.ReduceOp.SUM, group=self.env.group)
+        req, hits, rows_in, rows_out, moved, transfer_s, wait_s = v.tolist()
+        return {
+            "cache/hit_rate": hits / req if req else 1.0,
+            "cache/rows_in_per_step": rows_in / steps,
+            "cache/rows_out_per_step": rows_out / steps,
+            "cache/copy_gb_s": moved / transfer_s / 1e9 if transfer_s else 0.0,
+            "time_ms/host_wait": wait_s / self.env.world_size / steps * 1e3,
+        }
 
     def fit(self) -> dict[str, Any]:
         """Train until `train.steps` (resuming if a checkpoint says so); returns the last
@@ -317,13 +363,19 @@ class Trainer:
             env.device,
         )
         fault = _fault_injection(env.rank)
+        if self.has_host:
+            self._warm_start_caches()
         loader = DevicePrefetcher(self.loader("train", self.step), self.env.device)
         t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}
         self.timer.report(1)  # drop anything timed before the loop
+        upcoming: Batch | None = None
         while self.step < steps:
-            loss = self.train_step(next(loader))
+            batch = upcoming if upcoming is not None else next(loader)
+            # with host-resident tables, the next batch is read ahead to prefetch its rows
+            upcoming = next(loader) if self.has_host and self.step + 1 < steps else None
+            loss = self.train_step(batch, upcoming)
             self.step += 1
             step = self.step
             if fault is not None and step == fault:

@@ -23,6 +23,7 @@ K, M = 3, 3  # steps before the checkpoint, steps after it
 
 def _cfg(mode, world, ck_dir, steps, sparse="adam"):
     cfg = make_cfg(mode, sparse, world)
+    cfg.sharding.cache_fraction = 0.001  # host mode: small caches, so checkpoints flush
     cfg.checkpoint.dir, cfg.checkpoint.every = str(ck_dir), K
     cfg.train.steps, cfg.eval.batches = steps, 1
     return cfg
@@ -75,6 +76,8 @@ def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
         (("row_wise", 3), ("none", 1)),
         (("column_wise", 2), ("row_wise", 3)),
         (("none", 1), ("auto", 3)),
+        (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
+        (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
     ],
 )
 def test_checkpoint_reshards_exactly_and_training_continues(tmp_path, save, load):

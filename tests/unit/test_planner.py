@@ -124,8 +124,12 @@ def test_every_mode_gives_a_valid_plan(mode, world):
     plan = plan_sharding(TINY, topo, mode, batch, OptimizerFootprint.for_optimizer("adam"))
     check_plan(plan, TINY, topo.hbm_bytes_per_rank, batch, OptimizerFootprint(0, 8))
     assert plan.world_size == world
-    if mode != "auto":
+    if mode == "host":
+        assert all(s.on_host for tp in plan.tables for s in tp.shards)
+    elif mode != "auto":
         assert {tp.sharding for tp in plan.tables} == {ShardingType(mode)}
+    if mode != "host":
+        assert not any(s.on_host for tp in plan.tables for s in tp.shards)
 
 
 def test_strict_modes_follow_their_rules():

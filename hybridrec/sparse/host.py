@@ -1,0 +1,471 @@
+"""Host-resident embedding shards behind a device cache of hot rows (sharding=host).
+
+For tables larger than device memory. The group's rows [R, D] and their optimizer state live
+in host memory (pinned when the device is CUDA, so copies are DMA); the device holds C rows:
+
+    cache_weight [C, D], cache_state_<name> [C] or [C, D]   the cached rows and their state
+    slot_of      [R] int32   cache slot of each group row, -1 when not cached
+    row_of_slot  [C] int64   group row held by each slot, -1 when free
+    score        [C] fp32    how often the row was used, halved every `age_every` lookups
+                             (LFU with ageing: yesterday's hot rows make way for today's)
+    dirty        [C] bool    updated since it was loaded: written back when evicted
+
+Every lookup first *admits* its rows. The distinct rows (sorted) that are not cached are the
+misses; when free slots run short, the lowest-score slots are evicted, except those of this
+batch and of a step whose backward has not run yet, dirty ones written back to host memory.
+The misses are read from host memory in sorted order (sequential reads, as the measurements
+in DESIGN.md advise) into a pinned staging buffer, copied to the device and put in their
+slots. The lookup and the optimizer then run on the cache exactly as FusedEmbedding runs on
+its weight, so training equals the all-on-device group bit for bit: a row is only ever
+updated in one place, and a row leaves the cache only with its latest values and state.
+
+`prefetch(rows)` admits the next batch's rows while the current step's backward is still to
+run: the host reads, write-backs and copies run on a background thread (and a side CUDA
+stream), overlapping the backward and the dense optimizer. Any later admission, flush or
+checkpoint waits for it first. Prefetching never changes results, only when rows move.
+
+Bad input: not enough host memory is an error before anything is allocated
+(`check_host_memory`); a pinned allocation that fails is reported with its size; a cache that
+cannot hold one batch's distinct rows is an error naming the group, not a wrong result.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
+from hybridrec.sparse.init import init_shard
+from hybridrec.types import ShardSpec, TableConfig
+
+GIB = 1 << 30
+
+
+class HostMemoryError(RuntimeError):
+    """Host-resident tables that do not fit in (or cannot be pinned in) host memory."""
+
+
+class CacheTooSmallError(RuntimeError):
+    """A device cache that cannot hold the distinct rows of one batch."""
+
+
+def available_host_bytes() -> int:
+    """Host memory the OS reports free for new allocations (MemAvailable), in bytes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_host_memory(need: int, budget: int | None, what: str) -> None:
+    """Raise HostMemoryError, before allocating, when `need` bytes exceed the budget
+    (`sharding.host_gb`, else what the OS reports free)."""
+    if budget is None:
+        budget, source = available_host_bytes(), "free host memory (MemAvailable)"
+    else:
+        source = "sharding.host_gb"
+    if need > budget:
+        raise HostMemoryError(
+            f"{what} need {need / GIB:.2f} GiB ({need:,} bytes) of host memory, but "
+            f"{source} is {budget / GIB:.2f} GiB ({budget:,} bytes); use more ranks, "
+            "fewer or smaller tables, or fp16/bf16 tables (model.table_dtype)"
+        )
+
+
+@dataclass
+class CacheStats:
+    """Counters since the last `take_stats()`. Rows are distinct rows per lookup."""
+
+    lookups: int = 0  # admissions by forward passes
+    rows_requested: int = 0  # distinct rows those lookups needed
+    hits: int = 0  # ... of which were already cached (or prefetched)
+    rows_loaded: int = 0  # host -> device
+    rows_written: int = 0  # device -> host (dirty evictions and flushes)
+    bytes_moved: int = 0  # both directions, rows and their optimizer state
+    transfer_s: float = 0.0  # time spent moving rows (on the caller or the prefetch thread)
+    wait_s: float = 0.0  # time lookups spent waiting for host memory (admission + prefetch)
+
+    def add(self, other: CacheStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def _empty_host(shape: tuple[int, ...], dtype: torch.dtype, pin: bool, what: str) -> torch.Tensor:
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    except RuntimeError as e:
+        size = dtype.itemsize
+        for n in shape:
+            size *= n
+        raise HostMemoryError(
+            f"could not allocate {size / GIB:.2f} GiB of {'pinned ' if pin else ''}host memory "
+            f"for {what}: {e}. Set sharding.pin_host=false (pageable memory, slower copies) or "
+            "lower the tables' size"
+        ) from None
+
+
+class HostCachedEmbedding(FusedEmbedding):
+    """A fused group whose rows live in host memory, with a device cache of `cache_rows` rows.
+
+    Same interface as FusedEmbedding; `weight` and `state()` are the host tensors (the
+    canonical copy after `flush()`), which is what checkpoints read and write.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[tuple[TableConfig, int, ShardSpec]],
+        optimizer: RowOptimizer | None,
+        cache_rows: int,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        pin: bool = True,
+        age_every: int = 100,
+    ) -> None:
+        # read by _init_storage, which FusedEmbedding.__init__ calls
+        self.pin = pin and torch.device(device).type == "cuda"
+        self.capacity = int(cache_rows)
+        super().__init__(shards, optimizer, seed, device, dtype)
+        self.age_every = age_every
+        self.stats = CacheStats()
+        self._protected: torch.Tensor | None = None  # slots whose backward is pending
+        self._training_lookup = False
+        self._counted_ahead = False  # the next training lookup's rows were counted by prefetch
+        self._stale = False  # host rows were changed from outside: reload the cached ones
+        self._pending: Future | None = None
+        self._pending_event: torch.cuda.Event | None = None
+        self._pool_thread = ThreadPoolExecutor(1, thread_name_prefix="hybridrec-cache")
+        self._lock = threading.Lock()  # guards stats between the prefetch thread and callers
+        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    # -- storage ---------------------------------------------------------------------------
+    def _init_storage(self, shards, seed, device, dtype) -> None:  # noqa: ANN001
+        R, D = self.num_rows, self.width
+        if not 1 <= self.capacity <= R:
+            raise ValueError(f"cache of {self.capacity} rows for a group of {R} rows: need 1..{R}")
+        self.device = device
+        names = ", ".join(sorted({s.table for _, _, s in shards}))
+        row_bytes = D * dtype.itemsize + sum(
+            (shape[1] if len(shape) > 1 else 1) * 4 for shape in self.state_shapes.values()
+        )
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            need = self.capacity * (row_bytes + 13) + R * 4
+            if need > total:
+                raise ValueError(
+                    f"device cache for tables {names}: {self.capacity:,} rows need "
+                    f"{need / GIB:.2f} GiB, more than the whole GPU ({total / GIB:.2f} GiB); "
+                    "lower sharding.cache_fraction or sharding.cache_gb"
+                )
+        weight = _empty_host((R, D), dtype, self.pin, f"tables {names}")
+        for (t, i, s), a, b in zip(shards, self.offsets_list, self.offsets_list[1:], strict=False):
+            init_shard(t, i, s, seed, dtype, out=weight[a:b])
+        self.weight = weight  # plain attributes, not buffers: module.to() must not move them
+        for name, shape in self.state_shapes.items():
+            host = _empty_host(shape, torch.float32, self.pin, f"optimizer state of {names}")
+            setattr(self, f"state_{name}", host.zero_())
+        C = self.capacity
+        self.register_buffer("cache_weight", torch.zeros(C, D, dtype=dtype, device=device))
+        for name, shape in self.state_shapes.items():
+            self.register_buffer(
+                f"cache_state_{name}", torch.zeros((C, *shape[1:]), device=device)
+            )
+        self.register_buffer("slot_of", torch.full((R,), -1, dtype=torch.int32, device=device))
+        self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
+        self.register_buffer("score", torch.zeros(C, device=device))
+        self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
+        self._admissions = 0
+
+    def cache_state(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}
+
+    def _row_bytes(self) -> int:
+        return self.width * self.weight.element_size() + sum(
+            s[0].numel() * 4 for s in self.state().values()
+        )
+
+    # -- lookups and updates ---------------------------------------------------------------
+    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
+        # pool() runs inside an autograd Function, where grad mode is off: note it here
+        self._training_lookup = torch.is_grad_enabled() and self.optimizer is not None
+        return super().forward(inputs)
+
+    def pool(
+        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+    ) -> torch.Tensor:
+        start = time.perf_counter()
+        slots_per_id, slots = self._admit(rows)
+        if self._training_lookup:
+            self._protected = slots  # their backward is pending: never evict them before it
+        with self._lock:
+            self.stats.wait_s += time.perf_counter() - start
+        return _pool(self.cache_weight, slots_per_id, bags, scale, num_bags)
+
+    def _update_target(
+        self, unique_rows: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        slots = self.slot_of.index_select(0, unique_rows).long()
+        if slots.numel() and int(slots.min()) < 0:
+            raise RuntimeError(
+                "host cache: a row was evicted between its lookup and its update (a bug: "
+                "please report it with the config)"
+            )
+        self.dirty[slots] = True
+        self._protected = None
+        return self.cache_weight, self.cache_state(), slots
+
+    # -- admission ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _admit(
+        self, rows: torch.Tensor, prefetch: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
+        distinct rows [U]). With `prefetch`, the data moves on the background thread."""
+        self._wait()
+        if self._stale:
+            self._refresh()
+        uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
+        slots = self.slot_of.index_select(0, uniq).long()
+        miss = slots < 0
+        miss_rows = uniq[miss]
+        n_miss = miss_rows.numel()
+        # A prefetched batch is counted when prefetched (what was cached before it was
+        # known), not again by its own lookup, which then finds everything cached.
+        count = prefetch or not (self._training_lookup and self._counted_ahead)
+        self._counted_ahead = prefetch or (self._counted_ahead and not self._training_lookup)
+        if count:
+            with self._lock:
+                self.stats.lookups += 1
+                self.stats.rows_requested += uniq.numel()
+                self.stats.hits += uniq.numel() - n_miss
+        if n_miss:
+            keep = [slots[~miss]]
+            if self._protected is not None:
+                keep.append(self._protected)
+            new_slots, victims = self._choose_slots(
+                n_miss, torch.cat(keep), uniq.numel(), prefetch
+            )
+            if new_slots is None:
+                return slots, slots  # a prefetch that does not fit: the lookup will admit
+            victim_rows = self.row_of_slot.index_select(0, victims)
+            victim_dirty = self.dirty.index_select(0, victims)
+            if victims.numel():
+                self.slot_of[victim_rows] = -1
+            self.slot_of[miss_rows] = new_slots.to(torch.int32)
+            self.row_of_slot[new_slots] = miss_rows
+            self.score[new_slots] = 0.0
+            self.dirty[new_slots] = False
+            slots[miss] = new_slots
+            job = (victims, victim_rows, victim_dirty, new_slots, miss_rows)
+            if prefetch:
+                self._start_background(job)
+            else:
+                self._move(*job)
+        self.score.index_add_(0, slots, counts.float())
+        if not prefetch:
+            self._admissions += 1
+            if self._admissions % self.age_every == 0:
+                self.score.mul_(0.5)
+        return slots.index_select(0, inverse), slots
+
+    def _choose_slots(
+        self, n_miss: int, keep: torch.Tensor, n_batch: int, prefetch: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """`n_miss` slots for new rows: free ones first, then the lowest-score slots outside
+        `keep` (victims, returned separately so dirty ones can be written back). None when
+        they do not fit and this is only a prefetch."""
+        free = (self.row_of_slot < 0).nonzero().squeeze(1)
+        short = n_miss - free.numel()
+        if short <= 0:
+            return free[:n_miss], free.new_empty(0)
+        masked = self.score.clone()
+        masked[free] = float("inf")
+        masked[keep] = float("inf")
+        evictable = self.capacity - free.numel() - int((self.row_of_slot[keep] >= 0).sum())
+        if evictable < short:
+            if prefetch:
+                return None, free.new_empty(0)
+            raise CacheTooSmallError(
+                f"host cache of tables {', '.join(sorted({s.table for s in self.shards}))}: "
+                f"{self.capacity:,} rows cannot hold the {n_batch:,} distinct rows of one batch "
+                f"(plus {keep.numel() - (n_batch - n_miss):,} rows still in use); raise "
+                "sharding.cache_fraction or sharding.cache_gb, or lower train.batch_size"
+            )
+        victims = torch.topk(masked, short, largest=False, sorted=False).indices
+        return torch.cat([free, victims]), victims
+
+    def _move(
+        self,
+        victims: torch.Tensor,
+        victim_rows: torch.Tensor,
+        victim_dirty: torch.Tensor,
+        new_slots: torch.Tensor,
+        miss_rows: torch.Tensor,
+    ) -> None:
+        """Write back the dirty victims, then load the missing rows into their slots."""
+        start = time.perf_counter()
+        moved = 0
+        written = 0
+        if victims.numel():
+            out_slots = victims[victim_dirty]
+            if out_slots.numel():
+                out_rows = victim_rows[victim_dirty].cpu()
+                moved += self._copy_out(out_slots, out_rows)
+                written = out_rows.numel()
+        moved += self._copy_in(new_slots, miss_rows.cpu())
+        with self._lock:
+            self.stats.rows_loaded += miss_rows.numel()
+            self.stats.rows_written += written
+            self.stats.bytes_moved += moved
+            self.stats.transfer_s += time.perf_counter() - start
+
+    def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(host tensor, cache tensor) for the rows and every optimizer state."""
+        pairs = [(self.weight, self.cache_weight)]
+        cache = self.cache_state()
+        pairs += [(host, cache[n]) for n, host in self.state().items()]
+        return pairs
+
+    def _copy_out(self, slots: torch.Tensor, rows_cpu: torch.Tensor) -> int:
+        """host[rows] = cache[slots] for rows and state; returns bytes moved."""
+        moved = 0
+        for host, cache in self._pairs():
+            data = cache.index_select(0, slots)
+            if data.device.type == "cuda":
+                staged = _empty_host(tuple(data.shape), data.dtype, self.pin, "a write-back")
+                staged.copy_(data, non_blocking=True)
+                torch.cuda.current_stream(data.device).synchronize()
+                data = staged
+            host.index_copy_(0, rows_cpu, data)
+            moved += data.numel() * data.element_size()
+        return moved
+
+    def _copy_in(self, slots: torch.Tensor, rows_cpu: torch.Tensor) -> int:
+        """cache[slots] = host[rows] for rows and state (host rows sorted: sequential reads)."""
+        moved = 0
+        for host, cache in self._pairs():
+            staged = _empty_host(
+                (rows_cpu.numel(), *host.shape[1:]), host.dtype, self.pin, "a cache fill"
+            )
+            torch.index_select(host, 0, rows_cpu, out=staged)
+            cache.index_copy_(0, slots, staged.to(cache.device, non_blocking=True))
+            moved += staged.numel() * staged.element_size()
+        return moved
+
+    # -- prefetch ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefetch(self, rows: torch.Tensor) -> None:
+        """Start admitting group rows `rows` [N] of the next batch; returns at once.
+
+        Rows of the current step (looked up, backward pending) are not evicted. When the cache
+        cannot hold both steps' rows, nothing is prefetched (the next lookup admits them)."""
+        self._admit(rows, prefetch=True)
+
+    def _start_background(self, job: tuple[torch.Tensor, ...]) -> None:
+        if self._side is None:
+            self._pending = self._pool_thread.submit(self._move, *job)
+            return
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))  # slots' last readers are queued
+        for t in job:
+            t.record_stream(self._side)
+        done = torch.cuda.Event()
+
+        def run() -> None:
+            with torch.cuda.stream(self._side):
+                self._side.wait_event(ready)
+                self._move(*job)
+                done.record(self._side)
+
+        self._pending = self._pool_thread.submit(run)
+        self._pending_event = done
+
+    def _wait(self) -> None:
+        """Block until a prefetch in flight has moved its rows (and order the device after it)."""
+        if self._pending is None:
+            return
+        start = time.perf_counter()
+        self._pending.result()
+        self._pending = None
+        if self._pending_event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._pending_event)
+            self._pending_event = None
+        with self._lock:
+            self.stats.wait_s += time.perf_counter() - start
+
+    # -- keeping host memory canonical ----------------------------------------------------------
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Write every dirty cached row back to host memory (rows stay cached)."""
+        self._wait()
+        dirty = self.dirty.nonzero().squeeze(1)
+        if dirty.numel():
+            start = time.perf_counter()
+            rows = self.row_of_slot.index_select(0, dirty).cpu()
+            moved = self._copy_out(dirty, rows)
+            self.dirty[dirty] = False
+            with self._lock:
+                self.stats.rows_written += rows.numel()
+                self.stats.bytes_moved += moved
+                self.stats.transfer_s += time.perf_counter() - start
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        """Reload every cached row from host memory (after a checkpoint load wrote there)."""
+        used = (self.row_of_slot >= 0).nonzero().squeeze(1)
+        if used.numel():
+            self._copy_in(used, self.row_of_slot.index_select(0, used).cpu())
+        self._stale = False
+
+    def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
+        """Views of the host rows, made current first. Callers may write into them (loading
+        a checkpoint): cached rows are then reloaded before the next lookup."""
+        self.flush()
+        self._stale = True
+        return super().shard_views()
+
+    @torch.no_grad()
+    def warm_start(self, frequency: torch.Tensor, ids_per_step: float) -> int:
+        """Fill the cache with the most frequent rows (frequency [R]: counts per group row,
+        e.g. from the dataset manifest); their scores start at the expected uses per step.
+        Returns the number of rows loaded."""
+        self._wait()
+        if frequency.shape != (self.num_rows,):
+            raise ValueError(f"frequency must be [{self.num_rows}], got {list(frequency.shape)}")
+        self.flush()
+        self.slot_of.fill_(-1)
+        self.row_of_slot.fill_(-1)
+        self.score.zero_()
+        self.dirty.zero_()
+        freq = frequency.float()
+        n = min(self.capacity, int((freq > 0).sum()))
+        if n == 0:
+            return 0
+        top = torch.topk(freq, n).indices.sort().values
+        slots = torch.arange(n, device=self.device)
+        top_dev = top.to(self.device)
+        self.slot_of[top_dev] = slots.to(torch.int32)
+        self.row_of_slot[:n] = top_dev
+        self.score[:n] = (freq[top] / freq.sum() * ids_per_step).to(self.device)
+        self._copy_in(slots, top.cpu())
+        self._stale = False
+        return n
+
+    def take_stats(self) -> CacheStats:
+        """The counters since the last call (and reset them)."""
+        with self._lock:
+            out, self.stats = self.stats, CacheStats()
+        return out
+
+    def cached_fraction(self) -> float:
+        return int((self.row_of_slot >= 0).sum()) / self.num_rows

@@ -1,0 +1,650 @@
+"""Triton kernels for the fused embedding lookup, gradient dedupe and row optimizers.
+
+They compute what the pure-torch path computes (hybridrec.sparse.fused `_pool`, `dedupe`;
+hybridrec.optim.sparse `SparseSGD`, `RowWiseAdagrad`, `SparseAdam`), with all math in fp32
+and one rounding to the weight's dtype per updated value:
+
+- `pooled_lookup`: one program per (bag, column block) sums the bag's rows in fp32.
+- `segment_grads`: ids sorted by row (stable), one segment per distinct row; each segment is
+  summed in fixed-size chunks (no atomics, so the result is deterministic), and the few rows
+  longer than one chunk (hot rows of skewed ids) sum their chunk partials in a second kernel.
+- `sgd_update`, `rowwise_adagrad_update`, `adam_update`: one program per touched row.
+
+`available(t)` says whether the kernels can run on `t`: triton importable, `t` on CUDA or the
+Triton interpreter on (TRITON_INTERPRET=1, CPU tensors), and HYBRIDREC_KERNELS != "torch".
+Kernels are jitted on first use, separately for interpreted and compiled mode, so setting
+TRITON_INTERPRET after this module was imported takes effect. Row ids are not range-checked
+(that would sync with the host); callers pass valid ids as for the torch path.
+
+Legend: N = ids, B = bags, R = weight rows, D = width, U = distinct rows touched.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # ImportError, or a broken install: fall back to the torch path
+    triton = None
+    tl = None
+
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SEGMENT_CHUNK = 512  # ids summed by one program of segment_grads; longer rows are split
+MAX_BLOCK_D = 128  # columns per program (wider rows take several column blocks)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def available(t: torch.Tensor) -> bool:
+    """True when the Triton kernels can run on tensors like `t` (see the module docstring)."""
+    if triton is None or os.environ.get("HYBRIDREC_KERNELS", "").strip().lower() == "torch":
+        return False
+    return t.is_cuda or _interpreting()
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels (plain functions, jitted lazily by _kernels()).
+
+
+def _pool_kernel(
+    weight_ptr,
+    rows_ptr,
+    offsets_ptr,
+    scale_ptr,
+    out_ptr,
+    D,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """out[bag, cols] = sum over the bag's ids of scale * weight[row, cols], in fp32."""
+    bag = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    start = tl.load(offsets_ptr + bag)
+    end = tl.load(offsets_ptr + bag + 1)
+    acc = tl.full([BLOCK_D], 0.0, tl.float32)
+    for j in range(start, end, BLOCK_N):
+        idx = j + tl.arange(0, BLOCK_N)
+        id_mask = idx < end
+        row = tl.load(rows_ptr + idx, mask=id_mask, other=0)
+        vals = tl.load(
+            weight_ptr + row[:, None] * D + cols[None, :],
+            mask=id_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if HAS_SCALE:
+            s = tl.load(scale_ptr + idx, mask=id_mask, other=0.0)
+            vals = vals * s[:, None]
+        acc += tl.reduce(vals, 0, tl.standard._sum_combine)
+    tl.store(out_ptr + bag * D + cols, acc, mask=col_mask)
+
+
+def _segment_chunk_kernel(
+    grad_ptr,
+    perm_ptr,
+    bags_ptr,
+    scale_ptr,
+    chunk_seg_ptr,
+    chunk_end_ptr,
+    seg_end_ptr,
+    counts_ptr,
+    part_first_ptr,
+    out_ptr,
+    part_ptr,
+    U,
+    D,
+    CHUNK: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Chunk c of segment seg: sum of grad[bags[perm[j]]] * scale[perm[j]] over its ids j.
+
+    A segment of one chunk writes out[seg]; chunk k of a longer one writes
+    part[part_first[seg] + k]. Programs past the last chunk store nothing."""
+    c = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    total = tl.load(chunk_end_ptr + U - 1)
+    valid = c < total
+    seg = tl.minimum(tl.load(chunk_seg_ptr + c), U - 1)
+    count = tl.load(counts_ptr + seg)
+    n_chunks = (count + CHUNK - 1) // CHUNK
+    k = c - (tl.load(chunk_end_ptr + seg) - n_chunks)  # chunk index within the segment
+    seg_end = tl.load(seg_end_ptr + seg)
+    start = seg_end - count + k * CHUNK
+    end = tl.where(valid, tl.minimum(start + CHUNK, seg_end), start)
+    acc = tl.full([BLOCK_D], 0.0, tl.float32)
+    for j in range(start, end, BLOCK_N):
+        idx = j + tl.arange(0, BLOCK_N)
+        id_mask = idx < end
+        p = tl.load(perm_ptr + idx, mask=id_mask, other=0)
+        bag = tl.load(bags_ptr + p, mask=id_mask, other=0)
+        g = tl.load(
+            grad_ptr + bag[:, None] * D + cols[None, :],
+            mask=id_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        if HAS_SCALE:
+            s = tl.load(scale_ptr + p, mask=id_mask, other=0.0)
+            g = g * s[:, None]
+        acc += tl.reduce(g, 0, tl.standard._sum_combine)
+    store_mask = cols < tl.where(valid, D, 0)  # (a scalar & vector mask trips the interpreter)
+    if n_chunks == 1:
+        tl.store(out_ptr + seg * D + cols, acc, mask=store_mask)
+    else:
+        dst = tl.load(part_first_ptr + seg) + k
+        tl.store(part_ptr + dst * D + cols, acc, mask=store_mask)
+
+
+def _segment_merge_kernel(
+    part_ptr,
+    long_seg_ptr,
+    counts_ptr,
+    part_first_ptr,
+    out_ptr,
+    U,
+    D,
+    CHUNK: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """out[seg] = sum of the chunk partials of the i-th segment longer than one chunk."""
+    i = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    raw = tl.load(long_seg_ptr + i)
+    valid = raw < U
+    seg = tl.minimum(raw, U - 1)
+    n_chunks = (tl.load(counts_ptr + seg) + CHUNK - 1) // CHUNK
+    first = tl.load(part_first_ptr + seg)
+    last = tl.where(valid, first + n_chunks, first)
+    acc = tl.full([BLOCK_D], 0.0, tl.float32)
+    for j in range(first, last, BLOCK_P):
+        idx = j + tl.arange(0, BLOCK_P)
+        m = idx < last
+        part = tl.load(
+            part_ptr + idx[:, None] * D + cols[None, :],
+            mask=m[:, None] & col_mask[None, :],
+            other=0.0,
+        )
+        acc += tl.reduce(part, 0, tl.standard._sum_combine)
+    tl.store(out_ptr + seg * D + cols, acc, mask=cols < tl.where(valid, D, 0))
+
+
+def _sgd_kernel(
+    weight_ptr, rows_ptr, grads_ptr, lr, D, IS_BF16: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    """weight[rows[u], cols] -= lr * grads[u, cols]."""
+    u = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < D
+    row = tl.load(rows_ptr + u)
+    w_ptrs = weight_ptr + row * D + cols
+    w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
+    w = tl.fma(g, -lr, w)  # torch's index_add_(alpha=-lr) / sub_(alpha=lr): one rounding
+    if IS_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
+        bits = w.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(w != w, 0x7FC0, bits)  # NaN stays a quiet NaN
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = w.to(weight_ptr.dtype.element_ty)
+    tl.store(w_ptrs, out, mask=mask)
+
+
+def _adagrad_kernel(
+    weight_ptr,
+    acc_ptr,
+    rows_ptr,
+    grads_ptr,
+    row_sq_ptr,
+    lr,
+    eps,
+    inv_d,
+    D,
+    HAS_ROW_SQ: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """s = acc[row] + mean(g^2); acc[row] = s; weight[row] -= lr * g / (sqrt(s) + eps)."""
+    u = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + u)
+    if HAS_ROW_SQ:
+        sq_mean = tl.load(row_sq_ptr + u)
+    else:
+        sq = tl.full([BLOCK_D], 0.0, tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            g = tl.load(grads_ptr + u * D + cols, mask=cols < D, other=0.0)
+            sq += g * g
+        sq_mean = tl.reduce(sq, 0, tl.standard._sum_combine) * inv_d
+    s = tl.load(acc_ptr + row) + sq_mean
+    tl.store(acc_ptr + row, s)
+    denom = tl.sqrt_rn(s) + eps
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask = cols < D
+        g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
+        w_ptrs = weight_ptr + row * D + cols
+        w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.fma(tl.div_rn(g, denom), -lr, w)
+        if IS_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
+            bits = w.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            bits = tl.where(w != w, 0x7FC0, bits)  # NaN stays a quiet NaN
+            out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            out = w.to(weight_ptr.dtype.element_ty)
+        tl.store(w_ptrs, out, mask=mask)
+
+
+def _adam_kernel(
+    weight_ptr,
+    m_ptr,
+    v_ptr,
+    rows_ptr,
+    grads_ptr,
+    step_size,
+    one_minus_beta1,
+    one_minus_beta2,
+    eps,
+    D,
+    IS_BF16: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Lazy Adam on row rows[u]: m, v move toward g, g^2; w -= step_size * m / (sqrt(v) + eps)."""
+    u = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < D
+    row = tl.load(rows_ptr + u)
+    off = row * D + cols
+    g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
+    m = tl.load(m_ptr + off, mask=mask, other=0.0)
+    v = tl.load(v_ptr + off, mask=mask, other=0.0)
+    m = (g - m) * one_minus_beta1 + m
+    v = (g * g - v) * one_minus_beta2 + v
+    tl.store(m_ptr + off, m, mask=mask)
+    tl.store(v_ptr + off, v, mask=mask)
+    w = tl.load(weight_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    w = tl.fma(tl.div_rn(m, tl.sqrt_rn(v) + eps), -step_size, w)
+    if IS_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
+        bits = w.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(w != w, 0x7FC0, bits)  # NaN stays a quiet NaN
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = w.to(weight_ptr.dtype.element_ty)
+    tl.store(weight_ptr + off, out, mask=mask)
+
+
+_JITTED: dict[bool, SimpleNamespace] = {}
+
+
+def _kernels() -> SimpleNamespace:
+    """The kernels jitted for the current mode (interpreted or compiled), built once per mode."""
+    if triton is None:
+        raise RuntimeError("triton is not installed; use the torch path (see available())")
+    mode = _interpreting()
+    if mode not in _JITTED:
+        fns = (
+            _pool_kernel,
+            _segment_chunk_kernel,
+            _segment_merge_kernel,
+            _sgd_kernel,
+            _adagrad_kernel,
+            _adam_kernel,
+        )
+        _JITTED[mode] = SimpleNamespace(**{f.__name__[1:]: triton.jit(f) for f in fns})
+    return _JITTED[mode]
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks and launch helpers.
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_device(ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    if not ref.is_cuda and not _interpreting():
+        raise ValueError(
+            f"Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU ones), got "
+            f"{ref.device}"
+        )
+    for name, t in tensors.items():
+        if t is not None:
+            _require(t.device == ref.device, f"{name} is on {t.device}, expected {ref.device}")
+
+
+def _check_weight(weight: torch.Tensor) -> None:
+    _require(
+        weight.dim() == 2 and weight.dtype in WEIGHT_DTYPES,
+        f"weight must be [R, D] fp32/bf16/fp16, got {tuple(weight.shape)} {weight.dtype}",
+    )
+    _require(weight.is_contiguous(), "weight must be contiguous (it is indexed as row * D)")
+
+
+def _check_ids(name: str, t: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    _require(
+        t.dim() == 1 and t.dtype == torch.int64,
+        f"{name} must be a 1-d int64 tensor, got {tuple(t.shape)} {t.dtype}",
+    )
+    if n is not None:
+        _require(t.numel() == n, f"{name} must have {n} entries, got {t.numel()}")
+    return t.contiguous()
+
+
+def _check_vector(name: str, t: torch.Tensor, n: int) -> torch.Tensor:
+    _require(
+        t.dim() == 1 and t.dtype == torch.float32 and t.numel() == n,
+        f"{name} must be [{n}] fp32, got {tuple(t.shape)} {t.dtype}",
+    )
+    return t.contiguous()
+
+
+def _check_grads(grads: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
+    u = rows.numel()
+    _require(
+        grads.dtype == torch.float32 and tuple(grads.shape) == (u, width),
+        f"grads must be [{u}, {width}] fp32 (one row per entry of rows), got "
+        f"{tuple(grads.shape)} {grads.dtype}",
+    )
+    return grads.contiguous()
+
+
+def _block_d(width: int) -> int:
+    return min(triton.next_power_of_2(max(width, 1)), MAX_BLOCK_D)
+
+
+def _block_n(avg_ids: float, block_d: int) -> int:
+    """Ids per tile: about the average run length, at most 4096 elements per tile."""
+    n = triton.next_power_of_2(max(int(avg_ids + 0.999), 1))
+    return max(1, min(n, 32, 4096 // block_d))
+
+
+def _opts(elements: int) -> dict:
+    """Launch options for a tile of `elements` values: 4 per thread (1 to 8 warps), and no
+    contraction of a * b + c into fma: the kernels round like torch's ops, fusing only where
+    torch fuses (tl.fma in the weight updates)."""
+    return {"num_warps": max(1, min(8, elements // 128)), "enable_fp_fusion": False}
+
+
+# --------------------------------------------------------------------------------------------
+# Public ops.
+
+
+def pooled_lookup(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    offsets: torch.Tensor,
+    scale: torch.Tensor | None,
+    num_bags: int,
+) -> torch.Tensor:
+    """pooled [num_bags, D] fp32: pooled[b] = sum_{i in offsets[b]:offsets[b+1]} scale[i] *
+    weight[rows[i]].
+
+    weight [R, D] fp32/bf16/fp16 contiguous; rows [N] int64; offsets [num_bags + 1] int64,
+    non-decreasing, offsets[0] = 0, offsets[-1] = N (empty bags give zero rows); scale [N]
+    fp32 or None (all ones). Equals F.embedding_bag(rows, weight.float(), offsets[:-1], "sum",
+    per_sample_weights=scale) up to fp32 summation order."""
+    _check_weight(weight)
+    rows = _check_ids("rows", rows)
+    _require(num_bags >= 0, f"num_bags must be >= 0, got {num_bags}")
+    offsets = _check_ids("offsets", offsets, num_bags + 1)
+    if scale is not None:
+        scale = _check_vector("scale", scale, rows.numel())
+    _check_device(weight, rows=rows, offsets=offsets, scale=scale)
+    width = weight.shape[1]
+    out = torch.empty(num_bags, width, dtype=torch.float32, device=weight.device)
+    if num_bags == 0 or width == 0:
+        return out
+    block_d = _block_d(width)
+    block_n = _block_n(rows.numel() / num_bags, block_d)
+    grid = (num_bags, triton.cdiv(width, block_d))
+    _kernels().pool_kernel[grid](
+        weight,
+        rows,
+        offsets,
+        scale if scale is not None else rows,
+        out,
+        width,
+        HAS_SCALE=scale is not None,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        **_opts(block_n * block_d),
+    )
+    return out
+
+
+def segment_grads(
+    grad_pooled: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique rows [U] int64 sorted, grads [U, D] fp32): per-id gradients grad_pooled[bags[i]]
+    * scale[i] summed per distinct row, as hybridrec.sparse.fused.dedupe.
+
+    grad_pooled [B, D] fp32 (bf16/fp16 are read as fp32); rows, bags [N] int64 (0 <= bags <
+    B); scale [N] fp32 or None. Deterministic: segment sums in a fixed order, no atomics."""
+    return _segment_grads(grad_pooled, rows, bags, scale, SEGMENT_CHUNK)
+
+
+def _segment_grads(
+    grad_pooled: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """segment_grads with `chunk` ids per program (tests use small chunks)."""
+    _require(
+        grad_pooled.dim() == 2 and grad_pooled.dtype in WEIGHT_DTYPES,
+        f"grad_pooled must be [B, D] fp32/bf16/fp16, got {tuple(grad_pooled.shape)} "
+        f"{grad_pooled.dtype}",
+    )
+    grad_pooled = grad_pooled.contiguous()
+    rows = _check_ids("rows", rows)
+    n = rows.numel()
+    bags = _check_ids("bags", bags, n)
+    if scale is not None:
+        scale = _check_vector("scale", scale, n)
+    _require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
+    _check_device(grad_pooled, rows=rows, bags=bags, scale=scale)
+    device, width = grad_pooled.device, grad_pooled.shape[1]
+
+    sorted_rows, perm = torch.sort(rows, stable=True)
+    unique_rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)  # syncs
+    u = unique_rows.numel()
+    grads = torch.empty(u, width, dtype=torch.float32, device=device)
+    if u == 0 or width == 0:
+        return unique_rows, grads.zero_()
+    seg_end = counts.cumsum(0)
+    n_chunks = (counts + chunk - 1) // chunk
+    chunk_end = n_chunks.cumsum(0)
+    is_long = n_chunks > 1
+    long_chunks = torch.where(is_long, n_chunks, 0)
+    part_first = long_chunks.cumsum(0) - long_chunks
+    # Sizes from bounds known on the host (no further sync): chunks <= U + N // chunk; rows
+    # longer than one chunk <= N // (chunk + 1); their chunks < 2 N / chunk.
+    max_chunks = u + n // chunk
+    max_long = n // (chunk + 1)
+    max_parts = 2 * n // chunk + 1
+    positions = torch.arange(max(max_chunks, max_long), device=device)
+    chunk_seg = torch.searchsorted(chunk_end, positions[:max_chunks], right=True)
+    parts = torch.empty(max_parts if max_long else 1, width, dtype=torch.float32, device=device)
+
+    kern = _kernels()
+    block_d = _block_d(width)
+    block_n = _block_n(min(n / u, chunk), block_d)
+    col_blocks = triton.cdiv(width, block_d)
+    kern.segment_chunk_kernel[(max_chunks, col_blocks)](
+        grad_pooled,
+        perm,
+        bags,
+        scale if scale is not None else grad_pooled,
+        chunk_seg,
+        chunk_end,
+        seg_end,
+        counts,
+        part_first,
+        grads,
+        parts,
+        u,
+        width,
+        CHUNK=chunk,
+        HAS_SCALE=scale is not None,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        **_opts(block_n * block_d),
+    )
+    if max_long:
+        # the i-th long segment; U (no segment) past the last one
+        long_seg = torch.searchsorted(is_long.cumsum(0), positions[:max_long] + 1)
+        block_p = max(1, min(32, 4096 // block_d))
+        kern.segment_merge_kernel[(max_long, col_blocks)](
+            parts,
+            long_seg,
+            counts,
+            part_first,
+            grads,
+            u,
+            width,
+            CHUNK=chunk,
+            BLOCK_P=block_p,
+            BLOCK_D=block_d,
+            **_opts(block_p * block_d),
+        )
+    return unique_rows, grads
+
+
+def sgd_update(weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+    """weight[rows] -= lr * grads in fp32, rounded once to weight's dtype.
+
+    weight [R, D] fp32/bf16/fp16 contiguous (updated in place); rows [U] int64, unique;
+    grads [U, D] fp32."""
+    _check_weight(weight)
+    rows = _check_ids("rows", rows)
+    grads = _check_grads(grads, rows, weight.shape[1])
+    _check_device(weight, rows=rows, grads=grads)
+    width = weight.shape[1]
+    if rows.numel() == 0 or width == 0:
+        return
+    block_d = _block_d(width)
+    _kernels().sgd_kernel[(rows.numel(), triton.cdiv(width, block_d))](
+        weight,
+        rows,
+        grads,
+        float(lr),
+        width,
+        IS_BF16=weight.dtype == torch.bfloat16,
+        BLOCK_D=block_d,
+        **_opts(block_d),
+    )
+
+
+def rowwise_adagrad_update(
+    weight: torch.Tensor,
+    acc: torch.Tensor,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    eps: float,
+    row_sq_mean: torch.Tensor | None = None,
+) -> None:
+    """Row-wise Adagrad on rows `rows`, as hybridrec.optim.sparse.RowWiseAdagrad.update:
+    s = acc[rows] + (row_sq_mean or mean(g^2) over the row); acc[rows] = s;
+    weight[rows] -= lr * g / (sqrt(s) + eps).
+
+    weight [R, D] fp32/bf16/fp16 and acc [R] fp32, contiguous, updated in place; rows [U]
+    int64, unique; grads [U, D] fp32; row_sq_mean [U] fp32 or None."""
+    _check_weight(weight)
+    r, width = weight.shape
+    _require(
+        acc.dim() == 1 and acc.dtype == torch.float32 and acc.numel() == r,
+        f"acc must be [{r}] fp32 (one sum per weight row), got {tuple(acc.shape)} {acc.dtype}",
+    )
+    _require(acc.is_contiguous(), "acc must be contiguous")
+    rows = _check_ids("rows", rows)
+    grads = _check_grads(grads, rows, width)
+    if row_sq_mean is not None:
+        row_sq_mean = _check_vector("row_sq_mean", row_sq_mean, rows.numel())
+    _check_device(weight, acc=acc, rows=rows, grads=grads, row_sq_mean=row_sq_mean)
+    if rows.numel() == 0:
+        return
+    block_d = _block_d(width)
+    _kernels().adagrad_kernel[(rows.numel(),)](
+        weight,
+        acc,
+        rows,
+        grads,
+        row_sq_mean if row_sq_mean is not None else acc,
+        float(lr),
+        float(eps),
+        1.0 / width if width else 0.0,
+        width,
+        HAS_ROW_SQ=row_sq_mean is not None,
+        IS_BF16=weight.dtype == torch.bfloat16,
+        BLOCK_D=block_d,
+        **_opts(block_d),
+    )
+
+
+def adam_update(
+    weight: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    step_size: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """Lazy Adam on rows `rows`, as hybridrec.optim.sparse.SparseAdam.update: m += (1 - beta1)
+    (g - m); v += (1 - beta2)(g^2 - v); weight -= step_size * m / (sqrt(v) + eps), with
+    step_size = lr * sqrt(1 - beta2^t) / (1 - beta1^t) computed by the caller.
+
+    weight [R, D] fp32/bf16/fp16, exp_avg and exp_avg_sq [R, D] fp32, contiguous, updated in
+    place; rows [U] int64, unique; grads [U, D] fp32."""
+    _check_weight(weight)
+    for name, t in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        _require(
+            t.dtype == torch.float32 and t.shape == weight.shape,
+            f"{name} must be {list(weight.shape)} fp32 like weight, got {tuple(t.shape)} {t.dtype}",
+        )
+        _require(t.is_contiguous(), f"{name} must be contiguous")
+    rows = _check_ids("rows", rows)
+    width = weight.shape[1]
+    grads = _check_grads(grads, rows, width)
+    _check_device(weight, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, rows=rows, grads=grads)
+    if rows.numel() == 0 or width == 0:
+        return
+    block_d = _block_d(width)
+    _kernels().adam_kernel[(rows.numel(), triton.cdiv(width, block_d))](
+        weight,
+        exp_avg,
+        exp_avg_sq,
+        rows,
+        grads,
+        float(step_size),
+        1.0 - beta1,
+        1.0 - beta2,
+        float(eps),
+        width,
+        IS_BF16=weight.dtype == torch.bfloat16,
+        BLOCK_D=block_d,
+        **_opts(block_d),
+    )

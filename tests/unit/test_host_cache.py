@@ -1,0 +1,138 @@
+"""The host-memory group with a device cache equals the all-on-device group, bit for bit.
+
+The caches here are tiny (a few rows more than one batch needs), so rows are evicted, written
+back and reloaded on every step; the comparisons are exact (torch.equal), because the cache
+only moves rows: every update runs the same kernels on the same values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
+from hybridrec.sparse.host import (
+    CacheTooSmallError,
+    HostCachedEmbedding,
+    HostMemoryError,
+    check_host_memory,
+)
+from hybridrec.types import Pooling, ShardSpec, TableConfig
+
+T0 = TableConfig("t0", num_rows=300, dim=8, hotness=2)
+T1 = TableConfig("t1", num_rows=120, dim=8, hotness=1, pooling=Pooling.MEAN)
+SHARDS = [
+    (T0, 0, ShardSpec("t0", 0, 0, 300, 0, 8)),
+    (T1, 1, ShardSpec("t1", 0, 20, 120, 0, 8)),  # a row range: ids relative to the shard
+]
+BATCH = 16
+
+
+def _optimizers():
+    return {
+        "sgd": lambda: SparseSGD(0.1),
+        "rowwise_adagrad": lambda: RowWiseAdagrad(0.1),
+        "adam": lambda: SparseAdam(0.01),
+    }
+
+
+def _batch(g: torch.Generator) -> list[LookupInput]:
+    # skewed ids, so some rows stay hot and others come and go
+    a = (torch.rand(BATCH * 2, generator=g) ** 3 * 300).long()
+    b = (torch.rand(BATCH, generator=g) ** 2 * 100).long()
+    return [
+        LookupInput(a, regular_bags(BATCH, 2, a.device), BATCH),
+        LookupInput(b, regular_bags(BATCH, 1, b.device), BATCH, 1.0),
+    ]
+
+
+def _step(group, inputs, coeff):
+    out = group(inputs)
+    sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+    return [o.detach() for o in out]
+
+
+def _assert_same(host: HostCachedEmbedding, ref: FusedEmbedding) -> None:
+    host.flush()
+    assert torch.equal(host.weight, ref.weight)
+    for name, value in ref.state().items():
+        assert torch.equal(host.state()[name], value), name
+
+
+@pytest.mark.parametrize("opt", list(_optimizers()))
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_tiny_cache_equals_device_group(opt, prefetch):
+    make = _optimizers()[opt]
+    ref = FusedEmbedding(SHARDS, make(), seed=3)
+    host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    assert torch.equal(host.weight, ref.weight)  # same initial values
+    g = torch.Generator().manual_seed(0)
+    batches = [_batch(g) for _ in range(12)]
+    coeffs = [[torch.randn(BATCH, 8, generator=g) for _ in range(2)] for _ in batches]
+    for step, (inputs, coeff) in enumerate(zip(batches, coeffs, strict=True)):
+        out_ref = _step(ref, inputs, coeff)
+        out = host(inputs)
+        if prefetch and step + 1 < len(batches):  # the trainer's order: before the backward
+            host.prefetch(host.flatten(batches[step + 1])[0])
+        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b)
+    stats = host.take_stats()
+    assert stats.rows_written > 0 and stats.rows_loaded > host.capacity  # it really evicted
+    assert 0 < stats.hits < stats.rows_requested
+    _assert_same(host, ref)
+
+
+def test_eval_lookups_and_checkpoint_views_stay_exact():
+    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=1)
+    host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=60, seed=1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        inputs, coeff = _batch(g), [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        _step(ref, inputs, coeff)
+        _step(host, inputs, coeff)
+        with torch.no_grad():  # an eval lookup in between admits rows too
+            probe = _batch(g)
+            for a, b in zip(host(probe), ref(probe), strict=True):
+                assert torch.equal(a, b)
+    # a checkpoint load writes into the views: the cached copies must follow
+    views = host.shard_views()
+    views[0][1].mul_(0.5)
+    ref.shard_views()[0][1].mul_(0.5)
+    inputs = _batch(g)
+    with torch.no_grad():
+        for a, b in zip(host(inputs), ref(inputs), strict=True):
+            assert torch.equal(a, b)
+    _assert_same(host, ref)
+
+
+def test_warm_start_loads_the_most_frequent_rows():
+    host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=40, seed=0)
+    freq = torch.zeros(host.num_rows)
+    freq[[5, 7, 250, 310]] = torch.tensor([10.0, 3.0, 8.0, 1.0])
+    assert host.warm_start(freq, ids_per_step=48) == 4
+    assert sorted(host.row_of_slot[:4].tolist()) == [5, 7, 250, 310]
+    assert torch.equal(host.cache_weight[:4], host.weight[host.row_of_slot[:4]])
+    ids = torch.tensor([5, 7, 250, 5])
+    host([LookupInput(ids, torch.arange(4), 4), LookupInput(torch.tensor([10]), torch.tensor([0]), 1)])
+    stats = host.take_stats()
+    assert (stats.hits, stats.rows_requested) == (4, 4)  # 310 (row 10 of t1) was warm too
+
+
+def test_a_cache_smaller_than_one_batch_is_a_clear_error():
+    host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=10, seed=0)
+    ids = torch.arange(40)
+    with pytest.raises(CacheTooSmallError, match=r"t0, t1: 10 rows cannot hold the 41 distinct"):
+        host([LookupInput(ids, ids, 40), LookupInput(torch.tensor([0]), torch.tensor([0]), 1)])
+
+
+def test_host_memory_is_checked_before_allocating():
+    with pytest.raises(HostMemoryError, match=r"tables t0 need 2\.00 GiB .* sharding.host_gb is 1\.00"):
+        check_host_memory(2 << 30, 1 << 30, "tables t0")
+    check_host_memory(1 << 20, None, "small tables")  # fits in free memory
+
+
+def test_bad_cache_sizes_are_refused():
+    with pytest.raises(ValueError, match="cache of 0 rows for a group of 400 rows"):
+        HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=0)

@@ -1,0 +1,295 @@
+"""Triton kernels (hybridrec.sparse.triton_ops) against the torch path, on CPU through Triton's
+interpreter (TRITON_INTERPRET=1); tests/gpu/test_triton_gpu.py runs them compiled on CUDA.
+
+References are the torch functions the kernels replace, called on copies of the same inputs:
+`_pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, RowWiseAdagrad,
+SparseAdam). Tolerances:
+- SGD: at most 1 ulp of the weight dtype. The kernels round like torch's CPU ops (fp32 math,
+  one fused multiply-add for w - lr * g as torch's index_add_/sub_ with alpha, one rounding to
+  the weight dtype): bit-identical here; the 1 ulp allows for a torch build that does not fuse.
+- optimizer state from identical elementwise ops (Adam's moments, Adagrad's sum when
+  row_sq_mean is given): exact.
+- Adagrad and Adam weights: rtol = eps of the weight dtype (1 ulp), atol 1e-6. The kernels
+  take IEEE sqrt (sqrt_rn, as CUDA's sqrtf); torch's vectorized CPU sqrt is not always
+  correctly rounded (about 0.5% of fp32 inputs are 1 ulp off numpy's), so a step can differ
+  by 1 ulp, and w - step can cancel (the 1e-6 absolute).
+- sums whose order differs from torch's (pooling, dedupe, the row mean of g^2): fp32
+  round-off, rtol 1e-5 / atol 1e-6 (a few ulps of sums of a few dozen terms).
+
+The interpreter is chosen when a kernel is jitted, and triton_ops jits on first use per mode
+(interpreted or compiled), so setting TRITON_INTERPRET here, before the first call, suffices:
+no import order or module reload is needed. The module fixture restores the environment.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
+from hybridrec.sparse import triton_ops  # noqa: E402
+from hybridrec.sparse.fused import _pool, dedupe  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+WIDTHS = [1, 3, 16, 130]  # 130: not a power of two, more than one column block
+ROWS = 40
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.delenv("HYBRIDREC_KERNELS", raising=False)
+        yield
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance between a and b in units in the last place of their (same) dtype."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    ia, ib = (x.contiguous().view(int_type[x.dtype]).long() for x in (a, b))
+    sign = 1 << (8 * a.element_size() - 1)
+    ma = torch.where(ia < 0, -(ia + sign), ia)  # sign-magnitude -> monotonic integers
+    mb = torch.where(ib < 0, -(ib + sign), ib)
+    return int((ma - mb).abs().max()) if a.numel() else 0
+
+
+def _assert_step_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Weights after a step with a square root: 1 ulp of their dtype, or 1e-6 (see above)."""
+    eps = torch.finfo(got.dtype).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=eps, atol=1e-6)
+
+
+def _bags(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """bags [N] (non-decreasing) and offsets [B + 1] for bags of the given sizes."""
+    c = torch.tensor(counts)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), c.cumsum(0)])
+    return torch.repeat_interleave(torch.arange(len(counts)), c), offsets
+
+
+# bag sizes: empty bags (first, middle, last), single ids, a long bag
+COUNTS = [0, 2, 1, 0, 7, 3, 1, 12, 0, 4, 0]
+
+
+def _lookup_case(width: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(ROWS, width, generator=g).to(dtype)
+    bags, offsets = _bags(COUNTS)
+    rows = torch.randint(0, 8, (bags.numel(),), generator=g)  # 8 of 40 rows: many repeats
+    scale = torch.rand(bags.numel(), generator=g) + 0.5
+    return weight, rows, bags, offsets, scale
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_pooled_lookup_matches_torch(width, dtype, with_scale):
+    weight, rows, bags, offsets, scale = _lookup_case(width, dtype)
+    scale = scale if with_scale else None
+    got = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
+    assert got.dtype == torch.float32 and got.shape == (len(COUNTS), width)
+    want = torch.nn.functional.embedding_bag(
+        rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got, _pool(weight, rows, bags, scale, len(COUNTS)), rtol=1e-5, atol=1e-6
+    )
+    empty = [b for b, c in enumerate(COUNTS) if c == 0]
+    assert torch.equal(got[empty], torch.zeros(len(empty), width))
+
+
+def test_pooled_lookup_no_ids_and_no_bags():
+    weight = torch.randn(5, 4)
+    none = torch.zeros(0, dtype=torch.int64)
+    out = triton_ops.pooled_lookup(weight, none, torch.zeros(4, dtype=torch.int64), None, 3)
+    assert torch.equal(out, torch.zeros(3, 4))
+    assert triton_ops.pooled_lookup(
+        weight, none, torch.zeros(1, dtype=torch.int64), None, 0
+    ).shape == (0, 4)
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_segment_grads_match_dedupe(width, with_scale):
+    _, rows, bags, _, scale = _lookup_case(width, torch.float32, seed=1)
+    scale = scale if with_scale else None
+    grad = torch.randn(len(COUNTS), width, generator=torch.Generator().manual_seed(2))
+    want_rows, want = dedupe(rows, bags, scale, grad)
+    got_rows, got = triton_ops.segment_grads(grad, rows, bags, scale)
+    assert torch.equal(got_rows, want_rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_segment_grads_split_hot_rows(chunk):
+    """Rows with more ids than one chunk are summed in pieces, then merged: same result."""
+    g = torch.Generator().manual_seed(3)
+    bags, _ = _bags([3, 0, 9, 5, 1, 6])
+    rows = torch.tensor([7, 7, 7, 2, 7, 7, 7, 7, 7, 7, 2, 2, 7, 7, 0, 7, 7, 7, 2, 7, 7, 9, 7, 7])
+    assert rows.numel() == bags.numel()
+    scale = torch.rand(rows.numel(), generator=g)
+    grad = torch.randn(6, 130, generator=g)
+    want_rows, want = dedupe(rows, bags, scale, grad)
+    got_rows, got = triton_ops._segment_grads(grad, rows, bags, scale, chunk)
+    assert torch.equal(got_rows, want_rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # deterministic: no atomics, a fixed summation order
+    again = triton_ops._segment_grads(grad, rows, bags, scale, chunk)[1]
+    assert torch.equal(got, again)
+
+
+def test_segment_grads_low_precision_grad_and_no_ids():
+    _, rows, bags, _, scale = _lookup_case(16, torch.float32, seed=4)
+    grad = torch.randn(len(COUNTS), 16).bfloat16()
+    want_rows, want = dedupe(rows, bags, scale, grad)
+    got_rows, got = triton_ops.segment_grads(grad, rows, bags, scale)
+    assert torch.equal(got_rows, want_rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    none = torch.zeros(0, dtype=torch.int64)
+    u, g = triton_ops.segment_grads(grad, none, none, None)
+    assert u.numel() == 0 and g.shape == (0, 16)
+
+
+def _update_case(width: int, dtype: torch.dtype, seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(ROWS, width, generator=g).to(dtype)
+    rows = torch.randperm(ROWS, generator=g)[:11].sort().values
+    grads = torch.randn(rows.numel(), width, generator=g)
+    return weight, rows, grads, g
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_sgd_update_matches_sparse_sgd(width, dtype):
+    weight, rows, grads, _ = _update_case(width, dtype)
+    want = weight.clone()
+    SparseSGD(0.05).update(want, {}, rows, grads, 1)
+    triton_ops.sgd_update(weight, rows, grads, 0.05)
+    assert _ulps(weight, want) <= 1
+
+
+@pytest.mark.parametrize("given_row_sq", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rowwise_adagrad_update_matches(width, dtype, given_row_sq):
+    weight, rows, grads, g = _update_case(width, dtype)
+    acc = torch.rand(ROWS, generator=g)
+    row_sq = torch.rand(rows.numel(), generator=g) if given_row_sq else None
+    want, want_acc = weight.clone(), acc.clone()
+    for _ in range(2):  # the second step reads the first one's state
+        RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
+        triton_ops.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+    if given_row_sq:
+        assert torch.equal(acc, want_acc)
+    else:  # mean(g^2) sums in a different order than torch's mean: round-off in acc
+        torch.testing.assert_close(acc, want_acc, rtol=1e-6, atol=0)
+    _assert_step_close(weight, want)
+    untouched = torch.ones(ROWS, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(acc[untouched], want_acc[untouched])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_adam_update_matches_sparse_adam(width, dtype):
+    weight, rows, grads, g = _update_case(width, dtype)
+    m, v = torch.randn(ROWS, width, generator=g), torch.rand(ROWS, width, generator=g)
+    want, want_m, want_v = weight.clone(), m.clone(), v.clone()
+    opt = SparseAdam(0.01, 0.9, 0.999, 1e-8)
+    for step in (1, 2):
+        opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
+        step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
+        triton_ops.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+    assert torch.equal(m, want_m) and torch.equal(v, want_v)
+    _assert_step_close(weight, want)
+
+
+def test_bf16_rounds_to_nearest_even():
+    """bf16 weights are rounded by hand in the kernels (the interpreter's cast truncates):
+    ties go to even, and values just above/below a tie go to the nearest."""
+    weight = torch.ones(1, 4, dtype=torch.bfloat16)
+    # 1 + k * 2^-9 around the tie between 1 and 1 + 2^-7 (bf16's ulp at 1)
+    grads = -torch.tensor([[1.0, 2.0, 3.0, 2.0 + 2**-12]]) * 2**-9
+    triton_ops.sgd_update(weight, torch.tensor([0]), grads, 1.0)
+    want = (torch.ones(1, 4) - grads).bfloat16()
+    assert torch.equal(weight, want)
+
+
+def test_updates_with_no_rows_do_nothing():
+    weight, acc = torch.randn(4, 3), torch.rand(4)
+    m, v = torch.zeros(4, 3), torch.zeros(4, 3)
+    before = weight.clone()
+    none, no_grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, 3)
+    triton_ops.sgd_update(weight, none, no_grads, 0.1)
+    triton_ops.rowwise_adagrad_update(weight, acc, none, no_grads, 0.1, 1e-8)
+    triton_ops.adam_update(weight, m, v, none, no_grads, 0.1, 0.9, 0.999, 1e-8)
+    assert torch.equal(weight, before)
+
+
+def test_available_follows_environment(monkeypatch):
+    t = torch.zeros(1)
+    assert triton_ops.available(t)
+    monkeypatch.setenv("HYBRIDREC_KERNELS", "torch")
+    assert not triton_ops.available(t)
+    monkeypatch.delenv("HYBRIDREC_KERNELS")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not triton_ops.available(t)  # CPU tensors need the interpreter
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        triton_ops.sgd_update(torch.zeros(2, 2), torch.tensor([0]), torch.zeros(1, 2), 0.1)
+
+
+def test_kernels_are_jitted_per_mode():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert isinstance(triton_ops._kernels().pool_kernel, InterpretedFunction)
+
+
+def _bad(match: str, fn, *args) -> None:
+    with pytest.raises(ValueError, match=match):
+        fn(*args)
+
+
+def test_bad_inputs_raise_clear_errors():
+    w, rows, offsets = torch.randn(10, 4), torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
+    grads, acc = torch.zeros(3, 4), torch.zeros(10)
+    lookup = triton_ops.pooled_lookup
+    _bad("weight must be \\[R, D\\] fp32/bf16/fp16", lookup, w.double(), rows, offsets, None, 2)
+    _bad("weight must be \\[R, D\\]", lookup, torch.randn(10), rows, offsets, None, 2)
+    _bad("weight must be contiguous", lookup, w.t(), rows, offsets, None, 2)
+    _bad("rows must be a 1-d int64", lookup, w, rows.int(), offsets, None, 2)
+    _bad("offsets must have 3 entries", lookup, w, rows, offsets[:2], None, 2)
+    _bad("scale must be \\[3\\] fp32", lookup, w, rows, offsets, torch.ones(2), 2)
+    _bad("scale must be \\[3\\] fp32", lookup, w, rows, offsets, torch.ones(3).double(), 2)
+    _bad("num_bags must be >= 0", lookup, w, rows, offsets, None, -1)
+
+    seg = triton_ops.segment_grads
+    _bad("grad_pooled must be \\[B, D\\]", seg, torch.zeros(2, 4).long(), rows, rows, None)
+    _bad("bags must have 3 entries", seg, torch.zeros(2, 4), rows, rows[:2], None)
+    _bad("bags must be a 1-d int64", seg, torch.zeros(2, 4), rows, rows.float(), None)
+
+    _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads[:2], 0.1)
+    _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads.double(), 0.1)
+    ada = triton_ops.rowwise_adagrad_update
+    _bad("acc must be \\[10\\] fp32", ada, w, acc[:5], rows, grads, 0.1, 1e-8)
+    _bad("row_sq_mean must be \\[3\\] fp32", ada, w, acc, rows, grads, 0.1, 1e-8, acc)
+    adam = triton_ops.adam_update
+    m = torch.zeros(10, 4)
+    _bad("exp_avg must be \\[10, 4\\] fp32", adam, w, m[:5], m, rows, grads, 0.1, 0.9, 0.99, 1e-8)
+    _bad(
+        "exp_avg_sq must be contiguous",
+        adam,
+        w,
+        m,
+        m.t().contiguous().t(),
+        rows,
+        grads,
+        0.1,
+        0.9,
+        0.99,
+        1e-8,
+    )
