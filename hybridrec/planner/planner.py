@@ -213,9 +213,7 @@ def shard_memory(
     )
 
 
-def host_memory(
-    plan: ShardingPlan, optimizer: OptimizerFootprint, weight_bytes: int
-) -> list[int]:
+def host_memory(plan: ShardingPlan, optimizer: OptimizerFootprint, weight_bytes: int) -> list[int]:
     """Host bytes each rank needs for its host-resident shards: weights and optimizer state."""
     use = [0] * plan.world_size
     for tp in plan.tables:
@@ -449,8 +447,7 @@ def _plan_host(
         cached = sum(s.cache_rows for s in shards)
         kind = ShardingType.ROW_WISE if len(shards) > 1 else ShardingType.TABLE_WISE
         reason = (
-            f"{why}host memory, device cache {cached:,} rows "
-            f"({100 * cached / t.num_rows:.3g}%)"
+            f"{why}host memory, device cache {cached:,} rows ({100 * cached / t.num_rows:.3g}%)"
         )
         plans[t.name] = TablePlan(t.name, kind, shards, reason)
     return plans
@@ -493,8 +490,7 @@ def _plan_auto_host(
         plans.update(host_plans)
         plan = ShardingPlan(ctx.world, tuple(plans[x.name] for x in tables))
         needs = [
-            m.total
-            for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)
+            m.total for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)
         ]
         if max(needs) <= ctx.budget:  # (replicas' gradient buffers count here too)
             return plans

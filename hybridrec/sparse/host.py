@@ -177,9 +177,7 @@ class HostCachedEmbedding(FusedEmbedding):
         C = self.capacity
         self.register_buffer("cache_weight", torch.zeros(C, D, dtype=dtype, device=device))
         for name, shape in self.state_shapes.items():
-            self.register_buffer(
-                f"cache_state_{name}", torch.zeros((C, *shape[1:]), device=device)
-            )
+            self.register_buffer(f"cache_state_{name}", torch.zeros((C, *shape[1:]), device=device))
         self.register_buffer("slot_of", torch.full((R,), -1, dtype=torch.int32, device=device))
         self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
         self.register_buffer("score", torch.zeros(C, device=device))
@@ -252,9 +250,7 @@ class HostCachedEmbedding(FusedEmbedding):
             keep = [slots[~miss]]
             if self._protected is not None:
                 keep.append(self._protected)
-            new_slots, victims = self._choose_slots(
-                n_miss, torch.cat(keep), uniq.numel(), prefetch
-            )
+            new_slots, victims = self._choose_slots(n_miss, torch.cat(keep), uniq.numel(), prefetch)
             if new_slots is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
             victim_rows = self.row_of_slot.index_select(0, victims)

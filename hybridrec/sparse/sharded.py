@@ -406,9 +406,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def host_groups(self) -> list[HostCachedEmbedding]:
         return [g for g in self.groups.values() if isinstance(g, HostCachedEmbedding)]
 
-    def warm_start_caches(
-        self, counts: Callable[[int], np.ndarray | None], batch_size: int
-    ) -> int:
+    def warm_start_caches(self, counts: Callable[[int], np.ndarray | None], batch_size: int) -> int:
         """Fill each host cache with its most frequent rows: `counts(t)` gives table t's id
         frequencies [num_rows] (None: unknown). Returns the rows loaded on this rank."""
         loaded = 0

@@ -100,4 +100,3 @@ def test_host_tables_match_reference(world):
         stats = [r["stats"] for r in per_rank if r["stats"] is not None]
         assert sum(s.rows_written for s in stats) > 0, f"{name}: the caches never evicted"
         compare(refs[sparse], per_rank, cfg, f"W={world} {name}")
-

@@ -115,7 +115,12 @@ def test_warm_start_loads_the_most_frequent_rows():
     assert sorted(host.row_of_slot[:4].tolist()) == [5, 7, 250, 310]
     assert torch.equal(host.cache_weight[:4], host.weight[host.row_of_slot[:4]])
     ids = torch.tensor([5, 7, 250, 5])
-    host([LookupInput(ids, torch.arange(4), 4), LookupInput(torch.tensor([10]), torch.tensor([0]), 1)])
+    host(
+        [
+            LookupInput(ids, torch.arange(4), 4),
+            LookupInput(torch.tensor([10]), torch.tensor([0]), 1),
+        ]
+    )
     stats = host.take_stats()
     assert (stats.hits, stats.rows_requested) == (4, 4)  # 310 (row 10 of t1) was warm too
 
@@ -128,7 +133,9 @@ def test_a_cache_smaller_than_one_batch_is_a_clear_error():
 
 
 def test_host_memory_is_checked_before_allocating():
-    with pytest.raises(HostMemoryError, match=r"tables t0 need 2\.00 GiB .* sharding.host_gb is 1\.00"):
+    with pytest.raises(
+        HostMemoryError, match=r"tables t0 need 2\.00 GiB .* sharding.host_gb is 1\.00"
+    ):
         check_host_memory(2 << 30, 1 << 30, "tables t0")
     check_host_memory(1 << 20, None, "small tables")  # fits in free memory
 
