@@ -1,6 +1,7 @@
 """`hybridrec-plan`: print the sharding plan of a model config for a given cluster.
 
     hybridrec-plan --model dlrm_1tb_uncapped --world-size 8 --hbm-gb 80
+    hybridrec-plan --model dlrm_1tb --world-size 1 --hbm-gb 80 --reserve-gb 64   # host caches
 
 `--model` is a name under conf/model/ or a path to a model yaml. Memory sizes given in "GB"
 are GiB (2**30 bytes, how GPU memory is sized: an "80 GB" H100 has 80 GiB); bandwidths are
@@ -22,8 +23,11 @@ from hybridrec.planner.planner import (
     GIB,
     MODES,
     OPTIMIZERS,
+    CachePolicy,
     OptimizerFootprint,
     Topology,
+    host_memory,
+    human_bytes,
     plan_sharding,
 )
 from hybridrec.planner.report import format_plan
@@ -119,6 +123,24 @@ def _parser() -> argparse.ArgumentParser:
         choices=(4, 2),
         help="bytes per embedding weight: 4 fp32, 2 fp16/bf16 (default 4)",
     )
+    p.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=0.05,
+        help="host-resident tables (--mode host, or auto past the budget): device cache rows "
+        "per shard, as a fraction (default 0.05)",
+    )
+    p.add_argument(
+        "--cache-gb",
+        type=float,
+        default=None,
+        help="... or GiB of device caches per rank (overrides --cache-fraction)",
+    )
+    p.add_argument(
+        "--no-host",
+        action="store_true",
+        help="auto: never move tables to host memory (fail instead when they do not fit)",
+    )
     return p
 
 
@@ -140,9 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             hbm_bw=args.hbm_bw_tbps * 1e12,
         )
         optimizer = OptimizerFootprint.for_optimizer(args.optimizer)
+        cache = None if args.no_host else CachePolicy(args.cache_fraction, args.cache_gb)
         plan = plan_sharding(
-            tables, topology, args.mode, args.batch_size, optimizer, args.weight_bytes
+            tables,
+            topology,
+            args.mode,
+            args.batch_size,
+            optimizer,
+            args.weight_bytes,
+            cache=cache,
         )
+        host = host_memory(plan, optimizer, args.weight_bytes)
     except ValueError as e:  # PlannerError included: it carries every rank's numbers
         print(f"hybridrec-plan: error: {e}", file=sys.stderr)
         return 2
@@ -153,6 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.weight_bytes}-byte weights"
     )
     print(format_plan(plan, cost, tables))
+    if any(host):
+        print(
+            "host memory per rank for host-resident tables and their optimizer state: "
+            + ", ".join(f"rank {r}: {human_bytes(n)}" for r, n in enumerate(host))
+        )
     return 0
 
 

@@ -15,12 +15,14 @@ import pytest
 
 from hybridrec.planner import (
     MODES,
+    CachePolicy,
     OptimizerFootprint,
     PlannerError,
     Topology,
     column_widths,
     estimate_cost,
     format_plan,
+    host_memory,
     plan_sharding,
     rank_memory,
     row_ranges,
@@ -411,9 +413,12 @@ def test_cli_plans_the_113b_model(capsys):
 
 
 def test_cli_reports_plans_that_do_not_fit(capsys):
-    assert main("--model dlrm_1tb_uncapped --world-size 4 --hbm-gb 80".split()) == 2
+    assert main("--model dlrm_1tb_uncapped --world-size 4 --hbm-gb 80 --no-host".split()) == 2
     err = capsys.readouterr().err
     assert "rank 3: needs" in err and "GiB" in err
+    # without --no-host, auto keeps the largest tables in host memory instead
+    assert main("--model dlrm_1tb_uncapped --world-size 4 --hbm-gb 80".split()) == 0
+    assert "@host(cache" in capsys.readouterr().out
 
 
 def test_cli_accepts_a_yaml_path_and_rejects_bad_input(capsys, tmp_path):
@@ -433,3 +438,70 @@ def test_cli_accepts_a_yaml_path_and_rejects_bad_input(capsys, tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Host-resident tables (sharding=host, auto past the budget)
+
+
+def test_host_mode_caches_a_fraction_never_below_two_batches():
+    plan = plan_sharding(UNEVEN, Topology(1, GIB), "host", 64, cache=CachePolicy(0.01))
+    check_plan(plan, UNEVEN, GIB, 64)
+    cache = {tp.table: tp.shards[0].cache_rows for tp in plan.tables}
+    # 1% of the rows, but at least two batches' ids (64 x hotness x 2), at most the table
+    assert cache == {"huge": 20_000, "big": 3_000, "mid": 200, "small": 256, "tiny": 3}
+    assert all(tp.reason.startswith("host memory, device cache") for tp in plan.tables)
+    assert host_memory(plan, SGD, 4) == [sum(t.num_rows * t.dim * 4 for t in UNEVEN)]
+    adam = OptimizerFootprint.for_optimizer("adam")
+    assert host_memory(plan, adam, 2) == [sum(t.num_rows * t.dim * 10 for t in UNEVEN)]
+
+
+def test_host_mode_on_three_ranks_splits_rows_and_sizes_caches_by_gb():
+    plan = plan_sharding(UNEVEN, Topology(3, GIB), "host", 192, cache=CachePolicy(gb=0.01))
+    check_plan(plan, UNEVEN, GIB, 192)
+    huge = plan.table("huge")
+    assert huge.sharding is ShardingType.ROW_WISE and [s.rank for s in huge.shards] == [0, 1, 2]
+    # one fraction for every table, so that rank 0's caches take 0.01 GiB
+    per_row = 64 * 4 + 13
+    cached = sum(s.cache_rows for tp in plan.tables for s in tp.shards if s.rank == 0)
+    assert cached * per_row == pytest.approx(0.01 * GIB, rel=0.02)
+
+
+def test_auto_moves_the_largest_tables_to_host_only_when_needed():
+    topo = Topology(1, 200 * MIB)
+    cache = CachePolicy(0.05)
+    with pytest.raises(PlannerError):  # no cache policy: auto never uses host memory
+        plan_sharding(UNEVEN, topo, "auto", 64)
+    plan = plan_sharding(UNEVEN, topo, "auto", 64, cache=cache)
+    check_plan(plan, UNEVEN, topo.hbm_bytes_per_rank, 64)
+    on_host = [tp.table for tp in plan.tables if tp.shards[0].on_host]
+    assert on_host == ["huge"]  # 2M x 64 x 4 = 488 MiB; the rest fits next to its cache
+    assert plan.table("huge").reason.startswith("> device budget: host memory")
+    # a budget that holds everything: nothing moves
+    roomy = plan_sharding(UNEVEN, Topology(1, GIB), "auto", 64, cache=cache)
+    assert not any(s.on_host for tp in roomy.tables for s in tp.shards)
+    text = format_plan(plan, estimate_cost(plan, UNEVEN, topo, 64), UNEVEN)
+    assert "0:all@host(cache 100K)" in text
+
+
+def test_auto_with_host_still_fails_clearly_when_the_caches_do_not_fit():
+    with pytest.raises(PlannerError, match="even with .* in host memory") as info:
+        plan_sharding(UNEVEN, Topology(1, 2 * MIB), "auto", 64, cache=CachePolicy(0.5))
+    assert "cache_fraction" in str(info.value)
+
+
+def test_cache_policy_rejects_bad_values():
+    with pytest.raises(ValueError, match="fraction must be in"):
+        CachePolicy(0.0)
+    with pytest.raises(ValueError, match="GB must be > 0"):
+        CachePolicy(gb=-1)
+
+
+def test_cli_shows_host_placement_and_host_memory(capsys):
+    code = main(
+        ["--model", "dlrm_1tb", "--world-size", "1", "--hbm-gb", "80", "--reserve-gb", "64"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "cat_0" in out and "@host(cache" in out
+    assert "host memory per rank for host-resident tables" in out

@@ -1,0 +1,166 @@
+"""The Triton kernels (hybridrec.sparse.triton_ops) compiled on CUDA, against the torch path on
+the same GPU, at a realistic size: a 1M-row fused table (26 tables), D = 128, 65536 * 26
+Zipf(1.05) ids, so hot rows collect thousands of ids and take segment_grads' split path.
+
+Tolerances (the CPU interpreter tests in tests/unit/test_triton_ops.py explain the rounding):
+- lookup: fp32 round-off (rtol 1e-5, atol 1e-6); CUDA's embedding_bag sums in another order.
+- dedupe: torch's index_add_ sums with atomics in no fixed order, so both paths are checked
+  against a float64 reference, within 1e-5 of each row's sum of |terms| (+1e-6), and the
+  Triton result must be bit-identical from call to call.
+- updates: optimizer state from identical elementwise ops exact (Adam's moments, Adagrad's
+  sum given row_sq_mean); weights within 1 ulp of their dtype or 1e-6 (torch's CUDA
+  index_add_ rounds lr * g before adding, the kernels use one fma).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
+from hybridrec.sparse import triton_ops  # noqa: E402
+from hybridrec.sparse.fused import _pool, dedupe  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ROWS, TABLES, DIM, BATCH = 1_000_000, 26, 128, 65536
+
+
+@pytest.fixture(autouse=True)
+def _compiled(monkeypatch):
+    """Compiled kernels, whatever the environment says (the interpreter is for CPU tests)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("HYBRIDREC_KERNELS", raising=False)
+
+
+def _zipf_rows(hotness: int, seed: int = 0) -> torch.Tensor:
+    """BATCH * hotness ids per table, Zipf(1.05) ranks scattered over each table's rows."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    per_table = ROWS // TABLES
+    u = torch.rand(TABLES, BATCH * hotness, device="cuda", generator=gen, dtype=torch.float64)
+    a = 1.0 - 1.05
+    rank = (((per_table + 1) ** a - 1.0) * u + 1.0) ** (1.0 / a)
+    rank = (rank.floor().long() - 1).clamp_(0, per_table - 1)
+    local = (rank * 2654435761 + 17) % per_table
+    base = torch.arange(TABLES, device="cuda").unsqueeze(1) * per_table
+    return (local + base).reshape(-1)
+
+
+def _case(dtype: torch.dtype, hotness: int = 1, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    weight = (torch.randn(ROWS, DIM, device="cuda", generator=gen) * 0.05).to(dtype)
+    rows = _zipf_rows(hotness, seed)
+    num_bags = BATCH * TABLES
+    bags = torch.arange(num_bags, device="cuda").repeat_interleave(hotness)
+    offsets = torch.arange(num_bags + 1, device="cuda") * hotness
+    return weight, rows, bags, offsets, num_bags, gen
+
+
+@pytest.mark.parametrize("hotness", [1, 4])
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pooled_lookup_on_gpu(dtype, with_scale, hotness):
+    weight, rows, bags, offsets, num_bags, gen = _case(dtype, hotness)
+    scale = torch.rand(rows.numel(), device="cuda", generator=gen) + 0.5 if with_scale else None
+    got = triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags)
+    want = torch.nn.functional.embedding_bag(
+        rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got, _pool(weight, rows, bags, scale, num_bags), rtol=1e-5, atol=1e-6
+    )
+
+
+def _check_against_fp64(got, rows, bags, scale, grad) -> None:
+    s64 = None if scale is None else scale.double()
+    ref_rows, ref = dedupe(rows, bags, s64, grad.double())
+    _, bound = dedupe(rows, bags, None if s64 is None else s64.abs(), grad.double().abs())
+    got_rows, got_grads = got
+    assert torch.equal(got_rows, ref_rows)
+    err = (got_grads.double() - ref).abs()
+    assert bool((err <= 1e-5 * bound + 1e-6).all()), f"max error {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("hotness", [1, 4])
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_segment_grads_on_gpu(with_scale, hotness):
+    _, rows, bags, _, num_bags, gen = _case(torch.float32, hotness, seed=1)
+    scale = torch.rand(rows.numel(), device="cuda", generator=gen) if with_scale else None
+    grad = torch.randn(num_bags, DIM, device="cuda", generator=gen)
+    got = triton_ops.segment_grads(grad, rows, bags, scale)
+    counts = torch.unique(rows, return_counts=True)[1]
+    assert counts.max() > triton_ops.SEGMENT_CHUNK  # the split path ran
+    _check_against_fp64(got, rows, bags, scale, grad)
+    _check_against_fp64(dedupe(rows, bags, scale, grad), rows, bags, scale, grad)
+    again = triton_ops.segment_grads(grad, rows, bags, scale)
+    assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
+
+
+def test_segment_grads_one_row_for_every_id():
+    """All 1.7M ids on one row: thousands of chunk partials merged in one program."""
+    n = BATCH * TABLES
+    rows = torch.full((n,), 12345, device="cuda")
+    bags = torch.arange(n, device="cuda")
+    grad = torch.randn(n, DIM, device="cuda")
+    _check_against_fp64(triton_ops.segment_grads(grad, rows, bags, None), rows, bags, None, grad)
+
+
+def _touched(seed: int = 2):
+    rows = torch.unique(_zipf_rows(1, seed))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    grads = torch.randn(rows.numel(), DIM, device="cuda", generator=gen)
+    return rows, grads, gen
+
+
+def _assert_weights_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    eps = torch.finfo(got.dtype).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sgd_update_on_gpu(dtype):
+    weight = _case(dtype)[0]
+    rows, grads, _ = _touched()
+    want = weight.clone()
+    SparseSGD(0.05).update(want, {}, rows, grads, 1)
+    triton_ops.sgd_update(weight, rows, grads, 0.05)
+    _assert_weights_close(weight, want)
+
+
+@pytest.mark.parametrize("given_row_sq", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rowwise_adagrad_update_on_gpu(dtype, given_row_sq):
+    weight = _case(dtype)[0]
+    rows, grads, gen = _touched()
+    acc = torch.rand(ROWS, device="cuda", generator=gen)
+    row_sq = torch.rand(rows.numel(), device="cuda", generator=gen) if given_row_sq else None
+    want, want_acc = weight.clone(), acc.clone()
+    for _ in range(2):
+        RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
+        triton_ops.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+    if given_row_sq:
+        assert torch.equal(acc, want_acc)
+    else:
+        torch.testing.assert_close(acc, want_acc, rtol=1e-6, atol=0)
+    _assert_weights_close(weight, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adam_update_on_gpu(dtype):
+    weight = _case(dtype)[0]
+    rows, grads, gen = _touched()
+    m = torch.randn(ROWS, DIM, device="cuda", generator=gen) * 0.01
+    v = torch.rand(ROWS, DIM, device="cuda", generator=gen) * 0.01
+    want, want_m, want_v = weight.clone(), m.clone(), v.clone()
+    opt = SparseAdam(0.001)
+    for step in (1, 2, 3):
+        opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
+        step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
+        triton_ops.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+    assert torch.equal(m, want_m) and torch.equal(v, want_v)
+    _assert_weights_close(weight, want)

@@ -1,0 +1,98 @@
+"""Training with host-resident tables: same results as all-on-device, logged cache metrics,
+warm start from the dataset's id counts, and clear errors for memory that is not there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from hybridrec.config import CONF_DIR, validate
+from hybridrec.distributed import DistEnv
+from hybridrec.parallelize import check_memory, make_plan
+from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
+from hybridrec.train.trainer import Trainer
+from tests.cli import run_cli
+from tests.distributed.harness import spawn
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=["device=cpu", *overrides]))
+
+
+def _fit_both(env, tmp_path):
+    """sharding=none and sharding=host (one rank, 1% caches) on the same data."""
+    common = ["train.steps=30", "train.log_every=10", "eval.every=15", "eval.batches=2"]
+    ref = Trainer(_cfg(*common), env, tmp_path / "ref").fit()
+    trainer = Trainer(
+        _cfg(*common, "sharding=host", "sharding.cache_fraction=0.01"), env, tmp_path / "host"
+    )
+    got = trainer.fit()
+    host = [isinstance(g, HostCachedEmbedding) for g in trainer.model.embeddings.groups.values()]
+    return ref, got, any(host)
+
+
+def test_host_training_equals_device_training_and_logs_cache_metrics(tmp_path):
+    [(ref, got, has_host)] = spawn(1, _fit_both, tmp_path)
+    assert has_host
+    assert got["eval"]["auc"] == pytest.approx(ref["eval"]["auc"], abs=1e-6)
+    assert got["train"]["loss"] == pytest.approx(ref["train"]["loss"], rel=1e-5)
+    rows = [json.loads(x) for x in (tmp_path / "host" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert len(train) == 3
+    for r in train:
+        assert 0.0 <= r["cache/hit_rate"] <= 1.0
+        assert r["cache/rows_in_per_step"] > 0  # 1% caches: rows keep moving
+        assert r["cache/copy_gb_s"] > 0 and r["time_ms/host_wait"] >= 0
+
+
+def test_cli_prints_the_host_placement(tmp_path):
+    out = run_cli(
+        "sharding=host",
+        "train.steps=4",
+        "train.log_every=2",
+        "eval.batches=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "@host(cache" in out.stderr and "host caches start empty" in out.stderr
+
+
+def test_not_enough_host_memory_is_refused_before_allocating():
+    cfg = _cfg("sharding=host", "sharding.host_gb=0.0001")
+    env = DistEnv(0, 1, 0, torch.device("cpu"), None)
+    with pytest.raises(HostMemoryError) as info:
+        check_memory(cfg, make_plan(cfg, 1), env)
+    msg = str(info.value)
+    assert "rank 0's host-resident tables (cat_0, cat_1" in msg
+    assert "sharding.host_gb is 0.00 GiB (107,374 bytes)" in msg
+
+
+def _warm(env, tmp_path):
+    cfg = _cfg(
+        "data=criteo_sample",
+        "model=criteo_sample",
+        "sharding=host",
+        "train.batch_size=32",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
+    trainer = Trainer(cfg, env, tmp_path / "run")
+    trainer._warm_start_caches()
+    emb = trainer.model.embeddings
+    # table 2's hottest id: which group and row it is in, and whether it is cached
+    hottest = int(trainer.source.id_counts(2).argmax())
+    key, pos = emb.slots[2]
+    group = emb.groups[key]
+    cached = int(group.slot_of[group.offsets_list[pos] + hottest]) >= 0
+    fractions = [g.cached_fraction() for g in emb.host_groups()]
+    return fractions, cached
+
+
+def test_caches_warm_start_from_the_dataset_counts(tmp_path):
+    [(fractions, hottest_cached)] = spawn(1, _warm, tmp_path)
+    assert fractions and all(f > 0 for f in fractions)
+    assert hottest_cached
