@@ -1,0 +1,230 @@
+"""Host-memory tables behind a device cache (sharding=host) vs all-on-device vs naive CPU tables.
+
+    # issue 8, same-size comparison (Kaggle fits on the GPU): host with a 5% cache vs all on GPU
+    python benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+        --cache-fraction 0.05 --out benchmarks/results/host_cache_kaggle_h100.md
+    # issue 8, the big model: 1TB cardinalities (187.8M rows x 128, ~96 GB fp32) in host memory,
+    # at most 16 GiB of GPU memory for embeddings (caches + state + buffers): host RAM ~89 GiB
+    # with row-wise Adagrad, so it fits a 125 GB machine with little to spare
+    python benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
+        --cache-gb 12 --hbm-gb 16 --no-device-baseline \
+        --out benchmarks/results/host_cache_1tb_h100.md
+    # smoke test on CPU
+    python benchmarks/host_cache.py --device cpu --model dlrm_tiny --batch-size 4096 --steps 5
+
+Rows, each timed over the same synthetic batches (pre-staged on the device, `--batches`
+distinct ones cycled, so the cache sees a realistic stream rather than one repeated batch):
+- hybridrec all on the device (sharding=none), when the model fits;
+- hybridrec with every table in host memory (sharding=host), per sparse optimizer, with the
+  next batch prefetched during each step's backward as the trainer does; with its cache hit
+  rate, rows moved per step, copy bandwidth and time waiting on host memory;
+- naive: one nn.EmbeddingBag(sparse=True) per table on the CPU with torch SparseAdam, dense
+  part on the device (what a PyTorch user does when tables do not fit): few steps, it is slow.
+Prints samples/s and the ratio to the all-on-device row (or to the first host row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from benchmarks.baseline import PlainDLRM  # noqa: E402
+from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
+from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
+from hybridrec.data import build_source  # noqa: E402
+from hybridrec.distributed import init_distributed  # noqa: E402
+from hybridrec.model import loss_fn  # noqa: E402
+from hybridrec.optim import build_dense_optimizer  # noqa: E402
+from hybridrec.train.trainer import Trainer  # noqa: E402
+from hybridrec.types import Batch  # noqa: E402
+
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+
+
+def make_cfg(args: argparse.Namespace, sparse: str, sharding: str) -> Config:
+    overrides = [
+        f"model={args.model}",
+        f"sharding={sharding}",
+        f"sharding.hbm_gb={args.hbm_gb}",
+        f"sharding.cache_fraction={args.cache_fraction}",
+        f"train.batch_size={args.batch_size}",
+        f"optim.sparse.name={sparse}",
+        f"optim.sparse.lr={SPARSE_LR[sparse]}",
+        f"train.compile={args.compile}",
+        "train.check_ids=false",
+        f"device={args.device}",
+    ]
+    if args.cache_gb is not None:
+        overrides.append(f"sharding.cache_gb={args.cache_gb}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=overrides))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> str:
+    return (
+        f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f}" if device.type == "cuda" else "-"
+    )
+
+
+def run_hybridrec(cfg: Config, env, batches: list[Batch], args, prefetch: bool) -> dict:  # noqa: ANN001
+    _reset(env.device)
+    trainer = Trainer(cfg, env)
+    emb = trainer.model.embeddings
+    n = len(batches)
+
+    def step(i: int) -> None:
+        upcoming = batches[(i + 1) % n] if prefetch else None
+        trainer.train_step(batches[i % n], upcoming)
+        _sync(env.device)
+
+    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(env.device))
+    out = {"ms": 1e3 * median(times), "peak": _peak(env.device)}
+    if hasattr(emb, "cache_stats"):
+        emb.cache_stats()  # drop the warmup's counters ...
+        times = time_steps(step, args.steps, 0, before=lambda: _sync(env.device))
+        st = emb.cache_stats()  # ... and count a second timed pass
+        out["ms"] = 1e3 * median(times)
+        steps = args.steps
+        out["cache"] = (
+            f"hit {st.hits / max(1, st.rows_requested):.3f}, "
+            f"in {st.rows_loaded / steps:,.0f} / out {st.rows_written / steps:,.0f} rows/step, "
+            f"{st.bytes_moved / max(st.transfer_s, 1e-9) / 1e9:.1f} GB/s, "
+            f"wait {1e3 * st.wait_s / steps:.2f} ms/step"
+        )
+    return out
+
+
+def run_naive(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
+    """nn.EmbeddingBag(sparse=True) tables on the CPU + SparseAdam, dense part on `device`."""
+    _reset(device)
+    model = PlainDLRM(cfg)
+    model.dense.to(device)
+    dense_opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, device)
+    s = cfg.optim.sparse
+    sparse_opt = torch.optim.SparseAdam(list(model.bags.parameters()), lr=s.lr)
+    cpu_ids = [b.ids.cpu() for b in batches]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(i: int) -> None:
+        b = batches[i % len(batches)]
+        ids = cpu_ids[i % len(batches)]
+        pooled = torch.stack(
+            [
+                bag(ids[:, model.offsets[t] : model.offsets[t + 1]])
+                for t, bag in enumerate(model.bags)
+            ],
+            dim=1,
+        )
+        dev = pooled.detach().to(device).requires_grad_()
+        with autocast:
+            logits = model.dense(b.dense, dev).float()
+        loss = loss_fn(logits, b.labels)
+        dense_opt.zero_grad(set_to_none=True)
+        sparse_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        pooled.backward(dev.grad.cpu())
+        dense_opt.step()
+        sparse_opt.step()
+        _sync(device)
+
+    times = time_steps(step, args.naive_steps, 1, before=lambda: _sync(device))
+    return {"ms": 1e3 * median(times), "peak": _peak(device)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--model", default=None, help="default: dlrm_kaggle on CUDA, dlrm_tiny on CPU")
+    p.add_argument("--batch-size", type=int, default=None, help="default 65536 CUDA, 4096 CPU")
+    p.add_argument("--cache-fraction", type=float, default=0.05)
+    p.add_argument("--cache-gb", type=float, default=None, help="overrides --cache-fraction")
+    p.add_argument("--hbm-gb", type=float, default=16.0, help="device budget for embeddings")
+    p.add_argument("--optimizers", default="sgd,rowwise_adagrad")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--batches", type=int, default=40, help="distinct batches, cycled")
+    p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
+    p.add_argument("--no-device-baseline", action="store_true", help="skip all-on-device")
+    p.add_argument("--no-prefetch", action="store_true", help="host rows without prefetch too")
+    p.add_argument("--naive-steps", type=int, default=3, help="0 skips the naive CPU row")
+    p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    args = p.parse_args(argv)
+    env = init_distributed(args.device, force_group=True)  # sharding=host needs a group
+    device = env.device
+    args.device = device.type
+    args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
+    args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    torch.manual_seed(0)
+    optimizers = args.optimizers.split(",")
+    base = make_cfg(args, optimizers[0], "host")
+    source = build_source(base)
+    batches = [source.batch(s, args.batch_size).to(device) for s in range(args.batches)]
+    rows: list[list[str]] = []
+    ref: list[float] = []
+
+    def add(name: str, res: dict) -> None:
+        if not ref:
+            ref.append(res["ms"])
+        sps = args.batch_size / (res["ms"] / 1e3)
+        ratio = ref[0] / res["ms"]
+        cache = res.get("cache", "")
+        rows.append([name, f"{res['ms']:.2f}", f"{sps:,.0f}", f"{ratio:.2f}", res["peak"], cache])
+        print(
+            f"{name:44s} {res['ms']:9.2f} ms {sps:14,.0f} samples/s  x{ratio:.2f}  "
+            f"peak {res['peak']} GiB  {cache}",
+            flush=True,
+        )
+
+    if not args.no_device_baseline:
+        for name in optimizers:
+            cfg = make_cfg(args, name, "none")
+            add(f"all on {device.type}, {name}", run_hybridrec(cfg, env, batches, args, False))
+    for name in optimizers:
+        cfg = make_cfg(args, name, "host")
+        add(f"host + cache, {name}", run_hybridrec(cfg, env, batches, args, True))
+        if args.no_prefetch:
+            add(f"host + cache, {name}, no prefetch", run_hybridrec(cfg, env, batches, args, False))
+    if args.naive_steps:
+        add("naive CPU EmbeddingBag + SparseAdam", run_naive(base, batches, device, args))
+    if args.out:
+        cache = (
+            f"cache_gb={args.cache_gb}"
+            if args.cache_gb
+            else f"cache_fraction={args.cache_fraction}"
+        )
+        table = markdown_table(
+            ["run", "ms/step", "samples/s", "vs first row", "peak GiB", "cache"], rows
+        )
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            "# Host-memory tables with a device cache\n\n"
+            f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
+            f"- Model `{args.model}`, global batch {args.batch_size}, {args.batches} distinct "
+            f"synthetic batches cycled, median of {args.steps} steps after {args.warmup} "
+            f"warmup; {cache}, hbm_gb={args.hbm_gb}, train.compile={args.compile}.\n\n"
+            f"{table}\n"
+        )
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
