@@ -63,6 +63,7 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool) -> dict:
         "dense": dense,
         "plan": trainer.plan,
         "stats": stats,
+        "pinned": [g.weight.is_pinned() for g in getattr(emb, "host_groups", list)()],
     }
 
 
