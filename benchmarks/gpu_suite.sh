@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks, one section per device-tool call (each fits its 10 minutes).
+# On this machine first:  bash scripts/gpu_wheels.sh    (carry .whl with the call), then
+#   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb
+# Results land in $OUT (the device tool brings them back) as <section>.log and reports .md;
+# copy the reports to benchmarks/results/ and commit them with the numbers in the notes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hybridrec_gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if [ -d .whl ] && ! python3 -c "import hydra" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=$PWD:/tmp/site
+fi
+section=${1:?section: tests | step | lookup | host-kaggle | host-1tb}
+log="$OUT/$section.log"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  case "$section" in
+    tests)
+      python3 -m pytest tests/gpu -q -x -p no:cacheprovider
+      ;;
+    step)
+      python3 benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+        --plain-adam --out "$OUT/step_h100.md"
+      ;;
+    lookup)
+      python3 benchmarks/lookup_update.py --device cuda --optimizer all --out "$OUT/lookup_update_h100.md"
+      ;;
+    host-kaggle)
+      python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+        --cache-fraction 0.05 --out "$OUT/host_cache_kaggle_h100.md"
+      ;;
+    host-1tb)
+      free -g
+      python3 benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
+        --cache-gb 12 --hbm-gb 16 --no-device-baseline --naive-steps 0 \
+        --out "$OUT/host_cache_1tb_h100.md"
+      ;;
+    *) echo "unknown section $section"; exit 2 ;;
+  esac
+} 2>&1 | tee "$log"
