@@ -163,6 +163,7 @@ class TrainLoopConfig:
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
     nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
     compile: str = "auto"  # dense: torch.compile the dense part | none | auto (dense on CUDA)
+    kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
 
 
 @dataclass
@@ -309,6 +310,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
     _choice("train.compile", c.train.compile, ("auto", "dense", "none"))
+    _choice("train.kernels", c.train.kernels, ("auto", "torch", "triton"))
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", c.checkpoint.keep)
     if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:

@@ -41,7 +41,7 @@ from hybridrec.planner import (
     plan_sharding,
     rank_memory,
 )
-from hybridrec.sparse import EmbeddingCollection
+from hybridrec.sparse import EmbeddingCollection, triton_ops
 from hybridrec.sparse.host import check_host_memory
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan
@@ -154,6 +154,7 @@ def build_model(
 ) -> tuple[DLRM, ShardingPlan | None]:
     """The model for this rank and the sharding plan (None for sharding=none)."""
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+    triton_ops.set_kernels(cfg.train.kernels, env.device)
     dense = DenseArch(cfg.model).to(env.device)
     sparse_opt = build_sparse_optimizer(cfg.optim.sparse)
     tables = cfg.model.tables()

@@ -18,6 +18,9 @@ column-wise, the sharded collection computes it across the column shards and pas
 Weights may be stored in fp16/bf16 (`model.table_dtype`); optimizer state and all optimizer
 math stay fp32, and each updated row is rounded once, when it is written back (`_apply`).
 
+On CUDA (and under TRITON_INTERPRET=1) each update is one Triton kernel with the same math
+(hybridrec.sparse.triton_ops); `train.kernels=torch` keeps the torch ops.
+
 Touching only the batch's rows is the standard sparse semantics (torch SparseAdam, FBGEMM);
 where every row is touched each step it equals the dense optimizer.
 """
@@ -29,6 +32,7 @@ import math
 import torch
 
 from hybridrec.config import SparseOptimConfig
+from hybridrec.sparse import triton_ops
 
 
 def _apply(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
@@ -51,6 +55,9 @@ class SparseSGD:
         return {}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+        if triton_ops.available(weight):
+            triton_ops.sgd_update(weight, rows, grads, self.lr)
+            return
         _apply(weight, rows, grads, self.lr)
 
 
@@ -66,6 +73,11 @@ class RowWiseAdagrad:
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
         acc = state["sum"]
+        if triton_ops.available(weight):
+            triton_ops.rowwise_adagrad_update(
+                weight, acc, rows, grads, self.lr, self.eps, row_sq_mean
+            )
+            return
         if row_sq_mean is None:
             row_sq_mean = grads.pow(2).mean(dim=1)
         new_sum = acc.index_select(0, rows) + row_sq_mean
@@ -84,15 +96,20 @@ class SparseAdam:
         return {"exp_avg": width, "exp_avg_sq": width}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+        bias1 = 1 - self.beta1**step
+        bias2 = 1 - self.beta2**step
+        step_size = self.lr * math.sqrt(bias2) / bias1
+        if triton_ops.available(weight):
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            args = (self.beta1, self.beta2, self.eps)
+            triton_ops.adam_update(weight, m, v, rows, grads, step_size, *args)
+            return
         m_old = state["exp_avg"].index_select(0, rows)
         v_old = state["exp_avg_sq"].index_select(0, rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)
         v = (grads.pow(2) - v_old).mul_(1 - self.beta2).add_(v_old)
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
-        bias1 = 1 - self.beta1**step
-        bias2 = 1 - self.beta2**step
-        step_size = self.lr * math.sqrt(bias2) / bias1
         delta = m / (v.sqrt() + self.eps)
         _apply(weight, rows, delta, step_size)
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hybridrec.sparse import triton_ops
 from hybridrec.sparse.init import init_shard
 from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import ShardSpec, TableConfig
@@ -83,7 +84,11 @@ def _pool(
     tables use torch's embedding_bag kernel (2-3x faster than gather + index_add_ on CPU).
     Bag starts: bincount on CPU (fastest there); searchsorted on CUDA, where bincount would
     sync with the host to size its output. Low-precision tables gather, convert and sum in
-    fp32."""
+    fp32. Where Triton runs (CUDA; hybridrec.sparse.triton_ops) one kernel does it all."""
+    if triton_ops.available(weight):
+        ends = torch.arange(num_bags + 1, device=bags.device, dtype=bags.dtype)
+        offsets = torch.searchsorted(bags, ends)
+        return triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags)
     if weight.dtype == torch.float32:
         if bags.is_cuda:
             starts = torch.arange(num_bags, device=bags.device, dtype=bags.dtype)
@@ -107,7 +112,15 @@ def dedupe(
     scale: torch.Tensor | float | None,
     grad_pooled: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32)."""
+    """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32).
+
+    With Triton: a sort and one segment-sum kernel (deterministic, no atomics)."""
+    if triton_ops.available(grad_pooled):
+        if not isinstance(scale, torch.Tensor) and scale is not None and scale != 1.0:
+            scale = torch.full(rows.shape, float(scale), dtype=torch.float32, device=rows.device)
+        elif not isinstance(scale, torch.Tensor):
+            scale = None
+        return triton_ops.segment_grads(grad_pooled.float(), rows, bags, scale)
     grad_rows = grad_pooled.float().index_select(0, bags)
     if isinstance(scale, torch.Tensor):
         grad_rows = grad_rows * scale.unsqueeze(1)

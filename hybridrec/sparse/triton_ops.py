@@ -10,11 +10,21 @@ and one rounding to the weight's dtype per updated value:
   longer than one chunk (hot rows of skewed ids) sum their chunk partials in a second kernel.
 - `sgd_update`, `rowwise_adagrad_update`, `adam_update`: one program per touched row.
 
-`available(t)` says whether the kernels can run on `t`: triton importable, `t` on CUDA or the
-Triton interpreter on (TRITON_INTERPRET=1, CPU tensors), and HYBRIDREC_KERNELS != "torch".
-Kernels are jitted on first use, separately for interpreted and compiled mode, so setting
-TRITON_INTERPRET after this module was imported takes effect. Row ids are not range-checked
-(that would sync with the host); callers pass valid ids as for the torch path.
+Rounding follows torch's CPU ops: fp32 products and sums are rounded separately (launched
+with enable_fp_fusion=False), the weight step w - lr * delta is one fma (as torch's index_add_
+/ sub_ with alpha), sqrt and division are IEEE (sqrt_rn, div_rn), and bf16 is rounded to
+nearest even by hand (Triton's interpreter truncates). SGD, and Adam's moments, are then
+bit-identical to the torch path on CPU.
+
+`available(t)` says whether the kernels run on `t`: triton importable, `t` on CUDA or the
+Triton interpreter on (TRITON_INTERPRET=1, CPU tensors), and neither `train.kernels=torch`
+(`set_kernels`) nor HYBRIDREC_KERNELS=torch in the environment.
+Triton picks interpreted or compiled mode when a function is jitted: these kernels are jitted
+on first use, once per mode, so TRITON_INTERPRET may be set after import. Triton's own @jit
+library functions (tl.zeros, tl.sum, ...) are jitted at `import triton` in the mode of that
+moment, so the kernels use builtins only (tl.full; tl.reduce with triton's sum combiner) and
+run under the interpreter whenever triton was imported. Row ids are not range-checked (that
+would sync with the host); callers pass valid ids as for the torch path.
 
 Legend: N = ids, B = bags, R = weight rows, D = width, U = distinct rows touched.
 """
@@ -42,9 +52,33 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+KERNEL_MODES = ("auto", "torch", "triton")
+_mode = "auto"  # set once per process from the config (train.kernels) by set_kernels()
+
+
+def set_kernels(mode: str, device: torch.device | None = None) -> None:
+    """Choose the embedding kernels for this process (`train.kernels`): auto (Triton where it
+    can run: CUDA, or CPU under TRITON_INTERPRET=1), torch (never Triton) or triton (refused
+    where it cannot run, instead of silently using torch)."""
+    global _mode
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"train.kernels={mode!r} is not one of: {', '.join(KERNEL_MODES)}")
+    if mode == "triton":
+        if triton is None:
+            raise ValueError("train.kernels=triton, but triton is not installed")
+        if device is not None and device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"train.kernels=triton needs a CUDA device (or TRITON_INTERPRET=1 to run the "
+                f"kernels in Triton's CPU interpreter, for tests); the device is {device}"
+            )
+    _mode = mode
+
+
 def available(t: torch.Tensor) -> bool:
-    """True when the Triton kernels can run on tensors like `t` (see the module docstring)."""
-    if triton is None or os.environ.get("HYBRIDREC_KERNELS", "").strip().lower() == "torch":
+    """True when the Triton kernels run on tensors like `t` (see the module docstring)."""
+    if triton is None or _mode == "torch":
+        return False
+    if os.environ.get("HYBRIDREC_KERNELS", "").strip().lower() == "torch":
         return False
     return t.is_cuda or _interpreting()
 

@@ -1,0 +1,79 @@
+"""Training through the Triton kernels (Triton's CPU interpreter here, compiled on CUDA) equals
+training through the torch ops: sharding=none and host-resident tables, every optimizer.
+
+Tolerance: the kernels sum pooled rows and per-row gradients in another order than torch's
+ops (see tests/unit/test_triton_ops.py), so results agree to float32 round-off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.distributed import DistEnv
+from hybridrec.sparse import triton_ops
+from hybridrec.train.trainer import Trainer
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import make_cfg
+from tests.distributed.test_host_equivalence import collect, host_cfg
+
+pytest.importorskip("triton")
+STEPS = 3
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield
+    triton_ops.set_kernels("auto")
+
+
+def _train(cfg) -> tuple[list[float], list[torch.Tensor]]:
+    trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
+    losses = [float(trainer.train_step(trainer.train_batch(s))) for s in range(STEPS)]
+    state = [
+        t.clone() for _, w, st in trainer.model.embeddings.shard_views() for t in (w, *st.values())
+    ]
+    return losses, state
+
+
+@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
+def test_triton_kernels_train_like_torch_ops(interpreter, sparse):
+    cfg = make_cfg("none", sparse, 1)
+    cfg.train.kernels = "torch"
+    ref_losses, ref_state = _train(cfg)
+    cfg.train.kernels = "triton"
+    losses, state = _train(cfg)
+    assert triton_ops.available(torch.zeros(1))  # the kernels really ran (interpreted)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    for a, b in zip(state, ref_state, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _host(env, cfg):
+    return collect(env, cfg, prefetch=True)
+
+
+def test_host_cache_through_triton_kernels(interpreter):
+    cfg = host_cfg("host", "rowwise_adagrad", 1)
+    cfg.train.kernels = "torch"
+    [ref] = spawn(1, _host, cfg)
+    cfg.train.kernels = "triton"
+    [got] = spawn(1, _host, cfg)  # the child inherits TRITON_INTERPRET=1
+    assert got["stats"].rows_written > 0
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-6
+    )
+    for (_, a, sa), (_, b, sb) in zip(got["shards"], ref["shards"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        for k in sb:
+            torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_triton_mode_is_refused_where_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="train.kernels=triton needs a CUDA device"):
+        triton_ops.set_kernels("triton", torch.device("cpu"))
+    with pytest.raises(ValueError, match="is not one of: auto, torch, triton"):
+        triton_ops.set_kernels("cuda")
+    triton_ops.set_kernels("auto")
