@@ -38,7 +38,7 @@ from hybridrec.types import Batch  # noqa: E402
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 
 
-def make_cfg(args: argparse.Namespace, sparse: str) -> Config:
+def make_cfg(args: argparse.Namespace, sparse: str, kernels: str = "auto") -> Config:
     overrides = [
         f"model={args.model}",
         f"train.batch_size={args.batch_size}",
@@ -46,6 +46,7 @@ def make_cfg(args: argparse.Namespace, sparse: str) -> Config:
         f"optim.sparse.lr={SPARSE_LR[sparse]}",
         f"train.compile={args.compile}",
         f"train.check_ids={args.check_ids}",
+        f"train.kernels={kernels}",
         f"device={args.device}",
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -121,6 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
     p.add_argument("--check-ids", default="false", help="train.check_ids for hybridrec rows")
     p.add_argument("--plain-adam", action="store_true", help="also time plain SparseAdam")
+    p.add_argument(
+        "--kernels",
+        default="auto",
+        help="train.kernels for the hybridrec rows, comma-separated: auto,torch,triton "
+        "(e.g. triton,torch times both the Triton kernels and the torch ops)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
@@ -154,7 +161,10 @@ def main(argv: list[str] | None = None) -> None:
             run_plain(make_cfg(args, "adam"), batches, device, args),
         )
     for name in args.optimizers.split(","):
-        add(f"hybridrec, {name}", run_hybridrec(make_cfg(args, name), batches, device, args))
+        for kernels in args.kernels.split(","):
+            label = f"hybridrec, {name}" + (f", {kernels} kernels" if kernels != "auto" else "")
+            cfg = make_cfg(args, name, kernels)
+            add(label, run_hybridrec(cfg, batches, device, args))
     if args.out:
         table = markdown_table(["run", "ms/step", "samples/s", "vs plain SGD", "peak GB"], rows)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,37 @@
+"""On one GPU: a training step makes no host synchronisation (CUDA sync-debug mode).
+
+sharding=none, Triton kernels, train.check_ids=false (the id check reads one flag per step;
+the default keeps it on, switch it off once the data is validated). A warmup step first
+(first launches compile kernels and allocate); then torch.cuda.set_sync_debug_mode("error")
+turns any synchronising call inside train_step into an error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.distributed import DistEnv
+from hybridrec.train.trainer import Trainer
+from tests.distributed.test_equivalence import make_cfg
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("compile_mode", ["none", "dense"])
+def test_train_step_never_syncs(sparse, compile_mode):
+    cfg = make_cfg("none", sparse, 1)
+    cfg.device, cfg.train.check_ids = "cuda", False
+    cfg.train.kernels, cfg.train.compile = "triton", compile_mode
+    trainer = Trainer(cfg, DistEnv(device=torch.device("cuda")))
+    batches = [trainer.train_batch(s).to("cuda") for s in range(3)]
+    trainer.train_step(batches[0])  # warmup: compiles kernels, fills allocator caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in batches[1:]:
+            trainer.train_step(b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
