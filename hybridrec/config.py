@@ -162,7 +162,8 @@ class TrainLoopConfig:
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
     nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
-    compile: str = "auto"  # dense: torch.compile the dense part | none | auto (dense on CUDA)
+    compile: str = "auto"  # dense: torch.compile the dense part | graphs: + CUDA graphs | none
+    # | auto (dense on CUDA)
     kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
 
 
@@ -309,7 +310,7 @@ def _check(c: Config, world_size: int) -> None:
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
-    _choice("train.compile", c.train.compile, ("auto", "dense", "none"))
+    _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
     _choice("train.kernels", c.train.kernels, ("auto", "torch", "triton"))
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", c.checkpoint.keep)

@@ -87,11 +87,14 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.source = build_source(cfg)
         self.model, self.plan = build_model(cfg, env)
-        compile_dense = cfg.train.compile == "dense" or (
+        compile_dense = cfg.train.compile in ("dense", "graphs") or (
             cfg.train.compile == "auto" and env.device.type == "cuda"
         )
         if compile_dense:  # the embedding side stays eager: its backward runs the optimizer
-            self.model.dense = torch.compile(self.model.dense, dynamic=False)
+            # "graphs": the compiled dense part also replays as CUDA graphs (static shapes:
+            # every step has the same local batch), removing per-kernel launch overhead
+            mode = "reduce-overhead" if cfg.train.compile == "graphs" else None
+            self.model.dense = torch.compile(self.model.dense, dynamic=False, mode=mode)
         self.dense_opt = build_dense_optimizer(
             self.model.dense.parameters(), cfg.optim.dense, env.device
         )

@@ -35,3 +35,19 @@ def test_train_step_never_syncs(sparse, compile_mode):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_cuda_graphs_dense_trains_like_eager():
+    """train.compile=graphs (torch.compile mode reduce-overhead: CUDA graph replay) gives the
+    eager losses to float32 round-off (fp32 MLPs, TF32 off)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    losses = {}
+    for mode in ("none", "graphs"):
+        cfg = make_cfg("none", "rowwise_adagrad", 1)
+        cfg.device, cfg.train.autocast, cfg.train.compile = "cuda", "none", mode
+        trainer = Trainer(cfg, DistEnv(device=torch.device("cuda")))
+        losses[mode] = [float(trainer.train_step(trainer.train_batch(s))) for s in range(6)]
+    torch.testing.assert_close(
+        torch.tensor(losses["graphs"]), torch.tensor(losses["none"]), rtol=1e-4, atol=1e-5
+    )
