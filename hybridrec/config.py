@@ -125,6 +125,7 @@ class ShardingConfig:
     cache_gb: float | None = None  # or: GiB of caches per rank (rows + optimizer state)
     host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
     pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
+    host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (kernel if it works)
 
 
 @dataclass
@@ -368,6 +369,7 @@ def _check(c: Config, world_size: int) -> None:
         )
     if c.sharding.cache_gb is not None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
+    _choice("sharding.host_copy", c.sharding.host_copy, ("auto", "kernel", "staged"))
     if c.sharding.host_gb is not None:
         _positive("sharding.host_gb", c.sharding.host_gb)
     if not 0.0 <= c.data.label_noise < 0.5:

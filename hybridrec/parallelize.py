@@ -191,6 +191,7 @@ def build_model(
         stats,
         table_dtype(cfg),
         cfg.sharding.pin_host,
+        cfg.sharding.host_copy,
     )
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.

@@ -19,6 +19,11 @@ slots. The lookup and the optimizer then run on the cache exactly as FusedEmbedd
 its weight, so training equals the all-on-device group bit for bit: a row is only ever
 updated in one place, and a row leaves the cache only with its latest values and state.
 
+Rows move by one of two paths (`sharding.host_copy`): a GPU kernel that reads and writes the
+pinned host rows directly through unified addressing (hybridrec.sparse.host_copy; no CPU
+work, used where it works), or staged copies (a CPU gather into a pinned buffer, then one DMA
+copy; a write-back the reverse).
+
 `prefetch(rows)` admits the next batch's rows while the current step's backward is still to
 run: the host reads, write-backs and copies run on a background thread (and a side CUDA
 stream), overlapping the backward and the dense optimizer. Any later admission, flush or
@@ -40,7 +45,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridrec.sparse import host_copy
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
+from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
 from hybridrec.types import ShardSpec, TableConfig
 
@@ -114,6 +121,26 @@ def _empty_host(shape: tuple[int, ...], dtype: torch.dtype, pin: bool, what: str
         ) from None
 
 
+HOST_COPY_MODES = ("auto", "kernel", "staged")
+
+
+def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
+    """Whether rows move by the UVA kernel (hybridrec.sparse.host_copy) rather than staged
+    copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables)."""
+    if mode not in HOST_COPY_MODES:
+        raise ValueError(f"sharding.host_copy={mode!r} is not one of: {', '.join(HOST_COPY_MODES)}")
+    if mode == "staged":
+        return False
+    interpreted = device.type == "cpu" and host_copy._interpreting() and host_copy.triton
+    works = bool(interpreted) or (pinned and host_copy.kernel_works(device))
+    if mode == "kernel" and not works:
+        raise ValueError(
+            "sharding.host_copy=kernel: a GPU kernel cannot read this machine's pinned host "
+            f"memory (device {device}, pinned tables: {pinned}); use host_copy=staged or auto"
+        )
+    return works
+
+
 class HostCachedEmbedding(FusedEmbedding):
     """A fused group whose rows live in host memory, with a device cache of `cache_rows` rows.
 
@@ -131,11 +158,13 @@ class HostCachedEmbedding(FusedEmbedding):
         dtype: torch.dtype = torch.float32,
         pin: bool = True,
         age_every: int = 100,
+        copy: str = "auto",
     ) -> None:
         # read by _init_storage, which FusedEmbedding.__init__ calls
         self.pin = pin and torch.device(device).type == "cuda"
         self.capacity = int(cache_rows)
         super().__init__(shards, optimizer, seed, device, dtype)
+        self.use_kernel = _choose_copy(copy, self.device, self.pin)
         self.age_every = age_every
         self.stats = CacheStats()
         self._protected: torch.Tensor | None = None  # slots whose backward is pending
@@ -315,10 +344,10 @@ class HostCachedEmbedding(FusedEmbedding):
         if victims.numel():
             out_slots = victims[victim_dirty]
             if out_slots.numel():
-                out_rows = victim_rows[victim_dirty].cpu()
+                out_rows = victim_rows[victim_dirty]
                 moved += self._copy_out(out_slots, out_rows)
                 written = out_rows.numel()
-        moved += self._copy_in(new_slots, miss_rows.cpu())
+        moved += self._copy_in(new_slots, miss_rows)
         with self._lock:
             self.stats.rows_loaded += miss_rows.numel()
             self.stats.rows_written += written
@@ -332,9 +361,16 @@ class HostCachedEmbedding(FusedEmbedding):
         pairs += [(host, cache[n]) for n, host in self.state().items()]
         return pairs
 
-    def _copy_out(self, slots: torch.Tensor, rows_cpu: torch.Tensor) -> int:
-        """host[rows] = cache[slots] for rows and state; returns bytes moved."""
+    def _copy_out(self, slots: torch.Tensor, rows: torch.Tensor) -> int:
+        """host[rows] = cache[slots] for rows and state; returns bytes moved. The kernel path
+        writes host memory asynchronously: `flush` syncs before anyone reads it."""
         moved = 0
+        if self.use_kernel:
+            for host, cache in self._pairs():
+                copy_rows(cache, slots, host, rows)
+                moved += rows.numel() * cache[0].numel() * cache.element_size()
+            return moved
+        rows_cpu = rows.cpu()
         for host, cache in self._pairs():
             data = cache.index_select(0, slots)
             if data.device.type == "cuda":
@@ -346,9 +382,17 @@ class HostCachedEmbedding(FusedEmbedding):
             moved += data.numel() * data.element_size()
         return moved
 
-    def _copy_in(self, slots: torch.Tensor, rows_cpu: torch.Tensor) -> int:
-        """cache[slots] = host[rows] for rows and state (host rows sorted: sequential reads)."""
+    def _copy_in(self, slots: torch.Tensor, rows: torch.Tensor) -> int:
+        """cache[slots] = host[rows] for rows and state (host rows sorted: sequential reads).
+        Kernel path: one kernel per tensor reads the pinned rows; staged: a CPU gather into a
+        pinned buffer, then one copy."""
         moved = 0
+        if self.use_kernel:
+            for host, cache in self._pairs():
+                copy_rows(host, rows, cache, slots)
+                moved += rows.numel() * cache[0].numel() * cache.element_size()
+            return moved
+        rows_cpu = rows.cpu()
         for host, cache in self._pairs():
             staged = _empty_host(
                 (rows_cpu.numel(), *host.shape[1:]), host.dtype, self.pin, "a cache fill"
@@ -407,9 +451,11 @@ class HostCachedEmbedding(FusedEmbedding):
         dirty = self.dirty.nonzero().squeeze(1)
         if dirty.numel():
             start = time.perf_counter()
-            rows = self.row_of_slot.index_select(0, dirty).cpu()
+            rows = self.row_of_slot.index_select(0, dirty)
             moved = self._copy_out(dirty, rows)
             self.dirty[dirty] = False
+            if self.use_kernel and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # host memory is read next
             with self._lock:
                 self.stats.rows_written += rows.numel()
                 self.stats.bytes_moved += moved
@@ -420,7 +466,7 @@ class HostCachedEmbedding(FusedEmbedding):
         """Reload every cached row from host memory (after a checkpoint load wrote there)."""
         used = (self.row_of_slot >= 0).nonzero().squeeze(1)
         if used.numel():
-            self._copy_in(used, self.row_of_slot.index_select(0, used).cpu())
+            self._copy_in(used, self.row_of_slot.index_select(0, used))
         self._stale = False
 
     def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
@@ -453,7 +499,7 @@ class HostCachedEmbedding(FusedEmbedding):
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
         self.score[:n] = (freq[top] / freq.sum() * ids_per_step).to(self.device)
-        self._copy_in(slots, top.cpu())
+        self._copy_in(slots, top_dev)
         self._stale = False
         return n
 

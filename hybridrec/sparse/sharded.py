@@ -92,6 +92,7 @@ class ShardedEmbeddingCollection(nn.Module):
         stats: CommStats | None = None,
         dtype: torch.dtype = torch.float32,
         pin_host: bool = True,
+        host_copy: str = "auto",
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -145,7 +146,7 @@ class ShardedEmbeddingCollection(nn.Module):
             if key.startswith("h"):
                 cache_rows = sum(u.shard.cache_rows for u in units)
                 groups[key] = HostCachedEmbedding(
-                    shards, optimizer, cache_rows, seed, device, dtype, pin_host
+                    shards, optimizer, cache_rows, seed, device, dtype, pin_host, copy=host_copy
                 )
             else:
                 groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)

@@ -17,9 +17,16 @@ from tests.distributed.test_host_equivalence import ZIPF, collect, host_cfg, mak
 pytestmark = pytest.mark.gpu
 
 
+def test_a_kernel_reads_and_writes_pinned_host_memory():
+    from hybridrec.sparse.host_copy import kernel_works
+
+    assert kernel_works(torch.device("cuda"))  # else host_copy=auto falls back to staged
+
+
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch):
+@pytest.mark.parametrize("host_copy", ["kernel", "staged"])
+def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref_cfg = make_cfg("none", sparse, 1)
@@ -27,6 +34,7 @@ def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch):
     ref = collect(init_distributed("cpu"), ref_cfg, prefetch=False)
     cfg = host_cfg("host", sparse, 1)
     cfg.device, cfg.train.autocast = "cuda", "none"
+    cfg.sharding.host_copy = host_copy
     env = init_distributed("cuda", timeout_s=60, force_group=True)
     try:
         got = collect(env, cfg, prefetch=prefetch)

@@ -143,3 +143,59 @@ def test_host_memory_is_checked_before_allocating():
 def test_bad_cache_sizes_are_refused():
     with pytest.raises(ValueError, match="cache of 0 rows for a group of 400 rows"):
         HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=0)
+
+
+# -- the UVA copy kernel (in Triton's CPU interpreter here; on pinned memory on CUDA) ---------
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def test_copy_rows_kernel_copies_rows_and_row_state(interpreter):
+    from hybridrec.sparse.host_copy import copy_rows
+
+    src = torch.randn(50, 7)
+    dst = torch.zeros(9, 7)
+    src_rows, dst_rows = torch.tensor([3, 49, 0, 17]), torch.tensor([8, 0, 2, 5])
+    copy_rows(src, src_rows, dst, dst_rows)
+    want = torch.zeros(9, 7)
+    want[dst_rows] = src[src_rows]
+    assert torch.equal(dst, want)
+    acc, small = torch.arange(50.0), torch.zeros(9)  # a 1-D (row-wise) state
+    copy_rows(acc, src_rows, small, dst_rows)
+    assert small[[8, 0, 2, 5]].tolist() == [3.0, 49.0, 0.0, 17.0]
+    copy_rows(src, src_rows[:0], dst, dst_rows[:0])  # nothing to copy
+    with pytest.raises(ValueError, match="must share dtype and row shape"):
+        copy_rows(src, src_rows, torch.zeros(9, 6), dst_rows)
+
+
+@pytest.mark.parametrize("opt", ["rowwise_adagrad", "adam"])
+def test_kernel_copies_give_the_same_training(interpreter, opt):
+    make = _optimizers()[opt]
+    ref = FusedEmbedding(SHARDS, make(), seed=3)
+    host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel")
+    assert host.use_kernel
+    g = torch.Generator().manual_seed(0)
+    batches = [_batch(g) for _ in range(8)]
+    for step, inputs in enumerate(batches):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        out_ref = _step(ref, inputs, coeff)
+        out = host(inputs)
+        if step + 1 < len(batches):
+            host.prefetch(host.flatten(batches[step + 1])[0])
+        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b)
+    assert host.take_stats().rows_written > 0
+    _assert_same(host, ref)
+
+
+def test_kernel_copy_is_refused_where_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="host_copy=kernel: a GPU kernel cannot read"):
+        HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="kernel")
+    with pytest.raises(ValueError, match="is not one of: auto, kernel, staged"):
+        HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="uva")
