@@ -35,6 +35,14 @@ from hybridrec.config import SparseOptimConfig
 from hybridrec.sparse import triton_ops
 
 
+def _real(count: torch.Tensor | None, *tensors: torch.Tensor | None) -> tuple:
+    """The first `count` entries of padded inputs (torch path: reads count, a host sync)."""
+    if count is None:
+        return tensors
+    n = int(count)
+    return tuple(None if t is None else t[:n] for t in tensors)
+
+
 def _apply(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
     """weight[rows] -= scale * delta, in fp32 (rows unique). fp32 weights take the fused
     index_add_; low-precision weights are read, updated in fp32 and rounded once."""
@@ -54,10 +62,11 @@ class SparseSGD:
     def state_spec(self, width: int) -> dict[str, int]:
         return {}
 
-    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         if triton_ops.available(weight):
-            triton_ops.sgd_update(weight, rows, grads, self.lr)
+            triton_ops.sgd_update(weight, rows, grads, self.lr, count=count)
             return
+        rows, grads = _real(count, rows, grads)
         _apply(weight, rows, grads, self.lr)
 
 
@@ -71,13 +80,14 @@ class RowWiseAdagrad:
     def state_spec(self, width: int) -> dict[str, int]:
         return {"sum": 1}
 
-    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         acc = state["sum"]
         if triton_ops.available(weight):
             triton_ops.rowwise_adagrad_update(
-                weight, acc, rows, grads, self.lr, self.eps, row_sq_mean
+                weight, acc, rows, grads, self.lr, self.eps, row_sq_mean, count=count
             )
             return
+        rows, grads, row_sq_mean = _real(count, rows, grads, row_sq_mean)
         if row_sq_mean is None:
             row_sq_mean = grads.pow(2).mean(dim=1)
         new_sum = acc.index_select(0, rows) + row_sq_mean
@@ -95,15 +105,16 @@ class SparseAdam:
     def state_spec(self, width: int) -> dict[str, int]:
         return {"exp_avg": width, "exp_avg_sq": width}
 
-    def update(self, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         bias1 = 1 - self.beta1**step
         bias2 = 1 - self.beta2**step
         step_size = self.lr * math.sqrt(bias2) / bias1
         if triton_ops.available(weight):
             m, v = state["exp_avg"], state["exp_avg_sq"]
             args = (self.beta1, self.beta2, self.eps)
-            triton_ops.adam_update(weight, m, v, rows, grads, step_size, *args)
+            triton_ops.adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
             return
+        rows, grads = _real(count, rows, grads)
         m_old = state["exp_avg"].index_select(0, rows)
         v_old = state["exp_avg_sq"].index_select(0, rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)

@@ -47,11 +47,14 @@ class RowOptimizer(Protocol):
         grads: torch.Tensor,
         step: int,
         row_sq_mean: torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
     ) -> None:
         """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1.
 
         `row_sq_mean` [U], when given, is mean(g^2) over each row's full width (a column
-        shard only sees part of the row); optimizers with row-wise state use it.
+        shard only sees part of the row); optimizers with row-wise state use it. `count`
+        ([1] int64 on the device), when given, says only the first count rows are real (the
+        rest is padding from Triton's sync-free dedupe).
         """
         ...
 
@@ -106,6 +109,15 @@ def _pool(
     return pooled.index_add_(0, bags, gathered)
 
 
+def _scale_tensor(scale: torch.Tensor | float | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """Per-id pooling scale [N] fp32 for the Triton kernels (None: all ones)."""
+    if isinstance(scale, torch.Tensor) or scale is None:
+        return scale
+    if scale == 1.0:
+        return None
+    return torch.full(rows.shape, float(scale), dtype=torch.float32, device=rows.device)
+
+
 def dedupe(
     rows: torch.Tensor,
     bags: torch.Tensor,
@@ -116,11 +128,7 @@ def dedupe(
 
     With Triton: a sort and one segment-sum kernel (deterministic, no atomics)."""
     if triton_ops.available(grad_pooled):
-        if not isinstance(scale, torch.Tensor) and scale is not None and scale != 1.0:
-            scale = torch.full(rows.shape, float(scale), dtype=torch.float32, device=rows.device)
-        elif not isinstance(scale, torch.Tensor):
-            scale = None
-        return triton_ops.segment_grads(grad_pooled.float(), rows, bags, scale)
+        return triton_ops.segment_grads(grad_pooled.float(), rows, bags, _scale_tensor(scale, rows))
     grad_rows = grad_pooled.float().index_select(0, bags)
     if isinstance(scale, torch.Tensor):
         grad_rows = grad_rows * scale.unsqueeze(1)
@@ -261,6 +269,8 @@ class FusedEmbedding(nn.Module):
         """pooled [num_bags, D] fp32 of group rows `rows` [N] (see `_pool`)."""
         return _pool(self.weight, rows, bags, scale, num_bags)
 
+    sync_free = True  # may update through Triton's padded dedupe (HostCachedEmbedding: no)
+
     def _update_target(
         self, unique_rows: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
@@ -277,6 +287,17 @@ class FusedEmbedding(nn.Module):
     ) -> None:
         """Deduplicate the rows' gradients and let the optimizer update them in place."""
         with self.timer.phase("sparse_update"):
+            if self.sync_free and not self.row_sq_override and triton_ops.available(grad_pooled):
+                # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
+                # device, and the update kernels read it: no host sync in the step
+                rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
+                    grad_pooled.float(), rows, bags, _scale_tensor(scale, rows)
+                )
+                self.step_count += 1
+                self.optimizer.update(
+                    self.weight, self.state(), rows_pad, grads_pad, self.step_count, count=count
+                )
+                return
             unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
             self.update_rows(unique_rows, grads)
 

@@ -148,6 +148,8 @@ class HostCachedEmbedding(FusedEmbedding):
     canonical copy after `flush()`), which is what checkpoints read and write.
     """
 
+    sync_free = False  # admission syncs anyway; updates map rows to cache slots first
+
     def __init__(
         self,
         shards: Sequence[tuple[TableConfig, int, ShardSpec]],
@@ -286,6 +288,8 @@ class HostCachedEmbedding(FusedEmbedding):
             victim_dirty = self.dirty.index_select(0, victims)
             if victims.numel():
                 self.slot_of[victim_rows] = -1
+                self.row_of_slot[victims] = -1  # free, unless a missing row takes it below
+                self.dirty[victims] = False
             self.slot_of[miss_rows] = new_slots.to(torch.int32)
             self.row_of_slot[new_slots] = miss_rows
             self.score[new_slots] = 0.0
@@ -307,8 +311,9 @@ class HostCachedEmbedding(FusedEmbedding):
         self, n_miss: int, keep: torch.Tensor, n_batch: int, prefetch: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """`n_miss` slots for new rows: free ones first, then the lowest-score slots outside
-        `keep` (victims, returned separately so dirty ones can be written back). None when
-        they do not fit and this is only a prefetch."""
+        `keep` (victims, returned separately so dirty ones can be written back; there may be
+        more victims than needed, which then stay free). None when they do not fit and this
+        is only a prefetch."""
         free = (self.row_of_slot < 0).nonzero().squeeze(1)
         short = n_miss - free.numel()
         if short <= 0:
@@ -326,8 +331,11 @@ class HostCachedEmbedding(FusedEmbedding):
                 f"(plus {keep.numel() - (n_batch - n_miss):,} rows still in use); raise "
                 "sharding.cache_fraction or sharding.cache_gb, or lower train.batch_size"
             )
-        victims = torch.topk(masked, short, largest=False, sorted=False).indices
-        return torch.cat([free, victims]), victims
+        # evict in bulk (at least 1/64 of the cache): one selection over the whole cache then
+        # serves several steps' misses instead of one
+        n_evict = min(evictable, max(short, self.capacity // 64))
+        victims = torch.topk(masked, n_evict, largest=False, sorted=False).indices
+        return torch.cat([free, victims])[:n_miss], victims
 
     def _move(
         self,

@@ -10,6 +10,18 @@ and one rounding to the weight's dtype per updated value:
   longer than one chunk (hot rows of skewed ids) sum their chunk partials in a second kernel.
 - `sgd_update`, `rowwise_adagrad_update`, `adam_update`: one program per touched row.
 
+Without host syncs (CUDA graphs, overlap): `segment_grads` learns U from
+torch.unique_consecutive, which waits for the device. `segment_grads_padded` sizes everything
+by N instead: stable sort, segment starts from cumsum and searchsorted, and the same chunk and
+merge kernels over N segment slots (slots past U hold 0 ids; programs past the last chunk or
+long row return at once, reading the totals from device memory). It returns rows and grads
+padded to N and count [1], a device tensor holding U; the updates take `count=` and skip
+entries u >= count in the kernel. The first U entries are segment_grads' results in the same
+chunk layout and summation order, except the ids summed per tile (a constant here, the mean
+ids per row there): equal up to fp32 round-off, bit-identical for the same tile.
+Per-program work is bounded as in segment_grads: a chunk program sums at most SEGMENT_CHUNK
+ids, a merge program the N / SEGMENT_CHUNK partials of one hot row at most.
+
 Rounding follows torch's CPU ops: fp32 products and sums are rounded separately (launched
 with enable_fp_fusion=False), the weight step w - lr * delta is one fma (as torch's index_add_
 / sub_ with alpha), sqrt and division are IEEE (sqrt_rn, div_rn), and bf16 is rounded to
@@ -26,7 +38,7 @@ moment, so the kernels use builtins only (tl.full; tl.reduce with triton's sum c
 run under the interpreter whenever triton was imported. Row ids are not range-checked (that
 would sync with the host); callers pass valid ids as for the torch path.
 
-Legend: N = ids, B = bags, R = weight rows, D = width, U = distinct rows touched.
+Legend: N = ids, B = bags, R = weight rows, D = width, U = distinct rows touched (count).
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ except Exception:  # ImportError, or a broken install: fall back to the torch pa
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SEGMENT_CHUNK = 512  # ids summed by one program of segment_grads; longer rows are split
+SEGMENT_PADDED_IDS = 8  # ids per tile of segment_grads_padded (the mean per row needs a sync)
 MAX_BLOCK_D = 128  # columns per program (wider rows take several column blocks)
 
 
@@ -143,19 +156,20 @@ def _segment_chunk_kernel(
     """Chunk c of segment seg: sum of grad[bags[perm[j]]] * scale[perm[j]] over its ids j.
 
     A segment of one chunk writes out[seg]; chunk k of a longer one writes
-    part[part_first[seg] + k]. Programs past the last chunk store nothing."""
+    part[part_first[seg] + k]. Programs past the last chunk (chunk_end[U - 1]) return at once:
+    the grid is an upper bound known on the host."""
     c = tl.program_id(0).to(tl.int64)
+    if c >= tl.load(chunk_end_ptr + U - 1):
+        return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
-    total = tl.load(chunk_end_ptr + U - 1)
-    valid = c < total
-    seg = tl.minimum(tl.load(chunk_seg_ptr + c), U - 1)
+    seg = tl.load(chunk_seg_ptr + c)
     count = tl.load(counts_ptr + seg)
     n_chunks = (count + CHUNK - 1) // CHUNK
     k = c - (tl.load(chunk_end_ptr + seg) - n_chunks)  # chunk index within the segment
     seg_end = tl.load(seg_end_ptr + seg)
     start = seg_end - count + k * CHUNK
-    end = tl.where(valid, tl.minimum(start + CHUNK, seg_end), start)
+    end = tl.minimum(start + CHUNK, seg_end)
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
     for j in range(start, end, BLOCK_N):
         idx = j + tl.arange(0, BLOCK_N)
@@ -171,12 +185,11 @@ def _segment_chunk_kernel(
             s = tl.load(scale_ptr + p, mask=id_mask, other=0.0)
             g = g * s[:, None]
         acc += tl.reduce(g, 0, tl.standard._sum_combine)
-    store_mask = cols < tl.where(valid, D, 0)  # (a scalar & vector mask trips the interpreter)
     if n_chunks == 1:
-        tl.store(out_ptr + seg * D + cols, acc, mask=store_mask)
+        tl.store(out_ptr + seg * D + cols, acc, mask=col_mask)
     else:
         dst = tl.load(part_first_ptr + seg) + k
-        tl.store(part_ptr + dst * D + cols, acc, mask=store_mask)
+        tl.store(part_ptr + dst * D + cols, acc, mask=col_mask)
 
 
 def _segment_merge_kernel(
@@ -191,16 +204,17 @@ def _segment_merge_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """out[seg] = sum of the chunk partials of the i-th segment longer than one chunk."""
+    """out[seg] = sum of the chunk partials of the i-th segment longer than one chunk
+    (seg = long_seg[i]; U where there is no i-th one: the program returns at once)."""
     i = tl.program_id(0).to(tl.int64)
+    seg = tl.load(long_seg_ptr + i)
+    if seg >= U:
+        return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
-    raw = tl.load(long_seg_ptr + i)
-    valid = raw < U
-    seg = tl.minimum(raw, U - 1)
     n_chunks = (tl.load(counts_ptr + seg) + CHUNK - 1) // CHUNK
     first = tl.load(part_first_ptr + seg)
-    last = tl.where(valid, first + n_chunks, first)
+    last = first + n_chunks
     acc = tl.full([BLOCK_D], 0.0, tl.float32)
     for j in range(first, last, BLOCK_P):
         idx = j + tl.arange(0, BLOCK_P)
@@ -211,14 +225,25 @@ def _segment_merge_kernel(
             other=0.0,
         )
         acc += tl.reduce(part, 0, tl.standard._sum_combine)
-    tl.store(out_ptr + seg * D + cols, acc, mask=cols < tl.where(valid, D, 0))
+    tl.store(out_ptr + seg * D + cols, acc, mask=col_mask)
 
 
 def _sgd_kernel(
-    weight_ptr, rows_ptr, grads_ptr, lr, D, IS_BF16: tl.constexpr, BLOCK_D: tl.constexpr
+    weight_ptr,
+    rows_ptr,
+    grads_ptr,
+    count_ptr,
+    lr,
+    D,
+    HAS_COUNT: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    """weight[rows[u], cols] -= lr * grads[u, cols]."""
+    """weight[rows[u], cols] -= lr * grads[u, cols] (for u < count[0] if HAS_COUNT)."""
     u = tl.program_id(0).to(tl.int64)
+    if HAS_COUNT:
+        if u >= tl.load(count_ptr):
+            return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < D
     row = tl.load(rows_ptr + u)
@@ -242,16 +267,22 @@ def _adagrad_kernel(
     rows_ptr,
     grads_ptr,
     row_sq_ptr,
+    count_ptr,
     lr,
     eps,
     inv_d,
     D,
     HAS_ROW_SQ: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
     IS_BF16: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """s = acc[row] + mean(g^2); acc[row] = s; weight[row] -= lr * g / (sqrt(s) + eps)."""
+    """s = acc[row] + mean(g^2); acc[row] = s; weight[row] -= lr * g / (sqrt(s) + eps)
+    (for u < count[0] if HAS_COUNT)."""
     u = tl.program_id(0).to(tl.int64)
+    if HAS_COUNT:
+        if u >= tl.load(count_ptr):
+            return
     row = tl.load(rows_ptr + u)
     if HAS_ROW_SQ:
         sq_mean = tl.load(row_sq_ptr + u)
@@ -288,16 +319,22 @@ def _adam_kernel(
     v_ptr,
     rows_ptr,
     grads_ptr,
+    count_ptr,
     step_size,
     one_minus_beta1,
     one_minus_beta2,
     eps,
     D,
+    HAS_COUNT: tl.constexpr,
     IS_BF16: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Lazy Adam on row rows[u]: m, v move toward g, g^2; w -= step_size * m / (sqrt(v) + eps)."""
+    """Lazy Adam on row rows[u]: m, v move toward g, g^2; w -= step_size * m / (sqrt(v) + eps)
+    (for u < count[0] if HAS_COUNT)."""
     u = tl.program_id(0).to(tl.int64)
+    if HAS_COUNT:
+        if u >= tl.load(count_ptr):
+            return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < D
     row = tl.load(rows_ptr + u)
@@ -472,18 +509,36 @@ def segment_grads(
     * scale[i] summed per distinct row, as hybridrec.sparse.fused.dedupe.
 
     grad_pooled [B, D] fp32 (bf16/fp16 are read as fp32); rows, bags [N] int64 (0 <= bags <
-    B); scale [N] fp32 or None. Deterministic: segment sums in a fixed order, no atomics."""
+    B); scale [N] fp32 or None. Deterministic: segment sums in a fixed order, no atomics.
+    Syncs with the host once (U); segment_grads_padded does not."""
     return _segment_grads(grad_pooled, rows, bags, scale, SEGMENT_CHUNK)
 
 
-def _segment_grads(
+def segment_grads_padded(
+    grad_pooled: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(unique rows [N] int64, grads [N, D] fp32, count [1] int64): segment_grads without a
+    host sync, padded to N entries.
+
+    Inputs as segment_grads. The first count[0] entries of unique rows and grads are segment_
+    grads' (U = count[0] distinct rows ascending, their summed gradients, in the same fixed
+    order); entries past count[0] are unspecified (not zeroed). count stays on the device: pass
+    it to the updates' `count=`. Same chunks and summation order as segment_grads except the
+    ids summed per tile (SEGMENT_PADDED_IDS here, about N / U there): equal up to fp32
+    round-off (bit-identical for the same tile size). Deterministic, no atomics."""
+    return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_CHUNK)
+
+
+def _check_segment_inputs(
     grad_pooled: torch.Tensor,
     rows: torch.Tensor,
     bags: torch.Tensor,
     scale: torch.Tensor | None,
     chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """segment_grads with `chunk` ids per program (tests use small chunks)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     _require(
         grad_pooled.dim() == 2 and grad_pooled.dtype in WEIGHT_DTYPES,
         f"grad_pooled must be [B, D] fp32/bf16/fp16, got {tuple(grad_pooled.shape)} "
@@ -497,23 +552,89 @@ def _segment_grads(
         scale = _check_vector("scale", scale, n)
     _require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
     _check_device(grad_pooled, rows=rows, bags=bags, scale=scale)
-    device, width = grad_pooled.device, grad_pooled.shape[1]
+    return grad_pooled, rows, bags, scale
 
+
+def _segment_grads(
+    grad_pooled: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    chunk: int,
+    block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """segment_grads with `chunk` ids per program and `block_n` ids per tile (default: about
+    the mean ids per distinct row); tests use small chunks."""
+    grad_pooled, rows, bags, scale = _check_segment_inputs(grad_pooled, rows, bags, scale, chunk)
+    device, width, n = grad_pooled.device, grad_pooled.shape[1], rows.numel()
     sorted_rows, perm = torch.sort(rows, stable=True)
     unique_rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)  # syncs
     u = unique_rows.numel()
     grads = torch.empty(u, width, dtype=torch.float32, device=device)
     if u == 0 or width == 0:
         return unique_rows, grads.zero_()
-    seg_end = counts.cumsum(0)
+    if block_n is None:
+        block_n = _block_n(min(n / u, chunk), _block_d(width))
+    _sum_segments(grad_pooled, bags, scale, perm, counts, counts.cumsum(0), grads, chunk, block_n)
+    return unique_rows, grads
+
+
+def _segment_grads_padded(
+    grad_pooled: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    chunk: int,
+    block_n: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """segment_grads_padded with `chunk` ids per program and `block_n` ids per tile (default
+    from SEGMENT_PADDED_IDS); tests use small chunks."""
+    grad_pooled, rows, bags, scale = _check_segment_inputs(grad_pooled, rows, bags, scale, chunk)
+    device, width, n = grad_pooled.device, grad_pooled.shape[1], rows.numel()
+    grads = torch.empty(n, width, dtype=torch.float32, device=device)
+    if n == 0:
+        return rows.new_empty(0), grads, torch.zeros(1, dtype=torch.int64, device=device)
+    sorted_rows, perm = torch.sort(rows, stable=True)
+    is_start = torch.ones(n, dtype=torch.bool, device=device)
+    is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    seg = is_start.cumsum(0) - 1  # segment of each sorted id, non-decreasing
+    count = seg[-1:] + 1
+    # seg_start[k]: first sorted position of segment k for k < count, N from count on
+    seg_start = torch.searchsorted(seg, torch.arange(n + 1, device=device))
+    unique_rows = sorted_rows.index_select(0, seg_start[:n].clamp(max=n - 1))
+    if width:
+        if block_n is None:
+            block_n = _block_n(min(SEGMENT_PADDED_IDS, chunk), _block_d(width))
+        counts = seg_start.diff()  # ids per segment, 0 from count on
+        _sum_segments(grad_pooled, bags, scale, perm, counts, seg_start[1:], grads, chunk, block_n)
+    return unique_rows, grads, count
+
+
+def _sum_segments(
+    grad_pooled: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    perm: torch.Tensor,
+    counts: torch.Tensor,
+    seg_end: torch.Tensor,
+    out: torch.Tensor,
+    chunk: int,
+    block_n: int,
+) -> None:
+    """out[s] = sum over j in [seg_end[s] - counts[s], seg_end[s]) of grad_pooled[bags[perm[j]]]
+    * scale[perm[j]], for the S segments of counts, seg_end [S] int64 (segments of 0 ids are
+    skipped and their rows of out [S, D] left as they are). Grids are sized from S and N only,
+    so nothing here waits for the device."""
+    device, width = out.device, out.shape[1]
+    s, n = counts.numel(), perm.numel()
     n_chunks = (counts + chunk - 1) // chunk
     chunk_end = n_chunks.cumsum(0)
     is_long = n_chunks > 1
     long_chunks = torch.where(is_long, n_chunks, 0)
     part_first = long_chunks.cumsum(0) - long_chunks
-    # Sizes from bounds known on the host (no further sync): chunks <= U + N // chunk; rows
+    # Bounds known on the host: chunks <= min(S + N // chunk, N) (each holds an id); segments
     # longer than one chunk <= N // (chunk + 1); their chunks < 2 N / chunk.
-    max_chunks = u + n // chunk
+    max_chunks = min(s + n // chunk, n)
     max_long = n // (chunk + 1)
     max_parts = 2 * n // chunk + 1
     positions = torch.arange(max(max_chunks, max_long), device=device)
@@ -522,7 +643,6 @@ def _segment_grads(
 
     kern = _kernels()
     block_d = _block_d(width)
-    block_n = _block_n(min(n / u, chunk), block_d)
     col_blocks = triton.cdiv(width, block_d)
     kern.segment_chunk_kernel[(max_chunks, col_blocks)](
         grad_pooled,
@@ -534,9 +654,9 @@ def _segment_grads(
         seg_end,
         counts,
         part_first,
-        grads,
+        out,
         parts,
-        u,
+        s,
         width,
         CHUNK=chunk,
         HAS_SCALE=scale is not None,
@@ -545,7 +665,7 @@ def _segment_grads(
         **_opts(block_n * block_d),
     )
     if max_long:
-        # the i-th long segment; U (no segment) past the last one
+        # the i-th long segment; S (no segment) past the last one
         long_seg = torch.searchsorted(is_long.cumsum(0), positions[:max_long] + 1)
         block_p = max(1, min(32, 4096 // block_d))
         kern.segment_merge_kernel[(max_long, col_blocks)](
@@ -553,26 +673,43 @@ def _segment_grads(
             long_seg,
             counts,
             part_first,
-            grads,
-            u,
+            out,
+            s,
             width,
             CHUNK=chunk,
             BLOCK_P=block_p,
             BLOCK_D=block_d,
             **_opts(block_p * block_d),
         )
-    return unique_rows, grads
 
 
-def sgd_update(weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+def _check_count(count: torch.Tensor | None) -> None:
+    if count is not None:
+        _require(
+            count.dtype == torch.int64 and count.numel() == 1,
+            f"count must be a [1] int64 tensor, got {tuple(count.shape)} {count.dtype}",
+        )
+
+
+def sgd_update(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    *,
+    count: torch.Tensor | None = None,
+) -> None:
     """weight[rows] -= lr * grads in fp32, rounded once to weight's dtype.
 
     weight [R, D] fp32/bf16/fp16 contiguous (updated in place); rows [U] int64, unique;
-    grads [U, D] fp32."""
+    grads [U, D] fp32. count [1] int64 on the device, or None: only the first count[0] entries
+    of rows / grads are used (the rest may be padding, as from segment_grads_padded), read by
+    the kernel: no host sync."""
     _check_weight(weight)
     rows = _check_ids("rows", rows)
     grads = _check_grads(grads, rows, weight.shape[1])
-    _check_device(weight, rows=rows, grads=grads)
+    _check_count(count)
+    _check_device(weight, rows=rows, grads=grads, count=count)
     width = weight.shape[1]
     if rows.numel() == 0 or width == 0:
         return
@@ -581,8 +718,10 @@ def sgd_update(weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, lr
         weight,
         rows,
         grads,
+        count if count is not None else rows,
         float(lr),
         width,
+        HAS_COUNT=count is not None,
         IS_BF16=weight.dtype == torch.bfloat16,
         BLOCK_D=block_d,
         **_opts(block_d),
@@ -597,13 +736,17 @@ def rowwise_adagrad_update(
     lr: float,
     eps: float,
     row_sq_mean: torch.Tensor | None = None,
+    *,
+    count: torch.Tensor | None = None,
 ) -> None:
     """Row-wise Adagrad on rows `rows`, as hybridrec.optim.sparse.RowWiseAdagrad.update:
     s = acc[rows] + (row_sq_mean or mean(g^2) over the row); acc[rows] = s;
     weight[rows] -= lr * g / (sqrt(s) + eps).
 
     weight [R, D] fp32/bf16/fp16 and acc [R] fp32, contiguous, updated in place; rows [U]
-    int64, unique; grads [U, D] fp32; row_sq_mean [U] fp32 or None."""
+    int64, unique; grads [U, D] fp32; row_sq_mean [U] fp32 or None. count [1] int64 on the
+    device, or None: only the first count[0] entries of rows / grads / row_sq_mean are used
+    (as sgd_update)."""
     _check_weight(weight)
     r, width = weight.shape
     _require(
@@ -615,7 +758,8 @@ def rowwise_adagrad_update(
     grads = _check_grads(grads, rows, width)
     if row_sq_mean is not None:
         row_sq_mean = _check_vector("row_sq_mean", row_sq_mean, rows.numel())
-    _check_device(weight, acc=acc, rows=rows, grads=grads, row_sq_mean=row_sq_mean)
+    _check_count(count)
+    _check_device(weight, acc=acc, rows=rows, grads=grads, row_sq_mean=row_sq_mean, count=count)
     if rows.numel() == 0:
         return
     block_d = _block_d(width)
@@ -625,11 +769,13 @@ def rowwise_adagrad_update(
         rows,
         grads,
         row_sq_mean if row_sq_mean is not None else acc,
+        count if count is not None else rows,
         float(lr),
         float(eps),
         1.0 / width if width else 0.0,
         width,
         HAS_ROW_SQ=row_sq_mean is not None,
+        HAS_COUNT=count is not None,
         IS_BF16=weight.dtype == torch.bfloat16,
         BLOCK_D=block_d,
         **_opts(block_d),
@@ -646,13 +792,16 @@ def adam_update(
     beta1: float,
     beta2: float,
     eps: float,
+    *,
+    count: torch.Tensor | None = None,
 ) -> None:
     """Lazy Adam on rows `rows`, as hybridrec.optim.sparse.SparseAdam.update: m += (1 - beta1)
     (g - m); v += (1 - beta2)(g^2 - v); weight -= step_size * m / (sqrt(v) + eps), with
     step_size = lr * sqrt(1 - beta2^t) / (1 - beta1^t) computed by the caller.
 
     weight [R, D] fp32/bf16/fp16, exp_avg and exp_avg_sq [R, D] fp32, contiguous, updated in
-    place; rows [U] int64, unique; grads [U, D] fp32."""
+    place; rows [U] int64, unique; grads [U, D] fp32. count [1] int64 on the device, or None:
+    only the first count[0] entries of rows / grads are used (as sgd_update)."""
     _check_weight(weight)
     for name, t in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         _require(
@@ -663,7 +812,10 @@ def adam_update(
     rows = _check_ids("rows", rows)
     width = weight.shape[1]
     grads = _check_grads(grads, rows, width)
-    _check_device(weight, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, rows=rows, grads=grads)
+    _check_count(count)
+    _check_device(
+        weight, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, rows=rows, grads=grads, count=count
+    )
     if rows.numel() == 0 or width == 0:
         return
     block_d = _block_d(width)
@@ -673,11 +825,13 @@ def adam_update(
         exp_avg_sq,
         rows,
         grads,
+        count if count is not None else rows,
         float(step_size),
         1.0 - beta1,
         1.0 - beta2,
         float(eps),
         width,
+        HAS_COUNT=count is not None,
         IS_BF16=weight.dtype == torch.bfloat16,
         BLOCK_D=block_d,
         **_opts(block_d),

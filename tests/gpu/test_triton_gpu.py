@@ -10,10 +10,14 @@ Tolerances (the CPU interpreter tests in tests/unit/test_triton_ops.py explain t
 - updates: optimizer state from identical elementwise ops exact (Adam's moments, Adagrad's
   sum given row_sq_mean); weights within 1 ulp of their dtype or 1e-6 (torch's CUDA
   index_add_ rounds lr * g before adding, the kernels use one fma).
+- the padded, sync-free step (segment_grads_padded, updates with count=) runs under
+  torch.cuda.set_sync_debug_mode("error") and equals the synced kernels bit for bit when both
+  sum the same ids per tile (same chunks, same order, no atomics).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -175,3 +179,69 @@ def test_adam_update_on_gpu(dtype):
         triton_ops.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
     _assert_weights_close(weight, want)
+
+
+@contextlib.contextmanager
+def _no_host_sync():
+    """Raise on any operation that waits for the device (set_sync_debug_mode("error"))."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_sync_debug_mode_catches_a_sync():
+    """The check below is live: a sync in the region raises."""
+    with pytest.raises(RuntimeError), _no_host_sync():
+        torch.ones(1, device="cuda").item()
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+def test_padded_step_without_host_sync(opt):
+    """segment_grads_padded + update(count=) never waits for the device, and equals
+    segment_grads + update (the same ids per tile: bit-identical) on Zipf ids with hot rows."""
+    weight, rows, bags, _, num_bags, gen = _case(torch.bfloat16, hotness=4, seed=3)
+    scale = torch.rand(rows.numel(), device="cuda", generator=gen)
+    grad = torch.randn(num_bags, DIM, device="cuda", generator=gen)
+    state = {
+        "sgd": [],
+        "adagrad": [torch.rand(ROWS, device="cuda", generator=gen)],
+        "adam": [
+            torch.randn(ROWS, DIM, device="cuda", generator=gen) * 0.01,
+            torch.rand(ROWS, DIM, device="cuda", generator=gen) * 0.01,
+        ],
+    }[opt]
+
+    def update(tensors, urows, grads, count):
+        w, *st = tensors
+        if opt == "sgd":
+            triton_ops.sgd_update(w, urows, grads, 0.05, count=count)
+        elif opt == "adagrad":
+            triton_ops.rowwise_adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
+        else:
+            triton_ops.adam_update(w, *st, urows, grads, 1e-3, 0.9, 0.999, 1e-8, count=count)
+
+    def padded_step(tensors):
+        urows, grads, count = triton_ops.segment_grads_padded(grad, rows, bags, scale)
+        update(tensors, urows, grads, count)
+        return urows, grads, count
+
+    block_n = triton_ops._block_n(
+        min(triton_ops.SEGMENT_PADDED_IDS, triton_ops.SEGMENT_CHUNK), triton_ops._block_d(DIM)
+    )
+    chunk = triton_ops.SEGMENT_CHUNK
+    want = [t.clone() for t in (weight, *state)]
+    want_rows, want_grads = triton_ops._segment_grads(grad, rows, bags, scale, chunk, block_n)
+    update(want, want_rows, want_grads, None)
+    padded_step([t.clone() for t in (weight, *state)])  # compile the kernels first
+    got = [t.clone() for t in (weight, *state)]
+    torch.cuda.synchronize()
+    with _no_host_sync():
+        got_rows, got_grads, count = padded_step(got)
+    u = int(count)
+    assert u == want_rows.numel() and u < rows.numel()
+    assert torch.equal(got_rows[:u], want_rows) and torch.equal(got_grads[:u], want_grads)
+    _check_against_fp64((got_rows[:u], got_grads[:u]), rows, bags, scale, grad)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -148,6 +148,12 @@ def test_bad_cache_sizes_are_refused():
 # -- the UVA copy kernel (in Triton's CPU interpreter here; on pinned memory on CUDA) ---------
 
 
+# Under the interpreter both groups run the Triton kernels, but the device group dedupes
+# without a host sync (fixed tiles of ids) and the host group with the synced kernel (tiles
+# sized from the distinct-row count): the same sums in another grouping, float32 round-off.
+TRITON_TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
 @pytest.fixture
 def interpreter(monkeypatch):
     pytest.importorskip("triton")
@@ -188,9 +194,12 @@ def test_kernel_copies_give_the_same_training(interpreter, opt):
             host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
-            assert torch.equal(a.detach(), b)
+            torch.testing.assert_close(a.detach(), b, **TRITON_TOL)
     assert host.take_stats().rows_written > 0
-    _assert_same(host, ref)
+    host.flush()
+    torch.testing.assert_close(host.weight, ref.weight, **TRITON_TOL)
+    for name, value in ref.state().items():
+        torch.testing.assert_close(host.state()[name], value, **TRITON_TOL)
 
 
 def test_kernel_copy_is_refused_where_it_cannot_run(monkeypatch):

@@ -15,6 +15,9 @@ SparseAdam). Tolerances:
   by 1 ulp, and w - step can cancel (the 1e-6 absolute).
 - sums whose order differs from torch's (pooling, dedupe, the row mean of g^2): fp32
   round-off, rtol 1e-5 / atol 1e-6 (a few ulps of sums of a few dozen terms).
+- the padded, sync-free variant (segment_grads_padded, the updates' count=) against the synced
+  kernels: exact (same chunks and order) when both sum the same ids per tile; fp32 round-off
+  with their default tiles.
 
 The interpreter is chosen when a kernel is jitted, and triton_ops jits on first use per mode
 (interpreted or compiled), so setting TRITON_INTERPRET here, before the first call, suffices:
@@ -209,6 +212,134 @@ def test_adam_update_matches_sparse_adam(width, dtype):
     _assert_step_close(weight, want)
 
 
+# --- the padded, sync-free variant: segment_grads_padded and the updates' count= ---------------
+
+
+def _padded_case(kind: str, width: int = 130, seed: int = 6):
+    """(grad, rows, bags, scale) with rows: duplicates and empty bags, rows longer than a
+    chunk of 3 (hot), all distinct, or all the same row."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "duplicates":
+        bags, _ = _bags(COUNTS)
+        rows = torch.randint(0, 8, (bags.numel(),), generator=g)
+    else:
+        bags, _ = _bags([3, 0, 9, 5, 1, 6])
+        n = bags.numel()
+        rows = {
+            "hot": torch.tensor(
+                [7, 7, 7, 2, 7, 7, 7, 7, 7, 7, 2, 2, 7, 7, 0, 7, 7, 7, 2, 7, 7, 9, 7, 7]
+            ),
+            "distinct": torch.randperm(ROWS, generator=g)[:n],
+            "same": torch.full((n,), 5),
+        }[kind]
+    scale = torch.rand(rows.numel(), generator=g) + 0.5
+    grad = torch.randn(int(bags.max()) + 1, width, generator=g)
+    return grad, rows, bags, scale
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("kind", ["duplicates", "hot", "distinct", "same"])
+@pytest.mark.parametrize("chunk", [3, 512])
+def test_segment_grads_padded_equals_segment_grads(chunk, kind, with_scale):
+    """The first count entries are segment_grads': rows exactly, grads bit-identical for the
+    same ids per tile (same chunks, same order), and within fp32 round-off at the defaults."""
+    grad, rows, bags, scale = _padded_case(kind)
+    scale = scale if with_scale else None
+    n = rows.numel()
+    want_rows, want = triton_ops._segment_grads(grad, rows, bags, scale, chunk, block_n=2)
+    got_rows, got, count = triton_ops._segment_grads_padded(grad, rows, bags, scale, chunk, 2)
+    assert count.shape == (1,) and count.dtype == torch.int64
+    u = int(count)
+    assert u == want_rows.numel()
+    assert got_rows.shape == (n,) and got.shape == (n, grad.shape[1])
+    assert torch.equal(got_rows[:u], want_rows)
+    assert torch.equal(got[:u], want)
+    again = triton_ops._segment_grads_padded(grad, rows, bags, scale, chunk, 2)
+    assert torch.equal(again[1][:u], got[:u])  # deterministic
+    got_rows, got, count = triton_ops.segment_grads_padded(grad, rows, bags, scale)
+    assert int(count) == u and torch.equal(got_rows[:u], want_rows)
+    torch.testing.assert_close(got[:u], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[:u], dedupe(rows, bags, scale, grad)[1], rtol=1e-5, atol=1e-6)
+
+
+def test_segment_grads_padded_no_ids_and_no_width():
+    none = torch.zeros(0, dtype=torch.int64)
+    rows, grads, count = triton_ops.segment_grads_padded(torch.randn(3, 4), none, none, None)
+    assert rows.shape == (0,) and grads.shape == (0, 4) and torch.equal(count, torch.tensor([0]))
+    rows = torch.tensor([4, 1, 4])
+    got_rows, grads, count = triton_ops.segment_grads_padded(torch.zeros(3, 0), rows, rows, None)
+    assert int(count) == 2 and torch.equal(got_rows[:2], torch.tensor([1, 4]))
+    assert grads.shape == (3, 0)
+
+
+def _pad(rows: torch.Tensor, grads: torch.Tensor, *extra: torch.Tensor):
+    """rows, grads and extra [U] vectors padded with garbage: rows not in `rows` and a repeat
+    of rows[0], NaN grads and values; count [1] = U."""
+    spare = torch.ones(ROWS, dtype=torch.bool)
+    spare[rows] = False
+    junk = torch.cat([spare.nonzero()[:3, 0], rows[:1]])
+    nan = float("nan")
+    padded = [torch.cat([rows, junk]), torch.cat([grads, torch.full((4, grads.shape[1]), nan)])]
+    padded += [torch.cat([t, torch.full((4,), nan)]) for t in extra]
+    return *padded, torch.tensor([rows.numel()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [3, 130])
+def test_padded_updates_equal_unpadded(width, dtype):
+    """count= updates the first count rows exactly as the unpadded call, and nothing else."""
+    weight, rows, grads, g = _update_case(width, dtype)
+    acc, row_sq = torch.rand(ROWS, generator=g), torch.rand(rows.numel(), generator=g)
+    m, v = torch.randn(ROWS, width, generator=g), torch.rand(ROWS, width, generator=g)
+    p_rows, p_grads, p_row_sq, count = _pad(rows, grads, row_sq)
+    want, got = [weight.clone(), acc.clone(), m.clone(), v.clone()], [weight, acc, m, v]
+    for (w, a, mm, vv), (r, gr, rsq, c) in (
+        (want, (rows, grads, row_sq, None)),
+        (got, (p_rows, p_grads, p_row_sq, count)),
+    ):
+        triton_ops.sgd_update(w, r, gr, 0.05, count=c)
+        triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=c)
+        triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, rsq, count=c)
+        triton_ops.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=c)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_padded_updates_with_count_zero():
+    weight, rows, grads, g = _update_case(3, torch.float32)
+    acc, m, v = torch.rand(ROWS, generator=g), torch.zeros(ROWS, 3), torch.zeros(ROWS, 3)
+    before = [t.clone() for t in (weight, acc, m, v)]
+    zero, none = torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    for r, gr in ((rows, grads), (none, torch.zeros(0, 3))):
+        triton_ops.sgd_update(weight, r, gr, 0.1, count=zero)
+        triton_ops.rowwise_adagrad_update(weight, acc, r, gr, 0.1, 1e-8, count=zero)
+        triton_ops.adam_update(weight, m, v, r, gr, 0.1, 0.9, 0.999, 1e-8, count=zero)
+    for a, b in zip((weight, acc, m, v), before):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+def test_padded_step_equals_synced_step(opt):
+    """segment_grads_padded -> update(count=) with its padding left as is (uninitialised
+    grads) equals segment_grads -> update."""
+    grad, rows, bags, scale = _padded_case("hot", width=16)
+    weight = torch.randn(ROWS, 16)
+    acc, m, v = torch.rand(ROWS), torch.randn(ROWS, 16), torch.rand(ROWS, 16)
+    states = [[t.clone() for t in (weight, acc, m, v)] for _ in range(2)]
+    synced = triton_ops._segment_grads(grad, rows, bags, scale, 3, block_n=4)
+    padded = triton_ops._segment_grads_padded(grad, rows, bags, scale, 3, block_n=4)
+    for (w, a, mm, vv), (r, gr, *c) in zip(states, (synced, padded)):
+        count = c[0] if c else None
+        if opt == "sgd":
+            triton_ops.sgd_update(w, r, gr, 0.05, count=count)
+        elif opt == "adagrad":
+            triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=count)
+        else:
+            triton_ops.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=count)
+    for a, b in zip(*states):
+        assert torch.equal(a, b)
+
+
 def test_bf16_rounds_to_nearest_even():
     """bf16 weights are rounded by hand in the kernels (the interpreter's cast truncates):
     ties go to even, and values just above/below a tie go to the nearest."""
@@ -271,6 +402,29 @@ def test_bad_inputs_raise_clear_errors():
     _bad("grad_pooled must be \\[B, D\\]", seg, torch.zeros(2, 4).long(), rows, rows, None)
     _bad("bags must have 3 entries", seg, torch.zeros(2, 4), rows, rows[:2], None)
     _bad("bags must be a 1-d int64", seg, torch.zeros(2, 4), rows, rows.float(), None)
+    pad = triton_ops.segment_grads_padded
+    _bad("grad_pooled must be \\[B, D\\]", pad, torch.zeros(2, 4).long(), rows, rows, None)
+    _bad("bags must have 3 entries", pad, torch.zeros(2, 4), rows, rows[:2], None)
+    _bad("scale must be \\[3\\] fp32", pad, torch.zeros(2, 4), rows, rows, torch.ones(2))
+    bad_counts = (torch.tensor([3], dtype=torch.int32), torch.tensor([3, 3]))
+    for count in bad_counts:
+        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
+            triton_ops.sgd_update(w, rows, grads, 0.1, count=count)
+        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
+            triton_ops.rowwise_adagrad_update(w, acc, rows, grads, 0.1, 1e-8, count=count)
+        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
+            triton_ops.adam_update(
+                w,
+                torch.zeros(10, 4),
+                torch.zeros(10, 4),
+                rows,
+                grads,
+                0.1,
+                0.9,
+                0.99,
+                1e-8,
+                count=count,
+            )
 
     _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads[:2], 0.1)
     _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads.double(), 0.1)
