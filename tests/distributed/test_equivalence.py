@@ -71,20 +71,20 @@ def train_and_collect(env: DistEnv, cfg: Config) -> dict:
     with torch.no_grad():
         logits = trainer.model(batch0.dense, batch0.ids)
     losses = [trainer.global_mean(trainer.train_step(trainer.train_batch(s))) for s in range(STEPS)]
-    emb = trainer.model.embeddings
+    return {"logits": logits, "losses": losses, **snapshot(trainer)}
+
+
+def snapshot(trainer: Trainer) -> dict:
+    """Copies of this rank's shards (spec, weight, state) and dense weights, and the plan."""
     shards = [
         (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-        for spec, w, st in emb.shard_views()
+        for spec, w, st in trainer.model.embeddings.shard_views()
     ]
-    dense = {k: v.detach().clone() for k, v in trainer.model.dense.state_dict().items()}
-    dense = {k.removeprefix("module."): v for k, v in dense.items()}
-    return {
-        "logits": logits,
-        "losses": losses,
-        "shards": shards,
-        "dense": dense,
-        "plan": trainer.plan,
+    dense = {
+        k.removeprefix("module."): v.detach().clone()
+        for k, v in trainer.model.dense.state_dict().items()
     }
+    return {"shards": shards, "dense": dense, "plan": trainer.plan}
 
 
 def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:

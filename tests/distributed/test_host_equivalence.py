@@ -19,7 +19,7 @@ from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import OPTIMIZERS, compare, make_cfg
+from tests.distributed.test_equivalence import OPTIMIZERS, compare, make_cfg, snapshot
 
 pytestmark = pytest.mark.slow
 STEPS = 10
@@ -48,20 +48,10 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool) -> dict:
         losses.append(trainer.global_mean(trainer.train_step(batch, upcoming)))
     emb = trainer.model.embeddings
     stats = emb.cache_stats() if hasattr(emb, "cache_stats") else None
-    shards = [
-        (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-        for spec, w, st in emb.shard_views()
-    ]
-    dense = {
-        k.removeprefix("module."): v.detach().clone()
-        for k, v in trainer.model.dense.state_dict().items()
-    }
     return {
         "logits": logits,
         "losses": losses,
-        "shards": shards,
-        "dense": dense,
-        "plan": trainer.plan,
+        **snapshot(trainer),
         "stats": stats,
         "pinned": [g.weight.is_pinned() for g in getattr(emb, "host_groups", list)()],
     }
