@@ -32,7 +32,7 @@ log="$OUT/$section.log"
       ;;
     host-kaggle)
       python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
-        --cache-fraction 0.05 --out "$OUT/host_cache_kaggle_h100.md"
+        --cache-fraction 0.05 --host-copy kernel,staged --out "$OUT/host_cache_kaggle_h100.md"
       ;;
     host-1tb)
       free -g

@@ -48,8 +48,11 @@ from hybridrec.types import Batch  # noqa: E402
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 
 
-def make_cfg(args: argparse.Namespace, sparse: str, sharding: str) -> Config:
+def make_cfg(
+    args: argparse.Namespace, sparse: str, sharding: str, host_copy: str = "auto"
+) -> Config:
     overrides = [
+        f"sharding.host_copy={host_copy}",
         f"model={args.model}",
         f"sharding={sharding}",
         f"sharding.hbm_gb={args.hbm_gb}",
@@ -165,6 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
     p.add_argument("--no-device-baseline", action="store_true", help="skip all-on-device")
     p.add_argument("--no-prefetch", action="store_true", help="host rows without prefetch too")
+    p.add_argument(
+        "--host-copy",
+        default="auto",
+        help="sharding.host_copy per host row, comma-separated: auto,kernel,staged "
+        "(kernel,staged compares the UVA kernel with staged copies)",
+    )
     p.add_argument("--naive-steps", type=int, default=3, help="0 skips the naive CPU row")
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
@@ -199,10 +208,12 @@ def main(argv: list[str] | None = None) -> None:
             cfg = make_cfg(args, name, "none")
             add(f"all on {device.type}, {name}", run_hybridrec(cfg, env, batches, args, False))
     for name in optimizers:
-        cfg = make_cfg(args, name, "host")
-        add(f"host + cache, {name}", run_hybridrec(cfg, env, batches, args, True))
-        if args.no_prefetch:
-            add(f"host + cache, {name}, no prefetch", run_hybridrec(cfg, env, batches, args, False))
+        for copy in args.host_copy.split(","):
+            cfg = make_cfg(args, name, "host", copy)
+            label = f"host + cache, {name}" + (f", {copy} copies" if copy != "auto" else "")
+            add(label, run_hybridrec(cfg, env, batches, args, True))
+            if args.no_prefetch:
+                add(f"{label}, no prefetch", run_hybridrec(cfg, env, batches, args, False))
     if args.naive_steps:
         add("naive CPU EmbeddingBag + SparseAdam", run_naive(base, batches, device, args))
     if args.out:

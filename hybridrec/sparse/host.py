@@ -177,6 +177,7 @@ class HostCachedEmbedding(FusedEmbedding):
         self._pending_event: torch.cuda.Event | None = None
         self._pool_thread = ThreadPoolExecutor(1, thread_name_prefix="hybridrec-cache")
         self._lock = threading.Lock()  # guards stats between the prefetch thread and callers
+        self._pending_timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # -- storage ---------------------------------------------------------------------------
@@ -347,6 +348,7 @@ class HostCachedEmbedding(FusedEmbedding):
     ) -> None:
         """Write back the dirty victims, then load the missing rows into their slots."""
         start = time.perf_counter()
+        timing = self._gpu_timer()
         moved = 0
         written = 0
         if victims.numel():
@@ -360,7 +362,25 @@ class HostCachedEmbedding(FusedEmbedding):
             self.stats.rows_loaded += miss_rows.numel()
             self.stats.rows_written += written
             self.stats.bytes_moved += moved
+            self._add_transfer_time(start, timing)
+
+    def _gpu_timer(self) -> torch.cuda.Event | None:
+        """Kernel copies run asynchronously: time them on the stream (read in take_stats)."""
+        if not (self.use_kernel and self.device.type == "cuda"):
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _add_transfer_time(self, start: float, event: torch.cuda.Event | None) -> None:
+        """Staged copies: the wall time (the CPU gather dominates). Kernel copies: GPU time
+        between two events, summed when the stats are taken. Call with the lock held."""
+        if event is None:
             self.stats.transfer_s += time.perf_counter() - start
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending_timings.append((event, end))
 
     def _pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(host tensor, cache tensor) for the rows and every optimizer state."""
@@ -459,15 +479,16 @@ class HostCachedEmbedding(FusedEmbedding):
         dirty = self.dirty.nonzero().squeeze(1)
         if dirty.numel():
             start = time.perf_counter()
+            timing = self._gpu_timer()
             rows = self.row_of_slot.index_select(0, dirty)
             moved = self._copy_out(dirty, rows)
             self.dirty[dirty] = False
-            if self.use_kernel and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # host memory is read next
             with self._lock:
                 self.stats.rows_written += rows.numel()
                 self.stats.bytes_moved += moved
-                self.stats.transfer_s += time.perf_counter() - start
+                self._add_transfer_time(start, timing)
+            if self.use_kernel and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # host memory is read next
 
     @torch.no_grad()
     def _refresh(self) -> None:
@@ -515,6 +536,10 @@ class HostCachedEmbedding(FusedEmbedding):
         """The counters since the last call (and reset them)."""
         with self._lock:
             out, self.stats = self.stats, CacheStats()
+            timings, self._pending_timings = self._pending_timings, []
+        for a, b in timings:  # kernel copies: GPU time (waits for them to finish)
+            b.synchronize()
+            out.transfer_s += a.elapsed_time(b) / 1e3
         return out
 
     def cached_fraction(self) -> float:
