@@ -452,11 +452,11 @@ class ShardedEmbeddingCollection(nn.Module):
         a step's forward and its backward."""
         if not self.has_host:
             return
-        self._check_ids(ids)
-        with self.timer.phase("input_dist"):
-            inputs = self._input_dist(ids)
-        self._prefetched = (ids, inputs)
+        # one phase for all of it (outside the forward, so not counted in its phases)
         with self.timer.phase("host_prefetch"):
+            self._check_ids(ids)
+            inputs = self._input_dist(ids)
+            self._prefetched = (ids, inputs)
             for key, group in self.groups.items():
                 if isinstance(group, HostCachedEmbedding):
                     ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
