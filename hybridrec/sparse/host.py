@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridrec.planner.planner import CACHE_META_BYTES, SLOT_BYTES
 from hybridrec.sparse import host_copy
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
 from hybridrec.sparse.host_copy import copy_rows
@@ -192,7 +193,7 @@ class HostCachedEmbedding(FusedEmbedding):
         )
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
-            need = self.capacity * (row_bytes + 13) + R * 4
+            need = self.capacity * (row_bytes + CACHE_META_BYTES) + R * SLOT_BYTES
             if need > total:
                 raise ValueError(
                     f"device cache for tables {names}: {self.capacity:,} rows need "
@@ -218,11 +219,6 @@ class HostCachedEmbedding(FusedEmbedding):
 
     def cache_state(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}
-
-    def _row_bytes(self) -> int:
-        return self.width * self.weight.element_size() + sum(
-            s[0].numel() * 4 for s in self.state().values()
-        )
 
     # -- lookups and updates ---------------------------------------------------------------
     def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
@@ -321,16 +317,16 @@ class HostCachedEmbedding(FusedEmbedding):
             return free[:n_miss], free.new_empty(0)
         masked = self.score.clone()
         masked[free] = float("inf")
-        masked[keep] = float("inf")
-        evictable = self.capacity - free.numel() - int((self.row_of_slot[keep] >= 0).sum())
+        masked[keep] = float("inf")  # (keep may list a slot twice: counted once below)
+        evictable = int(torch.isfinite(masked).sum())
         if evictable < short:
             if prefetch:
                 return None, free.new_empty(0)
             raise CacheTooSmallError(
                 f"host cache of tables {', '.join(sorted({s.table for s in self.shards}))}: "
                 f"{self.capacity:,} rows cannot hold the {n_batch:,} distinct rows of one batch "
-                f"(plus {keep.numel() - (n_batch - n_miss):,} rows still in use); raise "
-                "sharding.cache_fraction or sharding.cache_gb, or lower train.batch_size"
+                "next to the rows still in use; raise sharding.cache_fraction or "
+                "sharding.cache_gb, or lower train.batch_size"
             )
         # evict in bulk (at least 1/64 of the cache): one selection over the whole cache then
         # serves several steps' misses instead of one
@@ -440,6 +436,9 @@ class HostCachedEmbedding(FusedEmbedding):
         self._admit(rows, prefetch=True)
 
     def _start_background(self, job: tuple[torch.Tensor, ...]) -> None:
+        if self.use_kernel and self._side is None:
+            self._move(*job)  # Triton's CPU interpreter (tests) is not thread-safe: no overlap
+            return
         if self._side is None:
             self._pending = self._pool_thread.submit(self._move, *job)
             return
