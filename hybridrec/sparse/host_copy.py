@@ -17,16 +17,9 @@ Legend: M = rows copied, D = width (a 1-D state tensor is treated as [R, 1]).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # no triton: the staged path only
-    triton = None
-    tl = None
+from hybridrec.sparse.triton_ops import _interpreting, tl, triton
 
 BLOCK_ROWS = 16
 
@@ -47,10 +40,6 @@ def _copy_kernel(
 
 
 _JITTED: dict[bool, object] = {}
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _kernel():  # noqa: ANN202
