@@ -293,17 +293,17 @@ class FusedEmbedding(nn.Module):
                 rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
                     grad_pooled.float(), rows, bags, _scale_tensor(scale, rows)
                 )
-                self.step_count += 1
-                self.optimizer.update(
-                    self.weight, self.state(), rows_pad, grads_pad, self.step_count, count=count
-                )
+                self.update_rows(rows_pad, grads_pad, count)
                 return
             unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
             self.update_rows(unique_rows, grads)
 
     @torch.no_grad()
-    def update_rows(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """One optimizer step on rows `unique_rows` [U] (sorted) with gradients [U, D]."""
+    def update_rows(
+        self, unique_rows: torch.Tensor, grads: torch.Tensor, count: torch.Tensor | None = None
+    ) -> None:
+        """One optimizer step on rows `unique_rows` [U] (sorted) with gradients [U, D]; with
+        `count` (a device tensor), only the first count rows are real (padded inputs)."""
         assert self.optimizer is not None
         self.step_count += 1
         row_sq = None
@@ -314,7 +314,7 @@ class FusedEmbedding(nn.Module):
                 row_sq[bounds[u] : bounds[u + 1]] = stat
             self.row_sq_override = {}
         weight, state, index = self._update_target(unique_rows)
-        self.optimizer.update(weight, state, index, grads, self.step_count, row_sq)
+        self.optimizer.update(weight, state, index, grads, self.step_count, row_sq, count=count)
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

@@ -94,7 +94,6 @@ def check_host_memory(need: int, budget: int | None, what: str) -> None:
 class CacheStats:
     """Counters since the last `take_stats()`. Rows are distinct rows per lookup."""
 
-    lookups: int = 0  # admissions by forward passes
     rows_requested: int = 0  # distinct rows those lookups needed
     hits: int = 0  # ... of which were already cached (or prefetched)
     rows_loaded: int = 0  # host -> device
@@ -271,7 +270,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self._counted_ahead = prefetch or (self._counted_ahead and not self._training_lookup)
         if count:
             with self._lock:
-                self.stats.lookups += 1
                 self.stats.rows_requested += uniq.numel()
                 self.stats.hits += uniq.numel() - n_miss
         if n_miss:

@@ -152,6 +152,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
             for pos, k in enumerate(ks):
                 self.slots[k] = (key, pos)
+        self.group_units = by_key  # group key -> its local units, in group order
         # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
         self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
         self._prefetched: tuple[torch.Tensor, list[LookupInput]] | None = None
@@ -260,8 +261,8 @@ class ShardedEmbeddingCollection(nn.Module):
         """One fused lookup per width group; returns [B, w_u] per local unit."""
         out: list[torch.Tensor | None] = [None] * len(inputs)
         for key, group in self.groups.items():
-            ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
-            if not ks:
+            ks = self.group_units.get(key)
+            if not ks:  # replicated tables: looked up separately
                 continue
             for k, pooled in zip(ks, group([inputs[k] for k in ks]), strict=True):
                 out[k] = pooled
@@ -416,7 +417,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 continue
             freq = torch.zeros(group.num_rows, dtype=torch.float64)
             known = False
-            ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
+            ks = self.group_units[key]
             ids_per_step = 0.0
             for pos, k in enumerate(ks):
                 u = self.local_units[k]
@@ -459,7 +460,7 @@ class ShardedEmbeddingCollection(nn.Module):
             self._prefetched = (ids, inputs)
             for key, group in self.groups.items():
                 if isinstance(group, HostCachedEmbedding):
-                    ks = [k for k, (gk, _) in enumerate(self.slots) if gk == key]
+                    ks = self.group_units[key]
                     group.prefetch(group.flatten([inputs[k] for k in ks])[0])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
