@@ -9,6 +9,7 @@ many local ranks of itself (hybridrec.train.sweep), which is also what each job 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -73,14 +74,22 @@ def _validated(raw: DictConfig) -> tuple[Config, bool]:
 def _train(cfg: Config, run_dir: Path) -> float | None:
     env = init_distributed(cfg.device, cfg.dist.timeout_s, force_group=cfg.sharding.type != "none")
     ok = False
+    trainer = None
     try:
         from hybridrec.train.trainer import Trainer
 
         if env.is_main:
             log.info("run dir %s", run_dir)
-        result = Trainer(cfg, env, run_dir).fit()
+        trainer = Trainer(cfg, env, run_dir)
+        result = trainer.fit()
         ok = True
     finally:
+        # Free the model (DDP's reducer and the collectives' work objects) while the
+        # interpreter is fully alive: left to the last garbage collection at exit, gloo's
+        # worker threads can abort the process ("terminate called without an active
+        # exception", pytorch/pytorch#190489) after a run that succeeded.
+        del trainer
+        gc.collect()
         destroy_distributed(env, barrier=ok)
     auc = result["eval"].get("auc")
     return None if auc is None else float(auc)

@@ -9,6 +9,7 @@ with that rank's traceback; a run that outlives `timeout` is killed and reported
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import tempfile
@@ -35,6 +36,8 @@ def _entry(
         )
         result = fn(env, *args)
         torch.save(result, Path(out) / f"result_{rank}.pt")
+        del result
+        gc.collect()  # free fn's models (DDP, collectives' work) before the group goes
         ok = True
     except BaseException:
         (Path(out) / f"error_{rank}.txt").write_text(traceback.format_exc())
