@@ -125,7 +125,7 @@ class ShardingConfig:
     cache_gb: float | None = None  # or: GiB of caches per rank (rows + optimizer state)
     host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
     pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
-    host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (kernel if it works)
+    host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (the faster)
 
 
 @dataclass

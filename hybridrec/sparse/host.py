@@ -21,8 +21,8 @@ updated in one place, and a row leaves the cache only with its latest values and
 
 Rows move by one of two paths (`sharding.host_copy`): a GPU kernel that reads and writes the
 pinned host rows directly through unified addressing (hybridrec.sparse.host_copy; no CPU
-work, used where it works), or staged copies (a CPU gather into a pinned buffer, then one DMA
-copy; a write-back the reverse).
+work), or staged copies (a CPU gather into a pinned buffer, then one DMA
+copy; a write-back the reverse); `auto` times both once per group and keeps the faster.
 
 `prefetch(rows)` admits the next batch's rows while the current step's backward is still to
 run: the host reads, write-backs and copies run on a background thread (and a side CUDA
@@ -36,6 +36,7 @@ cannot hold one batch's distinct rows is an error naming the group, not a wrong 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -53,6 +54,7 @@ from hybridrec.sparse.init import init_shard
 from hybridrec.types import ShardSpec, TableConfig
 
 GIB = 1 << 30
+log = logging.getLogger("hybridrec")
 
 
 class HostMemoryError(RuntimeError):
@@ -126,7 +128,8 @@ HOST_COPY_MODES = ("auto", "kernel", "staged")
 
 def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
     """Whether rows move by the UVA kernel (hybridrec.sparse.host_copy) rather than staged
-    copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables)."""
+    copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables; the
+    group then also times both and keeps the faster)."""
     if mode not in HOST_COPY_MODES:
         raise ValueError(f"sharding.host_copy={mode!r} is not one of: {', '.join(HOST_COPY_MODES)}")
     if mode == "staged":
@@ -167,6 +170,8 @@ class HostCachedEmbedding(FusedEmbedding):
         self.capacity = int(cache_rows)
         super().__init__(shards, optimizer, seed, device, dtype)
         self.use_kernel = _choose_copy(copy, self.device, self.pin)
+        if copy == "auto" and self.use_kernel and self.device.type == "cuda":
+            self.use_kernel = self._kernel_copies_faster()
         self.age_every = age_every
         self.stats = CacheStats()
         self._protected: torch.Tensor | None = None  # slots whose backward is pending
@@ -215,6 +220,45 @@ class HostCachedEmbedding(FusedEmbedding):
         self.register_buffer("score", torch.zeros(C, device=device))
         self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
         self._admissions = 0
+
+    @torch.no_grad()
+    def _kernel_copies_faster(self, n: int = 1 << 16) -> bool:
+        """host_copy=auto on CUDA: fill a scratch buffer with up to `n` sorted random rows
+        both ways (median of 3 after a warmup) and keep the faster; logged."""
+        n = min(n, self.num_rows)
+        rows = torch.randperm(self.num_rows)[:n].sort().values
+        rows_dev, slots = rows.to(self.device), torch.arange(n, device=self.device)
+        scratch = torch.empty(n, self.width, dtype=self.weight.dtype, device=self.device)
+
+        def kernel() -> None:
+            copy_rows(self.weight, rows_dev, scratch, slots)
+
+        def staged() -> None:
+            buf = _empty_host((n, self.width), self.weight.dtype, self.pin, "a copy test")
+            torch.index_select(self.weight, 0, rows, out=buf)
+            scratch.copy_(buf, non_blocking=True)
+
+        times = {}
+        for name, fn in (("kernel", kernel), ("staged", staged)):
+            fn()
+            runs = []
+            for _ in range(3):
+                torch.cuda.synchronize(self.device)
+                start = time.perf_counter()
+                fn()
+                torch.cuda.synchronize(self.device)
+                runs.append(time.perf_counter() - start)
+            times[name] = sorted(runs)[1]
+        log.info(
+            "host cache (%d rows): a fill of %d rows takes %.2f ms by kernel (UVA), %.2f ms "
+            "staged: using %s copies",
+            self.capacity,
+            n,
+            1e3 * times["kernel"],
+            1e3 * times["staged"],
+            "kernel" if times["kernel"] <= times["staged"] else "staged",
+        )
+        return times["kernel"] <= times["staged"]
 
     def cache_state(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}

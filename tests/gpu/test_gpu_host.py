@@ -25,7 +25,7 @@ def test_a_kernel_reads_and_writes_pinned_host_memory():
 
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("host_copy", ["kernel", "staged"])
+@pytest.mark.parametrize("host_copy", ["kernel", "staged", "auto"])
 def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
