@@ -111,6 +111,28 @@ def test_init_is_independent_of_sharding():
     assert full.abs().max() <= 1 / 200_000**0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parallel_init_of_a_big_shard_equals_serial_init(monkeypatch, dtype):
+    """Past two chunks (131,072 rows) chunks are generated on a thread pool, in place for
+    full-width fp32 shards: the same values as one thread, and as slices of the table."""
+    import hybridrec.sparse.init as init_mod
+
+    t = TableConfig("big", num_rows=300_001, dim=12)
+    shards = [
+        ShardSpec("big", 0, 0, 300_001, 0, 12),
+        ShardSpec("big", 0, 65_000, 280_000, 0, 12),  # partial first and last chunks
+        ShardSpec("big", 0, 1, 300_000, 4, 10),  # a column shard
+    ]
+    parallel = [init_shard(t, 2, s, 5, dtype) for s in shards]
+    monkeypatch.setattr(init_mod.os, "cpu_count", lambda: 1)
+    serial = [init_shard(t, 2, s, 5, dtype) for s in shards]
+    for p, s in zip(parallel, serial, strict=True):
+        assert torch.equal(p, s)
+    full = parallel[0]
+    assert torch.equal(parallel[1], full[65_000:280_000])
+    assert torch.equal(parallel[2], full[1:300_000, 4:10])
+
+
 def test_out_of_range_id_names_feature_id_and_table_size():
     tables = [TableConfig("cat_0", 10, 4), TableConfig("cat_1", 5, 4)]
     coll = EmbeddingCollection(tables, SparseSGD(0.1))
