@@ -109,10 +109,18 @@ class CacheStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def _empty_host(shape: tuple[int, ...], dtype: torch.dtype, pin: bool, what: str) -> torch.Tensor:
+def _empty_host(
+    shape: tuple[int, ...], dtype: torch.dtype, pin: bool, what: str, exact: bool = False
+) -> torch.Tensor:
+    """Host memory for `what`, pinned when `pin`. `exact`: tables and their state, pinned
+    by registration at exactly their size (host_copy.pinned_empty; torch's pinned allocator
+    would round them up to a power of two); otherwise torch's caching pinned allocator,
+    which recycles the per-step staging buffers."""
     try:
+        if pin and exact:
+            return host_copy.pinned_empty(shape, dtype)
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    except RuntimeError as e:
+    except (RuntimeError, MemoryError) as e:
         size = dtype.itemsize
         for n in shape:
             size *= n
@@ -204,12 +212,14 @@ class HostCachedEmbedding(FusedEmbedding):
                     f"{need / GIB:.2f} GiB, more than the whole GPU ({total / GIB:.2f} GiB); "
                     "lower sharding.cache_fraction or sharding.cache_gb"
                 )
-        weight = _empty_host((R, D), dtype, self.pin, f"tables {names}")
+        weight = _empty_host((R, D), dtype, self.pin, f"tables {names}", exact=True)
         for (t, i, s), a, b in zip(shards, self.offsets_list, self.offsets_list[1:], strict=False):
             init_shard(t, i, s, seed, dtype, out=weight[a:b])
         self.weight = weight  # plain attributes, not buffers: module.to() must not move them
         for name, shape in self.state_shapes.items():
-            host = _empty_host(shape, torch.float32, self.pin, f"optimizer state of {names}")
+            host = _empty_host(
+                shape, torch.float32, self.pin, f"optimizer state of {names}", exact=True
+            )
             setattr(self, f"state_{name}", host.zero_())
         C = self.capacity
         self.register_buffer("cache_weight", torch.zeros(C, D, dtype=dtype, device=device))
@@ -226,7 +236,8 @@ class HostCachedEmbedding(FusedEmbedding):
         """host_copy=auto on CUDA: fill a scratch buffer with up to `n` sorted random rows
         both ways (median of 3 after a warmup) and keep the faster; logged."""
         n = min(n, self.num_rows)
-        rows = torch.randperm(self.num_rows)[:n].sort().values
+        rows = torch.randint(0, self.num_rows, (n,)).unique()  # sorted (no 1.2 GB randperm)
+        n = rows.numel()
         rows_dev, slots = rows.to(self.device), torch.arange(n, device=self.device)
         scratch = torch.empty(n, self.width, dtype=self.weight.dtype, device=self.device)
 

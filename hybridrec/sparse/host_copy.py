@@ -17,11 +17,54 @@ Legend: M = rows copied, D = width (a 1-D state tensor is treated as [R, 1]).
 
 from __future__ import annotations
 
+import math
+import weakref
+
+import numpy as np
 import torch
 
 from hybridrec.sparse.triton_ops import _interpreting, tl, triton
 
 BLOCK_ROWS = 16
+_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped (kernels address it)
+_ALIGN = 4096
+
+
+class PinError(RuntimeError):
+    """CUDA refused to pin (page-lock) a host buffer."""
+
+
+def _cuda_register(ptr: int, nbytes: int) -> int:
+    return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _REGISTER_FLAGS))
+
+
+def _cuda_unregister(ptr: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    except Exception:  # noqa: BLE001 - teardown: the memory is freed next either way
+        pass
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised host tensor of exactly `shape`, pinned with cudaHostRegister.
+
+    Why not torch.empty(pin_memory=True): torch's caching host allocator rounds every pinned
+    allocation up to a power of two, so the 1TB model's 79 GB host group would ask for
+    128 GB. Here the buffer is a page-aligned numpy allocation registered (portable and
+    mapped: the copy kernel addresses it through UVA); it is unregistered just before numpy
+    frees it, when the last view of it is gone."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    base = np.empty(nbytes + _ALIGN, dtype=np.uint8)
+    start = -base.ctypes.data % _ALIGN
+    ptr = base.ctypes.data + start
+    if nbytes:
+        err = _cuda_register(ptr, nbytes)
+        if err != 0:
+            raise PinError(f"cudaHostRegister of {nbytes:,} bytes failed with cudaError {err}")
+        fin = weakref.finalize(base, _cuda_unregister, ptr)
+        fin.atexit = False  # at exit the process's memory goes anyway
+    flat = torch.from_numpy(base[start : start + nbytes])  # holds `base` alive
+    return flat.view(dtype).view(shape)
 
 
 def _copy_kernel(
@@ -88,11 +131,12 @@ def kernel_works(device: torch.device) -> bool:
     key = device.index if device.index is not None else torch.cuda.current_device()
     if key not in _WORKS:
         try:
-            host = torch.arange(64, dtype=torch.float32).reshape(16, 4).pin_memory()
+            host = pinned_empty((16, 4), torch.float32)  # the kind of memory tables use
+            host.copy_(torch.arange(64, dtype=torch.float32).reshape(16, 4))
             dev = torch.zeros(16, 4, device=device)
             idx = torch.arange(16, device=device).flip(0)
             copy_rows(host, idx, dev, torch.arange(16, device=device))
-            back = torch.zeros(16, 4).pin_memory()
+            back = pinned_empty((16, 4), torch.float32).zero_()
             copy_rows(dev, torch.arange(16, device=device), back, idx)
             torch.cuda.synchronize(device)
             _WORKS[key] = torch.equal(back, host) and torch.equal(dev.cpu(), host.flip(0))

@@ -23,6 +23,19 @@ def test_a_kernel_reads_and_writes_pinned_host_memory():
     assert kernel_works(torch.device("cuda"))  # else host_copy=auto falls back to staged
 
 
+def test_registered_host_tables_are_pinned_and_copy_both_ways():
+    from hybridrec.sparse.host_copy import pinned_empty
+
+    t = pinned_empty((1000, 3), torch.float32)  # cudaHostRegister, exact size
+    assert t.is_pinned()
+    t.copy_(torch.arange(3000.0).view(1000, 3))
+    d = t.to("cuda", non_blocking=True)
+    back = pinned_empty((1000, 3), torch.float32)
+    back.copy_(d * 2, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(d.cpu(), t) and torch.equal(back, t * 2)
+
+
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("host_copy", ["kernel", "staged", "auto"])

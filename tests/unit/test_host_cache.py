@@ -208,3 +208,37 @@ def test_kernel_copy_is_refused_where_it_cannot_run(monkeypatch):
         HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="kernel")
     with pytest.raises(ValueError, match="is not one of: auto, kernel, staged"):
         HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="uva")
+
+
+def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_view(monkeypatch):
+    """torch's pinned allocator rounds up to a power of two (a 79 GB host group would take
+    128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
+    import gc
+
+    from hybridrec.sparse import host, host_copy
+
+    calls = []
+    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: calls.append(("reg", p, n)) or 0)
+    monkeypatch.setattr(host_copy, "_cuda_unregister", lambda p: calls.append(("unreg", p)))
+    t = host._empty_host((1000, 24), torch.float32, pin=True, what="tables t0", exact=True)
+    assert t.shape == (1000, 24) and t.dtype == torch.float32 and t.is_contiguous()
+    assert calls == [("reg", t.data_ptr(), 1000 * 24 * 4)]  # exact size, no rounding
+    assert t.data_ptr() % 4096 == 0
+    view = t[10:20]
+    t.fill_(1.5)
+    del t
+    gc.collect()
+    assert len(calls) == 1  # a view still uses the memory: still pinned
+    assert float(view.sum()) == 1.5 * 10 * 24
+    ptr = calls[0][1]
+    del view
+    gc.collect()
+    assert calls[1:] == [("unreg", ptr)]  # unregistered once, before numpy frees it
+
+
+def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
+    from hybridrec.sparse import host, host_copy
+
+    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
+    with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
+        host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
