@@ -1,0 +1,144 @@
+"""Every Triton kernel launch the ops make compiles for the H100 (sm_90), without a GPU.
+
+Triton's CPU interpreter (the other kernel tests) runs kernels as numpy code, so it accepts
+programs the compiler rejects, and it never sees the launch options. Here each public op runs
+once per variant that training uses (table dtypes, widths, optional scale / count / row_sq,
+hot rows that need the merge kernel, host-row copies) under the interpreter, every launch is
+recorded (kernel, argument types, constexprs, options), and each distinct launch is compiled
+ahead of time to a cubin for sm_90 with Triton's bundled LLVM and ptxas: what the GPU would
+JIT at the first step. A kernel that only works interpreted fails here, in CI.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+compiler = pytest.importorskip("triton.compiler")
+backends = pytest.importorskip("triton.backends.compiler")
+
+from hybridrec.sparse import host_copy, triton_ops  # noqa: E402
+
+TYPES = {
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.bool: "i1",
+}
+H100 = backends.GPUTarget("cuda", 90, 32)
+
+
+def _arg_type(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unexpected kernel argument {value!r}")
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: `k[grid](*args, **kw)` records the launch, then runs the
+    interpreted kernel so the op completes (and its later launches are recorded too)."""
+
+    def __init__(self, fn, jitted, launches: dict) -> None:  # noqa: ANN001
+        self.fn, self.jitted, self.launches = fn, jitted, launches
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        def launch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            params = list(inspect.signature(self.fn).parameters)
+            options = {k: kwargs[k] for k in ("num_warps", "enable_fp_fusion") if k in kwargs}
+            constexprs = {k: v for k, v in kwargs.items() if k not in options}
+            signature = {name: _arg_type(v) for name, v in zip(params, args, strict=False)}
+            signature.update({name: "constexpr" for name in constexprs})
+            key = (
+                self.fn.__name__,
+                tuple(signature.items()),
+                tuple(sorted(constexprs.items())),
+                tuple(sorted(options.items())),
+            )
+            self.launches.setdefault(key, (self.fn, signature, constexprs, options))
+            return self.jitted[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    found: dict = {}
+    real = triton_ops._kernels()
+    wrapped = {
+        name: _Recorder(getattr(triton_ops, "_" + name), getattr(real, name), found)
+        for name in vars(real)
+    }
+    monkeypatch.setattr(triton_ops, "_kernels", lambda: SimpleNamespace(**wrapped))
+    copy = _Recorder(host_copy._copy_kernel, host_copy._kernel(), found)
+    monkeypatch.setattr(host_copy, "_kernel", lambda: copy)
+    return found
+
+
+def _exercise_ops() -> None:
+    """Each op once per variant training uses (small sizes: the interpreter is slow)."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for width in (16, 48, 128):
+            weight = torch.randn(40, width, generator=g).to(dtype)
+            n = triton_ops.SEGMENT_CHUNK + 64
+            rows = torch.randint(0, 40, (n,), generator=g)
+            rows[: n - 40] = 3  # a row longer than a chunk: its partials need the merge kernel
+            offsets = torch.linspace(0, n, 9).long()
+            bags = torch.arange(8).repeat_interleave(offsets.diff())
+            for scale in (None, torch.rand(n, generator=g)):
+                triton_ops.pooled_lookup(weight, rows, offsets, scale, 8)
+                grad = torch.randn(8, width, generator=g)
+                uniq, grads = triton_ops.segment_grads(grad, rows, bags, scale)
+                triton_ops.segment_grads_padded(grad, rows, bags, scale)
+            for count in (None, torch.tensor([uniq.numel()])):
+                triton_ops.sgd_update(weight, uniq, grads, 0.1, count=count)
+                acc = torch.zeros(40)
+                triton_ops.rowwise_adagrad_update(weight, acc, uniq, grads, 0.1, 1e-8, count=count)
+                row_sq = grads.pow(2).mean(1)
+                triton_ops.rowwise_adagrad_update(
+                    weight, acc, uniq, grads, 0.1, 1e-8, row_sq, count=count
+                )
+                m, v = torch.zeros(40, width), torch.zeros(40, width)
+                triton_ops.adam_update(
+                    weight, m, v, uniq, grads, 0.01, 0.9, 0.999, 1e-8, count=count
+                )
+            host_copy.copy_rows(weight, uniq, weight.clone(), uniq.flip(0))
+    host_copy.copy_rows(torch.zeros(40), uniq, torch.ones(40), uniq.flip(0))  # row-wise state
+
+
+def test_every_kernel_launch_compiles_for_sm90(launches, monkeypatch):
+    _exercise_ops()
+    kernels = {key[0] for key in launches}
+    assert kernels == {
+        "_pool_kernel",
+        "_segment_chunk_kernel",
+        "_segment_merge_kernel",
+        "_sgd_kernel",
+        "_adagrad_kernel",
+        "_adam_kernel",
+        "_copy_kernel",
+    }
+    monkeypatch.delenv("TRITON_INTERPRET")  # triton.jit then builds compilable kernels
+    failures = []
+    for fn, signature, constexprs, options in launches.values():
+        src = compiler.ASTSource(fn=triton.jit(fn), signature=signature, constexprs=constexprs)
+        try:
+            kernel = triton.compile(src, target=H100, options=options)
+        except Exception as e:  # noqa: BLE001 - collect them all, report together
+            failures.append(f"{fn.__name__} {constexprs} {options}: {str(e)[:2000]}")
+            continue
+        assert kernel.asm["cubin"], fn.__name__
+    assert not failures, "\n\n".join(failures)
