@@ -76,6 +76,9 @@ def _sync(device: torch.device) -> None:
 
 
 def _reset(device: torch.device) -> None:
+    # the previous run's trainer must be gone before the next allocates its host tables (the
+    # 1TB model needs ~90 GiB per run): drop compile caches that could still reference it
+    torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
