@@ -18,14 +18,16 @@ from hybridrec.types import hot_offsets
 class PlainDLRM(nn.Module):
     """One nn.EmbeddingBag(sparse=True) per table + hybridrec's dense part (same MLPs)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, device: torch.device | str | None = None) -> None:
+        """Tables are created (and randomly initialised) on `device` (default CPU)."""
         super().__init__()
         torch.manual_seed(cfg.seed)
         self.dense = DenseArch(cfg.model)
         tables = cfg.model.tables()
         self.offsets = hot_offsets(tables)
         self.bags = nn.ModuleList(
-            nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value, sparse=True) for t in tables
+            nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value, sparse=True, device=device)
+            for t in tables
         )
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

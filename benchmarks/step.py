@@ -71,7 +71,7 @@ def _reset(device: torch.device) -> None:
 
 def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
     _reset(device)
-    model = PlainDLRM(cfg).to(device)
+    model = PlainDLRM(cfg, device).to(device)  # tables initialised on the device: fast
     dense_opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, device)
     sparse_opt = plain_sparse_optimizer(list(model.bags.parameters()), cfg)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")

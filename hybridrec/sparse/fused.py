@@ -215,7 +215,9 @@ class FusedEmbedding(nn.Module):
     ) -> None:
         """The rows and their optimizer state, as device buffers (see HostCachedEmbedding for
         host-resident storage)."""
-        weight = torch.cat([init_shard(t, i, s, seed, dtype) for t, i, s in shards])
+        weight = torch.empty(self.num_rows, self.width, dtype=dtype)  # one host copy, not two
+        for (t, i, s), a, b in zip(shards, self.offsets_list, self.offsets_list[1:], strict=False):
+            init_shard(t, i, s, seed, dtype, out=weight[a:b])
         self.register_buffer("weight", weight.to(device))
         for name, shape in self.state_shapes.items():
             self.register_buffer(f"state_{name}", torch.zeros(shape, device=device))
