@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
             f"x{ref / res['ms']:.2f}  peak {res['peak']} GB",
             flush=True,
         )
+        if args.out:  # after every row: a run cut short still leaves its report
+            write_report(args, rows)
 
     add("plain PyTorch, EmbeddingBag + SGD", plain)
     if args.plain_adam:
@@ -160,22 +162,26 @@ def main(argv: list[str] | None = None) -> None:
             "plain PyTorch, EmbeddingBag + SparseAdam",
             run_plain(make_cfg(args, "adam"), batches, device, args),
         )
-    for name in args.optimizers.split(","):
-        for kernels in args.kernels.split(","):
+    # the target rows (default kernels, every optimizer) first, the kernel comparison after
+    for kernels in args.kernels.split(","):
+        for name in args.optimizers.split(","):
             label = f"hybridrec, {name}" + (f", {kernels} kernels" if kernels != "auto" else "")
             cfg = make_cfg(args, name, kernels)
             add(label, run_hybridrec(cfg, batches, device, args))
     if args.out:
-        table = markdown_table(["run", "ms/step", "samples/s", "vs plain SGD", "peak GB"], rows)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            f"# Single-device step: plain PyTorch vs hybridrec\n\nCommand: `{command_line()}`\n\n"
-            f"- Hardware: {hardware()}\n- Model `{args.model}`, global batch {args.batch_size}, "
-            f"{args.batches} distinct synthetic batches on the device, median of {args.steps} "
-            f"steps after {args.warmup} warmup; train.compile={args.compile}, "
-            f"check_ids={args.check_ids}.\n\n{table}\n"
-        )
         print(f"wrote {args.out}")
+
+
+def write_report(args: argparse.Namespace, rows: list[list[str]]) -> None:
+    table = markdown_table(["run", "ms/step", "samples/s", "vs plain SGD", "peak GB"], rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        f"# Single-device step: plain PyTorch vs hybridrec\n\nCommand: `{command_line()}`\n\n"
+        f"- Hardware: {hardware()}\n- Model `{args.model}`, global batch {args.batch_size}, "
+        f"{args.batches} distinct synthetic batches on the device, median of {args.steps} "
+        f"steps after {args.warmup} warmup; train.compile={args.compile}, "
+        f"check_ids={args.check_ids}.\n\n{table}\n"
+    )
 
 
 if __name__ == "__main__":
