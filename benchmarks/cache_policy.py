@@ -1,0 +1,182 @@
+"""Device-cache hit rate and rows moved for host-memory tables (sharding=host), on the CPU.
+
+    # the 1TB model as benchmarks/host_cache.py runs it on the H100 (12 GiB of cache)
+    python benchmarks/cache_policy.py --model dlrm_1tb --cache-gb 12 --optimizer rowwise_adagrad
+    # the Kaggle model, cache sizes side by side
+    python benchmarks/cache_policy.py --model dlrm_kaggle --cache-fraction 0.01,0.05,0.1
+    # any training data: extra arguments are Hydra overrides
+    python benchmarks/cache_policy.py --model criteo_sample --cache-fraction 0.05 data=criteo_sample
+
+What the cache serves depends only on the ids, the cache's size in rows and its policy, not on
+the row values or the device. So this replays training batches through the real
+HostCachedEmbedding on the CPU with 1-wide rows (the 1TB model's 188M rows then take 1.5 GB
+instead of 96 GB), with the cache sizes the planner gives the real model (its width and
+optimizer state per row, `sharding.cache_*`), stepping as the trainer does: lookup, prefetch of
+the next batch, backward with an update (rows turn dirty and are written back when evicted).
+
+Per cache size, after `--warmup` steps: the hit rate over each batch's distinct rows, rows
+loaded and written back per step, and the bytes those rows need at the real row width, with
+the time they would take at the H100 rates measured in DESIGN.md (sorted unified-addressing
+gather 66M rows/s; a model, not a measurement). `--cycle N` replays only N distinct batches,
+as a benchmark that cycles pre-staged batches does: once the cache holds them all it hits
+rows it has already seen, which a real data stream would not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from benchmarks.common import command_line, hardware, markdown_table  # noqa: E402
+from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
+from hybridrec.data import build_source  # noqa: E402
+from hybridrec.optim import SparseSGD  # noqa: E402
+from hybridrec.parallelize import make_plan  # noqa: E402
+from hybridrec.planner.planner import OptimizerFootprint, cache_row_bytes  # noqa: E402
+from hybridrec.sparse.fused import LookupInput, regular_bags  # noqa: E402
+from hybridrec.sparse.host import HostCachedEmbedding  # noqa: E402
+from hybridrec.types import ShardSpec, TableConfig, hot_offsets  # noqa: E402
+
+UVA_SORTED_ROWS_S = 66e6  # DESIGN.md: H100, gather of sorted rows from pinned host memory
+
+
+def make_cfg(args: argparse.Namespace, size: str) -> Config:
+    overrides = [
+        f"model={args.model}",
+        "sharding=host",
+        f"train.batch_size={args.batch_size}",
+        f"optim.sparse.name={args.optimizer}",
+        "device=cpu",
+        *args.overrides,
+    ]
+    if args.cache_gb:
+        overrides.append(f"sharding.cache_gb={size}")
+    else:
+        overrides.append(f"sharding.cache_fraction={size}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=overrides))
+
+
+def narrow_group(cfg: Config) -> tuple[HostCachedEmbedding, list[TableConfig]]:
+    """The one-rank host group of the real plan, with 1-wide rows and the real cache rows."""
+    plan = make_plan(cfg, 1)
+    tables = cfg.model.tables()
+    shards, cache_rows = [], 0
+    for i, (t, tp) in enumerate(zip(tables, plan.tables, strict=True)):
+        (s,) = tp.shards  # sharding=host on one rank: the whole table, one cached shard
+        narrow = TableConfig(t.name, t.num_rows, 1, t.hotness, t.pooling)
+        shards.append((narrow, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 1)))
+        cache_rows += s.cache_rows
+    group = HostCachedEmbedding(shards, SparseSGD(0.01), cache_rows, pin=False, copy="staged")
+    return group, tables
+
+
+def replay(cfg: Config, args: argparse.Namespace) -> dict:
+    group, tables = narrow_group(cfg)
+    source = build_source(cfg)
+    offsets = hot_offsets(tables)
+    b = args.batch_size
+    total = args.warmup + args.steps
+    distinct = args.cycle or total
+
+    def inputs(step: int) -> tuple[list[LookupInput], torch.Tensor]:
+        ids = source.batch(step % distinct, b).ids
+        per_table, rows = [], []
+        for t, table in enumerate(tables):
+            col = ids[:, offsets[t] : offsets[t + 1]].reshape(-1)
+            per_table.append(LookupInput(col, regular_bags(b, table.hotness, col.device), b))
+            rows.append(col + group.offsets_list[t])
+        return per_table, torch.cat(rows)
+
+    start = time.perf_counter()
+    current = inputs(0)
+    for step in range(total):
+        if step == args.warmup:
+            group.take_stats()
+        out = group(current[0])
+        upcoming = inputs(step + 1)
+        group.prefetch(upcoming[1])  # as the trainer: the next batch's rows, before backward
+        sum(o.sum() for o in out).backward()
+        current = upcoming
+    st = group.take_stats()
+    width = tables[0].dim
+    footprint = OptimizerFootprint.for_optimizer(cfg.optim.sparse.name)
+    row_bytes = cache_row_bytes(width, footprint, 4 if cfg.model.table_dtype == "fp32" else 2)
+    rows_in, rows_out = st.rows_loaded / args.steps, st.rows_written / args.steps
+    return {
+        "cache_rows": group.capacity,
+        "cache_pct": 100 * group.capacity / group.num_rows,
+        "cache_gib": group.capacity * row_bytes / 2**30,
+        "hit": st.hits / max(1, st.rows_requested),
+        "distinct": st.rows_requested / args.steps,
+        "in": rows_in,
+        "out": rows_out,
+        "mb": (rows_in + rows_out) * row_bytes / 1e6,
+        "ms": 1e3 * (rows_in + rows_out) / UVA_SORTED_ROWS_S,
+        "wall": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="dlrm_kaggle")
+    p.add_argument("--batch-size", type=int, default=65536)
+    p.add_argument("--optimizer", default="rowwise_adagrad", help="sizes the cache rows")
+    p.add_argument("--cache-fraction", default="0.05", help="comma-separated fractions")
+    p.add_argument("--cache-gb", default=None, help="comma-separated GiB (overrides fractions)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--cycle", type=int, default=0, help="distinct batches, cycled (0: all new)")
+    p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data=criteo_sample")
+    args = p.parse_args(argv)
+    sizes = (args.cache_gb or args.cache_fraction).split(",")
+    rows = []
+    for size in sizes:
+        r = replay(make_cfg(args, size), args)
+        line = [
+            f"{r['cache_rows']:,} ({r['cache_pct']:.2f}%, {r['cache_gib']:.2f} GiB)",
+            f"{r['hit']:.3f}",
+            f"{r['distinct']:,.0f}",
+            f"{r['in']:,.0f}",
+            f"{r['out']:,.0f}",
+            f"{r['mb']:,.0f}",
+            f"{r['ms']:.2f}",
+        ]
+        rows.append(line)
+        print("  ".join(line), f"({r['wall']:.0f} s)", flush=True)
+    headers = [
+        "cache rows",
+        "hit rate",
+        "distinct rows/step",
+        "rows in/step",
+        "rows out/step",
+        "MB moved/step",
+        "ms/step at 66M rows/s",
+    ]
+    table = markdown_table(headers, rows)
+    print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            f"# Host cache: hit rate and rows moved (replayed on the CPU)\n\n"
+            f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
+            f"- Model `{args.model}`, batch {args.batch_size}, cache sized for "
+            f"{args.optimizer}; {args.steps} steps after {args.warmup} warmup, "
+            f"{'every batch new' if not args.cycle else f'{args.cycle} batches cycled'}; "
+            f"next batch prefetched as the trainer does.\n"
+            "- Hit rate and rows are measured (device-independent); the last column is a "
+            "model: (rows in + out) / 66M rows/s, the H100's sorted UVA gather (DESIGN.md).\n\n"
+            f"{table}\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
