@@ -11,8 +11,10 @@ What the cache serves depends only on the ids, the cache's size in rows and its 
 the row values or the device. So this replays training batches through the real
 HostCachedEmbedding on the CPU with 1-wide rows (the 1TB model's 188M rows then take 1.5 GB
 instead of 96 GB), with the cache sizes the planner gives the real model (its width and
-optimizer state per row, `sharding.cache_*`), stepping as the trainer does: lookup, prefetch of
-the next batch, backward with an update (rows turn dirty and are written back when evicted).
+optimizer state per row, `sharding.cache_*`), stepping as the trainer does: warm start from the
+data's id counts when it has them (a manifest's counts; synthetic data knows its popularity),
+lookup, prefetch of the next batch, backward with an update (rows turn dirty and are written
+back when evicted). `--cold` starts with an empty cache instead.
 
 Per cache size, after `--warmup` steps: the hit rate over each batch's distinct rows, rows
 loaded and written back per step, and the bytes those rows need at the real row width, with
@@ -96,6 +98,10 @@ def replay(cfg: Config, args: argparse.Namespace) -> dict:
         return per_table, torch.cat(rows)
 
     start = time.perf_counter()
+    counts = getattr(source, "id_counts", None)
+    if counts is not None and not args.cold:  # as the trainer: the hottest rows first
+        freq = torch.cat([torch.from_numpy(counts(t)).double() for t in range(len(tables))])
+        group.warm_start(freq, b * sum(t.hotness for t in tables))
     current = inputs(0)
     for step in range(total):
         if step == args.warmup:
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-gb", default=None, help="comma-separated GiB (overrides fractions)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--cold", action="store_true", help="start empty (no warm start)")
     p.add_argument("--cycle", type=int, default=0, help="distinct batches, cycled (0: all new)")
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data=criteo_sample")
@@ -170,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
             f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
             f"- Model `{args.model}`, batch {args.batch_size}, cache sized for "
             f"{args.optimizer}; {args.steps} steps after {args.warmup} warmup, "
-            f"{'every batch new' if not args.cycle else f'{args.cycle} batches cycled'}; "
+            f"{'every batch new' if not args.cycle else f'{args.cycle} batches cycled'}, "
+            f"{'empty cache at start' if args.cold else 'cache warm-started from id counts'}; "
             f"next batch prefetched as the trainer does.\n"
             "- Hit rate and rows are measured (device-independent); the last column is a "
             "model: (rows in + out) / 66M rows/s, the H100's sorted UVA gather (DESIGN.md).\n\n"

@@ -16,7 +16,8 @@ Rows, each timed over the same stream of synthetic batches: a new batch every st
 front in host memory, copied to the device one step ahead as the trainer does), so the cache
 never meets a batch twice; `--batches N` cycles N instead, which overstates the hit rate once
 the cache holds them all (benchmarks/cache_policy.py measures by how much). The warmup (200
-steps by default) lets the cache fill and settle before the timed steps:
+steps by default) lets the cache settle before the timed steps; caches first warm-start from
+the data's id counts as in training (`--cold`: start empty):
 - hybridrec all on the device (sharding=none), when the model fits;
 - hybridrec with every table in host memory (sharding=host), per sparse optimizer, with the
   next batch prefetched during each step's backward as the trainer does; with its cache hit
@@ -133,6 +134,8 @@ def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -
     trainer = Trainer(cfg, env)
     emb = trainer.model.embeddings
     cached = hasattr(emb, "cache_stats")
+    if cached and not args.cold:
+        trainer.warm_start_caches()  # as training does: the data's hottest rows first
 
     def step(i: int) -> None:
         if cached and i == args.warmup:
@@ -205,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=0, help="distinct batches, cycled (0: new)")
     p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
     p.add_argument("--no-device-baseline", action="store_true", help="skip all-on-device")
+    p.add_argument("--cold", action="store_true", help="host caches start empty")
     p.add_argument("--no-prefetch", action="store_true", help="host rows without prefetch too")
     p.add_argument(
         "--host-copy",
@@ -277,8 +281,9 @@ def write_report(args: argparse.Namespace, rows: list[list[str]]) -> None:
         "# Host-memory tables with a device cache\n\n"
         f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
         f"- Model `{args.model}`, global batch {args.batch_size}, {stream_kind}, median of "
-        f"{args.steps} steps after {args.warmup} "
-        f"warmup; {size}, hbm_gb={args.hbm_gb}, train.compile={args.compile}.\n"
+        f"{args.steps} steps after {args.warmup} warmup steps, host caches "
+        f"{'started empty' if args.cold else 'warm-started from the id counts'}; "
+        f"{size}, hbm_gb={args.hbm_gb}, train.compile={args.compile}.\n"
         "- peak GiB: the device's peak allocation (dense part and activations included); "
         "embeddings GiB: what the embedding side holds on the device (tables or cache rows, "
         "optimizer state, slot maps).\n\n"

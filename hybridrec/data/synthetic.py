@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from hybridrec.types import Batch, TableConfig, hot_offsets
@@ -70,6 +71,23 @@ class SyntheticCriteo:
             x = ((float(n + 1) ** a - 1.0) * u + 1.0) ** (1.0 / a)
         rank = (x.floor().long() - 1).clamp_(0, n - 1)
         return (rank * _PRIME + int(self.salts[t, 0])) % n
+
+    def id_counts(self, table_index: int) -> np.ndarray:
+        """Expected uses of every row of table `table_index` per million samples, [num_rows]
+        float64: the popularity the ids are drawn from (as a manifest's counts are for real
+        data), so host caches warm-start with the truly hottest rows."""
+        table = self.tables[table_index]
+        n = table.num_rows
+        rank = torch.arange(n, dtype=torch.float64)
+        if abs(self.s - 1.0) < 1e-9:
+            p = torch.log((rank + 2) / (rank + 1)) / torch.log(torch.tensor(n + 1.0))
+        else:
+            a = 1.0 - self.s
+            p = ((rank + 2) ** a - (rank + 1) ** a) / (float(n + 1) ** a - 1.0)
+        rows = (torch.arange(n) * _PRIME + int(self.salts[table_index, 0])) % n
+        counts = torch.empty(n, dtype=torch.float64)
+        counts[rows] = p * (1e6 * table.hotness)
+        return counts.numpy()
 
     def _row_value(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """The teacher's fixed value in [-1, 1] for rows `ids` of table t (an integer hash)."""

@@ -53,7 +53,7 @@ GIB = 1 << 30
 BALANCE_TOLERANCE = 0.10  # auto stops splitting once the fullest rank is within 10% of the mean
 MIN_COLUMN_WIDTH = 4  # auto never cuts column slices narrower than this (vector loads, alignment)
 CACHE_META_BYTES = 13  # per cache row: its table row (int64), its score (fp32), a dirty flag
-SLOT_BYTES = 4  # per host-resident row: its cache slot (int32, -1 when not cached)
+SLOT_BYTES = 8  # per host-resident row: its cache slot (int32) and its use count (fp32)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ in host memory (pinned when the device is CUDA, so copies are DMA); the device h
 
     cache_weight [C, D], cache_state_<name> [C] or [C, D]   the cached rows and their state
     slot_of      [R] int32   cache slot of each group row, -1 when not cached
+    freq         [R] fp32    how often each row was used, cached or not, halved every
+                             `age_every` lookups (LFU with ageing: yesterday's hot rows make
+                             way for today's; a row evicted and met again keeps its history)
     row_of_slot  [C] int64   group row held by each slot, -1 when free
-    score        [C] fp32    how often the row was used, halved every `age_every` lookups
-                             (LFU with ageing: yesterday's hot rows make way for today's)
+    score        [C] fp32    freq of the slot's row (kept equal, so eviction reads C values)
     dirty        [C] bool    updated since it was loaded: written back when evicted
 
 Every lookup first *admits* its rows. The distinct rows (sorted) that are not cached are the
@@ -37,6 +39,7 @@ cannot hold one batch's distinct rows is an error naming the group, not a wrong 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -226,6 +229,7 @@ class HostCachedEmbedding(FusedEmbedding):
         for name, shape in self.state_shapes.items():
             self.register_buffer(f"cache_state_{name}", torch.zeros((C, *shape[1:]), device=device))
         self.register_buffer("slot_of", torch.full((R,), -1, dtype=torch.int32, device=device))
+        self.register_buffer("freq", torch.zeros(R, device=device))
         self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
         self.register_buffer("score", torch.zeros(C, device=device))
         self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
@@ -324,6 +328,7 @@ class HostCachedEmbedding(FusedEmbedding):
         count = prefetch or not (self._training_lookup and self._counted_ahead)
         self._counted_ahead = prefetch or (self._counted_ahead and not self._training_lookup)
         if count:
+            self.freq.index_add_(0, uniq, counts.float())
             with self._lock:
                 self.stats.rows_requested += uniq.numel()
                 self.stats.hits += uniq.numel() - n_miss
@@ -342,7 +347,6 @@ class HostCachedEmbedding(FusedEmbedding):
                 self.dirty[victims] = False
             self.slot_of[miss_rows] = new_slots.to(torch.int32)
             self.row_of_slot[new_slots] = miss_rows
-            self.score[new_slots] = 0.0
             self.dirty[new_slots] = False
             slots[miss] = new_slots
             job = (victims, victim_rows, victim_dirty, new_slots, miss_rows)
@@ -350,11 +354,12 @@ class HostCachedEmbedding(FusedEmbedding):
                 self._start_background(job)
             else:
                 self._move(*job)
-        self.score.index_add_(0, slots, counts.float())
+        self.score[slots] = self.freq.index_select(0, uniq)
         if not prefetch:
             self._admissions += 1
             if self._admissions % self.age_every == 0:
                 self.score.mul_(0.5)
+                self.freq.mul_(0.5)
         return slots.index_select(0, inverse), slots
 
     def _choose_slots(
@@ -560,8 +565,10 @@ class HostCachedEmbedding(FusedEmbedding):
     @torch.no_grad()
     def warm_start(self, frequency: torch.Tensor, ids_per_step: float) -> int:
         """Fill the cache with the most frequent rows (frequency [R]: counts per group row,
-        e.g. from the dataset manifest); their scores start at the expected uses per step.
-        Returns the number of rows loaded."""
+        e.g. from the dataset manifest) and give every row, cached or not, the use count it
+        would have reached by now (`freq`): expected uses per step times the ageing window
+        (age_every / ln 2 steps), the scale that lookups' counts settle at. Without that scale
+        a row met once would outrank the warm rows and push them out. Returns the rows loaded."""
         self._wait()
         if frequency.shape != (self.num_rows,):
             raise ValueError(f"frequency must be [{self.num_rows}], got {list(frequency.shape)}")
@@ -570,16 +577,19 @@ class HostCachedEmbedding(FusedEmbedding):
         self.row_of_slot.fill_(-1)
         self.score.zero_()
         self.dirty.zero_()
-        freq = frequency.float()
+        freq = frequency.double()
+        total = float(freq.sum())
         n = min(self.capacity, int((freq > 0).sum()))
         if n == 0:
             return 0
-        top = torch.topk(freq, n).indices.sort().values
+        window = self.age_every / math.log(2)
+        self.freq.copy_((freq * (ids_per_step * window / total)).float())
+        top = torch.topk(freq.float(), n).indices.sort().values
         slots = torch.arange(n, device=self.device)
         top_dev = top.to(self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
-        self.score[:n] = (freq[top] / freq.sum() * ids_per_step).to(self.device)
+        self.score[:n] = self.freq.index_select(0, top_dev)
         self._copy_in(slots, top_dev)
         self._stale = False
         return n

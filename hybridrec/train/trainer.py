@@ -124,7 +124,7 @@ class Trainer:
         self.skipped = 0  # steps dropped by train.nonfinite=skip
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
 
-    def _warm_start_caches(self) -> None:
+    def warm_start_caches(self) -> None:
         """Load each host cache's most frequent rows, when the dataset records frequencies."""
         counts = getattr(self.source, "id_counts", None)
         if counts is None:
@@ -367,7 +367,7 @@ class Trainer:
         )
         fault = _fault_injection(env.rank)
         if self.has_host:
-            self._warm_start_caches()
+            self.warm_start_caches()
         loader = DevicePrefetcher(self.loader("train", self.step), self.env.device)
         t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}

@@ -7,6 +7,8 @@ only moves rows: every update runs the same kernels on the same values.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -123,6 +125,53 @@ def test_warm_start_loads_the_most_frequent_rows():
     )
     stats = host.take_stats()
     assert (stats.hits, stats.rows_requested) == (4, 4)  # 310 (row 10 of t1) was warm too
+
+
+def test_warm_started_cache_trains_exactly_like_the_device_group():
+    g = torch.Generator().manual_seed(5)
+    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
+    host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=48, seed=3)
+    host.warm_start(torch.rand(host.num_rows, generator=g) ** 4, ids_per_step=3 * BATCH)
+    for _ in range(6):
+        inputs = _batch(g)
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in inputs]
+        for a, b in zip(_step(host, inputs, coeff), _step(ref, inputs, coeff), strict=True):
+            assert torch.equal(a, b)
+    assert host.take_stats().rows_written > 0  # it evicted dirty rows on the way
+    _assert_same(host, ref)
+
+
+def test_evicted_rows_keep_their_use_count_and_one_off_rows_go_first():
+    """Every row's aged use count (freq) survives eviction, and warm-start counts are on the
+    scale lookups reach (expected uses per step x the ageing window): a row used many times
+    and evicted, or a warm row, outranks a row met once."""
+    t = TableConfig("t", num_rows=100, dim=4)
+    group = HostCachedEmbedding([(t, 0, ShardSpec("t", 0, 0, 100, 0, 4))], None, cache_rows=6)
+
+    def look(ids):
+        ids = torch.tensor(ids)
+        group([LookupInput(ids, torch.arange(ids.numel()), ids.numel())])  # admits
+
+    look([7, 7, 7, 7, 7, 1])
+    look([10, 11, 12, 13, 14, 15])  # needs all six slots: 7 is evicted ...
+    assert group.slot_of[7] < 0 and group.freq[7] == 5  # ... and keeps its count
+    look([7, 20])  # 7 comes back with score 6, 20 with 1
+    assert group.score[int(group.slot_of[7])] == 6 and group.score[int(group.slot_of[20])] == 1
+    used = group.row_of_slot >= 0
+    assert torch.equal(group.score[used], group.freq[group.row_of_slot[used]])
+    look([30, 31, 32, 33])  # four evictions among the score-1 rows: 7 stays
+    assert group.slot_of[7] >= 0
+
+    freq = torch.zeros(100)
+    freq[[3, 4, 5]] = torch.tensor([50.0, 30.0, 20.0])
+    group.warm_start(freq, ids_per_step=1.0)  # 0.5, 0.3, 0.2 uses per step: cached
+    window = group.age_every / math.log(2)
+    torch.testing.assert_close(group.freq[[3, 4, 5]], torch.tensor([0.5, 0.3, 0.2]) * window)
+    look([60, 61, 62])  # into the three free slots
+    look([63, 64, 65])  # evicts the rows met once (score 1), not the warm rows (score >= 28)
+    group.take_stats()
+    look([3, 4, 5])
+    assert group.take_stats().hits == 3
 
 
 def test_a_cache_smaller_than_one_batch_is_a_clear_error():
