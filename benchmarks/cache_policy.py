@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -80,7 +81,21 @@ def narrow_group(cfg: Config) -> tuple[HostCachedEmbedding, list[TableConfig]]:
     return group, tables
 
 
-def replay(cfg: Config, args: argparse.Namespace) -> dict:
+def best_static_hit(counts, tables: list[TableConfig], batch: int, capacity: int) -> float:  # noqa: ANN001
+    """Expected hit rate over a batch's distinct rows of the best fixed set of `capacity`
+    rows, from the id counts (ids drawn independently): a row a table looks up with
+    probability p per id is in a batch with probability 1 - (1 - p)^(batch * hotness)."""
+    q = []
+    for t, table in enumerate(tables):
+        c = torch.from_numpy(counts(t)).double()
+        p = (c / c.sum()).clamp(max=1 - 1e-12)
+        q.append(-torch.expm1(batch * table.hotness * torch.log1p(-p)))
+    q = torch.cat(q).numpy()
+    k = min(capacity, q.size)
+    return float(np.partition(q, q.size - k)[q.size - k :].sum() / q.sum())
+
+
+def replay(cfg: Config, args: argparse.Namespace, cold: bool) -> dict:
     group, tables = narrow_group(cfg)
     source = build_source(cfg)
     offsets = hot_offsets(tables)
@@ -99,7 +114,7 @@ def replay(cfg: Config, args: argparse.Namespace) -> dict:
 
     start = time.perf_counter()
     counts = getattr(source, "id_counts", None)
-    if counts is not None and not args.cold:  # as the trainer: the hottest rows first
+    if counts is not None and not cold:  # as the trainer: the hottest rows first
         freq = torch.cat([torch.from_numpy(counts(t)).double() for t in range(len(tables))])
         group.warm_start(freq, b * sum(t.hotness for t in tables))
     current = inputs(0)
@@ -127,7 +142,22 @@ def replay(cfg: Config, args: argparse.Namespace) -> dict:
         "mb": (rows_in + rows_out) * row_bytes / 1e6,
         "ms": 1e3 * (rows_in + rows_out) / UVA_SORTED_ROWS_S,
         "wall": time.perf_counter() - start,
+        "best": (f"{best_static_hit(counts, tables, b, group.capacity):.3f}" if counts else "-"),
     }
+
+
+def _row(r: dict, start: str) -> list[str]:
+    return [
+        f"{r['cache_rows']:,} ({r['cache_pct']:.2f}%, {r['cache_gib']:.2f} GiB)",
+        start,
+        f"{r['hit']:.3f}",
+        r["best"],
+        f"{r['distinct']:,.0f}",
+        f"{r['in']:,.0f}",
+        f"{r['out']:,.0f}",
+        f"{r['mb']:,.0f}",
+        f"{r['ms']:.2f}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -139,29 +169,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-gb", default=None, help="comma-separated GiB (overrides fractions)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--cold", action="store_true", help="start empty (no warm start)")
+    p.add_argument(
+        "--start",
+        default="warm",
+        help="warm (from the data's id counts, as training does), cold (empty), or warm,cold",
+    )
     p.add_argument("--cycle", type=int, default=0, help="distinct batches, cycled (0: all new)")
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data=criteo_sample")
     args = p.parse_args(argv)
     sizes = (args.cache_gb or args.cache_fraction).split(",")
     rows = []
+    starts = args.start.split(",")
+    if set(starts) - {"warm", "cold"}:
+        p.error(f"--start: warm, cold or warm,cold, got {args.start!r}")
     for size in sizes:
-        r = replay(make_cfg(args, size), args)
-        line = [
-            f"{r['cache_rows']:,} ({r['cache_pct']:.2f}%, {r['cache_gib']:.2f} GiB)",
-            f"{r['hit']:.3f}",
-            f"{r['distinct']:,.0f}",
-            f"{r['in']:,.0f}",
-            f"{r['out']:,.0f}",
-            f"{r['mb']:,.0f}",
-            f"{r['ms']:.2f}",
-        ]
-        rows.append(line)
-        print("  ".join(line), f"({r['wall']:.0f} s)", flush=True)
+        for start in starts:
+            r = replay(make_cfg(args, size), args, cold=start == "cold")
+            rows.append(_row(r, start))
+            print("  ".join(rows[-1]), f"({r['wall']:.0f} s)", flush=True)
     headers = [
         "cache rows",
+        "start",
         "hit rate",
+        "best static",
         "distinct rows/step",
         "rows in/step",
         "rows out/step",
@@ -177,9 +208,12 @@ def main(argv: list[str] | None = None) -> None:
             f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
             f"- Model `{args.model}`, batch {args.batch_size}, cache sized for "
             f"{args.optimizer}; {args.steps} steps after {args.warmup} warmup, "
-            f"{'every batch new' if not args.cycle else f'{args.cycle} batches cycled'}, "
-            f"{'empty cache at start' if args.cold else 'cache warm-started from id counts'}; "
+            f"{'every batch new' if not args.cycle else f'{args.cycle} batches cycled'}; "
+            "start: warm = the cache warm-started from the data's id counts as training does, "
+            "cold = empty; "
             f"next batch prefetched as the trainer does.\n"
+            "- best static: the expected hit rate of the best fixed set of rows of the same size, "
+            "from the data's id counts (an upper bound for a stream without drift).\n"
             "- Hit rate and rows are measured (device-independent); the last column is a "
             "model: (rows in + out) / 66M rows/s, the H100's sorted UVA gather (DESIGN.md).\n\n"
             f"{table}\n"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks, one section per device-tool call (each fits its 10 minutes).
 # On this machine first:  bash scripts/gpu_wheels.sh    (carry .whl with the call), then
-#   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb
+#   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb|host-copy
 # Results land in $OUT (the device tool brings them back) as <section>.log and reports .md;
 # copy the reports to benchmarks/results/ and commit them with the numbers in the notes.
 set -uo pipefail
@@ -14,7 +14,7 @@ if [ -d .whl ] && ! python3 -c "import hydra" 2>/dev/null; then
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=$PWD:/tmp/site
 fi
-section=${1:?section: tests | step | lookup | host-kaggle | host-1tb}
+section=${1:?section: tests | step | lookup | host-kaggle | host-1tb | host-copy}
 log="$OUT/$section.log"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -31,13 +31,20 @@ log="$OUT/$section.log"
       python3 benchmarks/lookup_update.py --device cuda --optimizer all --out "$OUT/lookup_update_h100.md"
       ;;
     host-kaggle)
+      # host_copy=auto times the UVA kernel and staged copies at start and logs both
       python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
-        --cache-fraction 0.05 --host-copy kernel,staged --out "$OUT/host_cache_kaggle_h100.md"
+        --cache-fraction 0.05 --warmup 100 --out "$OUT/host_cache_kaggle_h100.md"
+      ;;
+    host-copy)
+      # optional: whole steps with each copy path forced
+      python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+        --cache-fraction 0.05 --warmup 100 --optimizers sgd --host-copy kernel,staged \
+        --no-device-baseline --naive-steps 0 --out "$OUT/host_copy_kaggle_h100.md"
       ;;
     host-1tb)
       free -g
       python3 benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
-        --cache-gb 12 --hbm-gb 16 --no-device-baseline --naive-steps 0 \
+        --cache-gb 12 --hbm-gb 16 --warmup 100 --no-device-baseline --naive-steps 0 \
         --out "$OUT/host_cache_1tb_h100.md"
       ;;
     *) echo "unknown section $section"; exit 2 ;;
