@@ -183,6 +183,8 @@ class HostCachedEmbedding(FusedEmbedding):
         self.use_kernel = _choose_copy(copy, self.device, self.pin)
         if copy == "auto" and self.use_kernel and self.device.type == "cuda":
             self.use_kernel = self._kernel_copies_faster()
+        if self.use_kernel and self.device.type == "cuda":
+            self._compile_copies()
         self.age_every = age_every
         self.stats = CacheStats()
         self._protected: torch.Tensor | None = None  # slots whose backward is pending
@@ -274,6 +276,16 @@ class HostCachedEmbedding(FusedEmbedding):
             "kernel" if times["kernel"] <= times["staged"] else "staged",
         )
         return times["kernel"] <= times["staged"]
+
+    @torch.no_grad()
+    def _compile_copies(self) -> None:
+        """Compile the copy kernel for each host tensor's dtype and width here, on the main
+        thread, rather than on the prefetch thread at its first use (while this thread may
+        be compiling the update kernels)."""
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for host, cache in self._pairs():
+            scratch = torch.empty((1, *cache.shape[1:]), dtype=cache.dtype, device=self.device)
+            copy_rows(host, zero, scratch, zero)
 
     def cache_state(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}

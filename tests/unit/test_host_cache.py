@@ -233,6 +233,8 @@ def test_kernel_copies_give_the_same_training(interpreter, opt):
     ref = FusedEmbedding(SHARDS, make(), seed=3)
     host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel")
     assert host.use_kernel
+    host._compile_copies()  # what CUDA runs at start (each state's layout): host rows untouched
+    assert torch.equal(host.weight, ref.weight)
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(8)]
     for step, inputs in enumerate(batches):
