@@ -98,11 +98,33 @@ def run_hybridrec(cfg: Config, batches: list[Batch], device: torch.device, args)
     trainer = Trainer(cfg, DistEnv(device=device))
 
     def step(i: int) -> None:
+        if i == args.warmup:
+            trainer.timer.report(1)  # phases of the timed steps only
         trainer.train_step(batches[i % len(batches)])
         _sync(device)
 
     times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(device))
     out = {"ms": 1e3 * median(times), "peak": _peak_gb(device)}
+    out["phases"] = breakdown(trainer.timer.report(args.steps), out["ms"])
+    return out
+
+
+PHASES = ("lookup", "dense fwd", "dense bwd", "sparse update", "dense optimizer", "other")
+
+
+def breakdown(timed: dict[str, float], step_ms: float) -> dict[str, float]:
+    """Where a step's time goes (ms), from the trainer's phase timer (CUDA events on the
+    GPU): the forward less the lookup is the dense forward, the backward less the sparse
+    update the dense backward; `other` is the rest of the step (loss, launches, gaps)."""
+    get = timed.get
+    out = {
+        "lookup": get("lookup", 0.0),
+        "dense fwd": get("forward", 0.0) - get("lookup", 0.0),
+        "dense bwd": get("backward", 0.0) - get("sparse_update", 0.0),
+        "sparse update": get("sparse_update", 0.0),
+        "dense optimizer": get("dense_optimizer", 0.0),
+    }
+    out["other"] = step_ms - sum(out.values())
     return out
 
 
@@ -128,33 +150,48 @@ def main(argv: list[str] | None = None) -> None:
         help="train.kernels for the hybridrec rows, comma-separated: auto,torch,triton "
         "(e.g. triton,torch times both the Triton kernels and the torch ops)",
     )
+    p.add_argument(
+        "--floor-sps",
+        type=float,
+        default=None,
+        help="the card's samples/s floor for the 'of floor' column (DESIGN.md: about 19e6 "
+        "on an H100; default: 19e6 on CUDA, none on CPU)",
+    )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     args.device = device.type
     args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
     args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    if args.floor_sps is None and device.type == "cuda":
+        args.floor_sps = 19e6
     torch.manual_seed(0)
 
     base = make_cfg(args, "sgd")
     source = build_source(base)
     batches = [source.batch(s, args.batch_size).to(device) for s in range(args.batches)]
-    rows = []
+    rows: list[list[str]] = []
+    phases: list[list[str]] = []
     plain = run_plain(base, batches, device, args)
     ref = plain["ms"]
 
     def add(name: str, res: dict) -> None:
         sps = args.batch_size / (res["ms"] / 1e3)
+        floor = f"{sps / args.floor_sps:.2f}" if args.floor_sps else "-"
         rows.append(
-            [name, f"{res['ms']:.2f}", f"{sps:,.0f}", f"{ref / res['ms']:.2f}", res["peak"]]
+            [name, f"{res['ms']:.2f}", f"{sps:,.0f}", f"{ref / res['ms']:.2f}", floor]
+            + [res["peak"]]
         )
         print(
             f"{name:40s} {res['ms']:8.2f} ms  {sps:14,.0f} samples/s  "
-            f"x{ref / res['ms']:.2f}  peak {res['peak']} GB",
+            f"x{ref / res['ms']:.2f}  of floor {floor}  peak {res['peak']} GB",
             flush=True,
         )
+        if "phases" in res:
+            phases.append([name, *(f"{res['phases'][k]:.2f}" for k in PHASES)])
+            print("    " + ", ".join(f"{k} {res['phases'][k]:.2f}" for k in PHASES) + " ms")
         if args.out:  # after every row: a run cut short still leaves its report
-            write_report(args, rows)
+            write_report(args, rows, phases)
 
     add("plain PyTorch, EmbeddingBag + SGD", plain)
     if args.plain_adam:
@@ -172,15 +209,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.out}")
 
 
-def write_report(args: argparse.Namespace, rows: list[list[str]]) -> None:
-    table = markdown_table(["run", "ms/step", "samples/s", "vs plain SGD", "peak GB"], rows)
+def write_report(args: argparse.Namespace, rows: list[list[str]], phases: list[list[str]]) -> None:
+    headers = ["run", "ms/step", "samples/s", "vs plain SGD", "of floor", "peak GB"]
+    table = markdown_table(headers, rows)
+    where = markdown_table(["run (ms/step)", *PHASES], phases) if phases else ""
+    floor = f"{args.floor_sps:,.0f} samples/s (`--floor-sps`)" if args.floor_sps else "not given"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         f"# Single-device step: plain PyTorch vs hybridrec\n\nCommand: `{command_line()}`\n\n"
         f"- Hardware: {hardware()}\n- Model `{args.model}`, global batch {args.batch_size}, "
         f"{args.batches} distinct synthetic batches on the device, median of {args.steps} "
         f"steps after {args.warmup} warmup; train.compile={args.compile}, "
-        f"check_ids={args.check_ids}.\n\n{table}\n"
+        f"check_ids={args.check_ids}; floor: {floor}.\n\n{table}\n"
+        f"\n## Where the time goes\n\nThe trainer's phase timer (CUDA events on a GPU), mean "
+        f"ms per timed step; `other` is the rest of the median step.\n\n{where}\n"
     )
 
 
