@@ -596,9 +596,8 @@ class HostCachedEmbedding(FusedEmbedding):
             return 0
         window = self.age_every / math.log(2)
         self.freq.copy_((freq * (ids_per_step * window / total)).float())
-        top = torch.topk(freq.float(), n).indices.sort().values
+        top_dev = torch.topk(self.freq, n).indices.sort().values  # on the device: 188M rows
         slots = torch.arange(n, device=self.device)
-        top_dev = top.to(self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
         self.score[:n] = self.freq.index_select(0, top_dev)
