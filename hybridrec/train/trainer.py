@@ -124,14 +124,17 @@ class Trainer:
         self.skipped = 0  # steps dropped by train.nonfinite=skip
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
 
-    def warm_start_caches(self) -> None:
-        """Load each host cache's most frequent rows, when the dataset records frequencies."""
+    def warm_start_caches(self) -> int:
+        """Load each host cache's most frequent rows, when the data source knows its id
+        frequencies (a manifest's counts, or synthetic data's popularity); returns the rows
+        loaded on this rank."""
         counts = getattr(self.source, "id_counts", None)
         if counts is None:
             log.info("host caches start empty (the data source records no id frequencies)")
-            return
+            return 0
         loaded = self.model.embeddings.warm_start_caches(counts, self.cfg.train.batch_size)
         log.info("host caches warm-started with %d rows from the dataset's id counts", loaded)
+        return loaded
 
     # -- data -------------------------------------------------------------------------------
     def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201

@@ -37,8 +37,10 @@ def host_cfg(mode: str, sparse: str, world: int) -> Config:
     return cfg
 
 
-def collect(env: DistEnv, cfg: Config, prefetch: bool) -> dict:
+def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> dict:
     trainer = Trainer(cfg, env)
+    if warm:  # as training does: each rank's caches start with its rows' hottest ids
+        assert trainer.warm_start_caches() > 0
     batches = [trainer.train_batch(s) for s in range(STEPS)]
     with torch.no_grad():
         logits = trainer.model(batches[0].dense, batches[0].ids)
@@ -57,8 +59,8 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool) -> dict:
     }
 
 
-def run_all(env: DistEnv, configs: list[tuple[str, Config, bool]]) -> dict:
-    return {name: collect(env, cfg, prefetch) for name, cfg, prefetch in configs}
+def run_all(env: DistEnv, configs: list[tuple[str, Config, bool, bool]]) -> dict:
+    return {name: collect(env, cfg, prefetch, warm) for name, cfg, prefetch, warm in configs}
 
 
 def _reference(sparse: str) -> dict:
@@ -73,13 +75,15 @@ def _reference(sparse: str) -> dict:
 def test_host_tables_match_reference(world):
     configs = []
     for sparse in OPTIMIZERS:
-        configs.append((f"host/{sparse}", host_cfg("host", sparse, world), False))
-        configs.append((f"host/{sparse}/prefetch", host_cfg("host", sparse, world), True))
+        configs.append((f"host/{sparse}", host_cfg("host", sparse, world), False, False))
+        configs.append((f"host/{sparse}/prefetch", host_cfg("host", sparse, world), True, False))
+    warm = host_cfg("host", "rowwise_adagrad", world)
+    configs.append(("host/rowwise_adagrad/prefetch/warm start", warm, True, True))
     auto = host_cfg("auto", "rowwise_adagrad", world)
-    configs.append(("auto/rowwise_adagrad/prefetch", auto, True))
+    configs.append(("auto/rowwise_adagrad/prefetch", auto, True, False))
     results = spawn(world, run_all, configs)
     refs = {sparse: _reference(sparse) for sparse in OPTIMIZERS}
-    for name, cfg, _ in configs:
+    for name, cfg, _, _ in configs:
         mode, sparse = name.split("/")[:2]
         per_rank = [res[name] for res in results]
         plan = per_rank[0]["plan"]

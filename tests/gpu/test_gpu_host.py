@@ -36,10 +36,16 @@ def test_registered_host_tables_are_pinned_and_copy_both_ways():
     assert torch.equal(d.cpu(), t) and torch.equal(back, t * 2)
 
 
-@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
-@pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("host_copy", ["kernel", "staged", "auto"])
-def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy):
+CASES = [
+    (sparse, prefetch, host_copy, False)
+    for sparse in ("sgd", "rowwise_adagrad", "adam")
+    for prefetch in (False, True)
+    for host_copy in ("kernel", "staged", "auto")
+] + [("rowwise_adagrad", True, "kernel", True), ("adam", True, "staged", True)]
+
+
+@pytest.mark.parametrize("sparse,prefetch,host_copy,warm", CASES)
+def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, warm):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref_cfg = make_cfg("none", sparse, 1)
@@ -50,7 +56,7 @@ def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy):
     cfg.sharding.host_copy = host_copy
     env = init_distributed("cuda", timeout_s=60, force_group=True)
     try:
-        got = collect(env, cfg, prefetch=prefetch)
+        got = collect(env, cfg, prefetch=prefetch, warm=warm)
     finally:
         destroy_distributed(env)
     assert got["stats"].rows_written > 0
