@@ -49,10 +49,10 @@ def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised host tensor of exactly `shape`, pinned with cudaHostRegister.
 
     Why not torch.empty(pin_memory=True): torch's caching host allocator rounds every pinned
-    allocation up to a power of two, so the 1TB model's 79 GB host group would ask for
-    128 GB. Here the buffer is a page-aligned numpy allocation registered (portable and
-    mapped: the copy kernel addresses it through UVA); it is unregistered just before numpy
-    frees it, when the last view of it is gone."""
+    allocation up to a power of two, so the 1TB model's host group (188M rows x 128 fp32,
+    96 GB) would ask for 128 GiB of a 125 GB machine. Here the buffer is a page-aligned
+    numpy allocation registered (portable and mapped: the copy kernel addresses it through
+    UVA); it is unregistered just before numpy frees it, when the last view of it is gone."""
     nbytes = math.prod(shape) * dtype.itemsize
     base = np.empty(nbytes + _ALIGN, dtype=np.uint8)
     start = -base.ctypes.data % _ALIGN
