@@ -1,0 +1,82 @@
+"""The benchmarks a GPU session runs (benchmarks/gpu_suite.sh) work end to end, on the CPU.
+
+A device call is 10 minutes of scarce GPU time: a benchmark that fails on an argument, an
+import or its report must fail here first. Tiny sizes; only that each script runs and writes
+the rows of its report is checked (speed is never a test).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cache_policy, lookup_update, step
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDREC_KERNELS", "torch")  # Triton's interpreter would be slow
+    out = tmp_path / "step.md"
+    step.main(
+        [
+            "--device=cpu",
+            "--model=dlrm_tiny",
+            "--batch-size=256",
+            "--steps=2",
+            "--warmup=1",
+            "--optimizers=sgd,adam",
+            "--plain-adam",
+            f"--out={out}",
+        ]
+    )
+    text = out.read_text()
+    for row in ("plain PyTorch, EmbeddingBag + SGD", "+ SparseAdam", "hybridrec, adam"):
+        assert row in text
+    assert "## Where the time goes" in text and "sparse update" in text
+
+
+def test_lookup_update_benchmark_writes_every_phase(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDREC_KERNELS", "torch")
+    out = tmp_path / "lookup.md"
+    lookup_update.main(
+        ["--device=cpu", "--rows=20000", "--tables=4", "--batch-size=512", "--dim=16"]
+        + ["--steps=2", "--warmup=1", "--optimizer=all", f"--out={out}"]
+    )
+    text = out.read_text()
+    for phase in ("lookup", "dedupe", "update", "total"):
+        assert f"| {phase}" in text
+
+
+def test_cache_policy_replay_reports_warm_and_cold(tmp_path):
+    out = tmp_path / "policy.md"
+    cache_policy.main(
+        ["--model=dlrm_tiny", "--batch-size=512", "--cache-fraction=0.05", "--steps=2"]
+        + ["--warmup=2", "--start=warm,cold", f"--out={out}"]
+    )
+    text = out.read_text()
+    assert "| warm " in text and "| cold " in text and "best static" in text
+
+
+def test_host_cache_benchmark_runs_every_row(tmp_path):
+    out = tmp_path / "host.md"
+    env = {**os.environ, "HYBRIDREC_KERNELS": "torch", "PYTHONPATH": str(ROOT)}
+    args = ["--device=cpu", "--model=dlrm_tiny", "--batch-size=256", "--steps=2"]
+    args += ["--warmup=3", "--naive-steps=2", "--optimizers=sgd", f"--out={out}"]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "host_cache.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = out.read_text()
+    for row in ("all on cpu, sgd", "host + cache, sgd", "naive CPU EmbeddingBag"):
+        assert row in text
+    assert "a new synthetic batch every step" in text and "warm-started" in text
