@@ -32,9 +32,9 @@ Modes:
   time, until the rest fits next to their caches (`_plan_auto_host`).
 
 Host-resident shards (`ShardSpec.cache_rows` > 0) count on the device only their cache: cache
-rows x (width x weight bytes + optimizer state per row + 13 bytes of cache bookkeeping) plus a
-4-byte slot entry per shard row and the usual buffers; the table and its optimizer state count
-against the host (`host_memory`).
+rows x (width x weight bytes + optimizer state per row + 9 bytes of cache bookkeeping) plus 8
+bytes per shard row (its cache slot and use count) and the usual buffers; the table and its
+optimizer state count against the host (`host_memory`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ EMB_BYTES = 4  # pooled embeddings and their gradients travel as fp32
 GIB = 1 << 30
 BALANCE_TOLERANCE = 0.10  # auto stops splitting once the fullest rank is within 10% of the mean
 MIN_COLUMN_WIDTH = 4  # auto never cuts column slices narrower than this (vector loads, alignment)
-CACHE_META_BYTES = 13  # per cache row: its table row (int64), its score (fp32), a dirty flag
+CACHE_META_BYTES = 9  # per cache row: its table row (int64) and a dirty flag
 SLOT_BYTES = 8  # per host-resident row: its cache slot (int32) and its use count (fp32)
 
 

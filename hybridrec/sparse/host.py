@@ -9,8 +9,9 @@ in host memory (pinned when the device is CUDA, so copies are DMA); the device h
                              `age_every` lookups (LFU with ageing: yesterday's hot rows make
                              way for today's; a row evicted and met again keeps its history)
     row_of_slot  [C] int64   group row held by each slot, -1 when free
-    score        [C] fp32    freq of the slot's row (kept equal, so eviction reads C values)
     dirty        [C] bool    updated since it was loaded: written back when evicted
+
+A slot's score is its row's freq (`score`, read through row_of_slot when evicting).
 
 Every lookup first *admits* its rows. The distinct rows (sorted) that are not cached are the
 misses; when free slots run short, the lowest-score slots are evicted, except those of this
@@ -233,7 +234,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self.register_buffer("slot_of", torch.full((R,), -1, dtype=torch.int32, device=device))
         self.register_buffer("freq", torch.zeros(R, device=device))
         self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
-        self.register_buffer("score", torch.zeros(C, device=device))
         self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
         self._admissions = 0
 
@@ -286,6 +286,13 @@ class HostCachedEmbedding(FusedEmbedding):
         for host, cache in self._pairs():
             scratch = torch.empty((1, *cache.shape[1:]), dtype=cache.dtype, device=self.device)
             copy_rows(host, zero, scratch, zero)
+
+    @property
+    def score(self) -> torch.Tensor:
+        """[C] fp32, a new tensor: each slot's row's use count (freq), 0 for a free slot.
+        Eviction takes the lowest."""
+        used = self.row_of_slot >= 0
+        return torch.where(used, self.freq.index_select(0, self.row_of_slot.clamp(min=0)), 0.0)
 
     def cache_state(self) -> dict[str, torch.Tensor]:
         return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}
@@ -366,11 +373,9 @@ class HostCachedEmbedding(FusedEmbedding):
                 self._start_background(job)
             else:
                 self._move(*job)
-        self.score[slots] = self.freq.index_select(0, uniq)
         if not prefetch:
             self._admissions += 1
             if self._admissions % self.age_every == 0:
-                self.score.mul_(0.5)
                 self.freq.mul_(0.5)
         return slots.index_select(0, inverse), slots
 
@@ -385,7 +390,7 @@ class HostCachedEmbedding(FusedEmbedding):
         short = n_miss - free.numel()
         if short <= 0:
             return free[:n_miss], free.new_empty(0)
-        masked = self.score.clone()
+        masked = self.score
         masked[free] = float("inf")
         masked[keep] = float("inf")  # (keep may list a slot twice: counted once below)
         evictable = int(torch.isfinite(masked).sum())
@@ -587,7 +592,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self.flush()
         self.slot_of.fill_(-1)
         self.row_of_slot.fill_(-1)
-        self.score.zero_()
         self.dirty.zero_()
         freq = frequency.double()
         total = float(freq.sum())
@@ -600,7 +604,6 @@ class HostCachedEmbedding(FusedEmbedding):
         slots = torch.arange(n, device=self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
-        self.score[:n] = self.freq.index_select(0, top_dev)
         self._copy_in(slots, top_dev)
         self._stale = False
         return n

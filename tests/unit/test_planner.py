@@ -28,7 +28,7 @@ from hybridrec.planner import (
     row_ranges,
 )
 from hybridrec.planner.cli import _load_tables, main
-from hybridrec.planner.planner import BALANCE_TOLERANCE
+from hybridrec.planner.planner import BALANCE_TOLERANCE, CACHE_META_BYTES
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 GIB = 1 << 30
@@ -462,7 +462,7 @@ def test_host_mode_on_three_ranks_splits_rows_and_sizes_caches_by_gb():
     huge = plan.table("huge")
     assert huge.sharding is ShardingType.ROW_WISE and [s.rank for s in huge.shards] == [0, 1, 2]
     # one fraction for every table, so that rank 0's caches take 0.01 GiB
-    per_row = 64 * 4 + 13
+    per_row = 64 * 4 + CACHE_META_BYTES  # fp32 row + its bookkeeping
     cached = sum(s.cache_rows for tp in plan.tables for s in tp.shards if s.rank == 0)
     assert cached * per_row == pytest.approx(0.01 * GIB, rel=0.02)
 
