@@ -6,11 +6,13 @@
   `warmup` untimed calls; `before()` runs untimed before each step (a barrier, a sync).
 - `median(xs)`, `markdown_table(headers, rows)`, `command_line()`, `host_cores()`,
   `load_average()`, `git_state()`, `cpu_seconds()`.
+- `sync(device)`, `reset_device(device)` (between runs), `peak_memory(device, unit)`.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import platform
 import shlex
@@ -131,3 +133,27 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_device(device: torch.device) -> None:
+    """Between runs: the previous run's model must be gone before the next allocates (the
+    1TB host tables need ~90 GiB per run), so drop compile caches that could still reference
+    it, collect, free cached device memory and restart the peak-memory count."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device, unit: float) -> str:
+    """Peak device memory allocated since the last reset, in `unit` bytes ('-' on the CPU)."""
+    if device.type != "cuda":
+        return "-"
+    return f"{torch.cuda.max_memory_allocated(device) / unit:.1f}"

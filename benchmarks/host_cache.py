@@ -30,7 +30,6 @@ Prints samples/s and the ratio to the all-on-device row (or to the first host ro
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
@@ -40,7 +39,16 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from benchmarks.baseline import PlainDLRM  # noqa: E402
-from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    command_line,
+    hardware,
+    markdown_table,
+    median,
+    peak_memory,
+    reset_device,
+    sync,
+    time_steps,
+)
 from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
 from hybridrec.data import build_source  # noqa: E402
 from hybridrec.distributed import init_distributed  # noqa: E402
@@ -74,30 +82,9 @@ def make_cfg(
         return validate(compose("train", overrides=overrides))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset(device: torch.device) -> None:
-    # the previous run's trainer must be gone before the next allocates its host tables (the
-    # 1TB model needs ~90 GiB per run): drop compile caches that could still reference it
-    torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak(device: torch.device) -> str:
-    return (
-        f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f}" if device.type == "cuda" else "-"
-    )
-
-
 def _embedding_gib(emb: torch.nn.Module) -> str:
     """Device memory the embedding side holds: tables or cache rows, optimizer state, slot
-    maps and scores (the issue's budget: at most 16 GB for the 1TB model). Host tables are
+    maps and use counts (the issue's budget: at most 16 GB for the 1TB model). Host tables are
     plain attributes, not buffers, so they are not counted."""
     return f"{sum(b.numel() * b.element_size() for b in emb.buffers()) / 2**30:.2f}"
 
@@ -130,7 +117,7 @@ class BatchStream:
 
 
 def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -> dict:  # noqa: ANN001
-    _reset(env.device)
+    reset_device(env.device)
     trainer = Trainer(cfg, env)
     emb = trainer.model.embeddings
     cached = hasattr(emb, "cache_stats")
@@ -142,10 +129,14 @@ def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -
             emb.cache_stats()  # count the timed steps only
         batch = stream(i)
         trainer.train_step(batch, stream(i + 1) if prefetch else None)
-        _sync(env.device)
+        sync(env.device)
 
-    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(env.device))
-    out = {"ms": 1e3 * median(times), "peak": _peak(env.device), "emb": _embedding_gib(emb)}
+    times = time_steps(step, args.steps, args.warmup, before=lambda: sync(env.device))
+    out = {
+        "ms": 1e3 * median(times),
+        "peak": peak_memory(env.device, 2**30),
+        "emb": _embedding_gib(emb),
+    }
     if cached:
         st = emb.cache_stats()
         steps = args.steps
@@ -160,7 +151,7 @@ def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -
 
 def run_naive(cfg: Config, stream: BatchStream, device: torch.device, args) -> dict:  # noqa: ANN001
     """nn.EmbeddingBag(sparse=True) tables on the CPU + SparseAdam, dense part on `device`."""
-    _reset(device)
+    reset_device(device)
     model = PlainDLRM(cfg)
     model.dense.to(device)
     dense_opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, device)
@@ -188,10 +179,10 @@ def run_naive(cfg: Config, stream: BatchStream, device: torch.device, args) -> d
         pooled.backward(dev.grad.cpu())
         dense_opt.step()
         sparse_opt.step()
-        _sync(device)
+        sync(device)
 
-    times = time_steps(step, args.naive_steps, 1, before=lambda: _sync(device))
-    return {"ms": 1e3 * median(times), "peak": _peak(device), "emb": "0 (CPU)"}
+    times = time_steps(step, args.naive_steps, 1, before=lambda: sync(device))
+    return {"ms": 1e3 * median(times), "peak": peak_memory(device, 2**30), "emb": "0 (CPU)"}
 
 
 def main(argv: list[str] | None = None) -> None:

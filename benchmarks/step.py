@@ -16,7 +16,6 @@ row and peak device memory; `--out` writes a markdown report with command and ha
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 
@@ -26,7 +25,16 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer  # noqa: E402
-from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    command_line,
+    hardware,
+    markdown_table,
+    median,
+    peak_memory,
+    reset_device,
+    sync,
+    time_steps,
+)
 from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
 from hybridrec.data import build_source  # noqa: E402
 from hybridrec.distributed import DistEnv, resolve_device  # noqa: E402
@@ -53,24 +61,8 @@ def make_cfg(args: argparse.Namespace, sparse: str, kernels: str = "auto") -> Co
         return validate(compose("train", overrides=overrides))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _peak_gb(device: torch.device) -> str:
-    return f"{torch.cuda.max_memory_allocated(device) / 1e9:.1f}" if device.type == "cuda" else "-"
-
-
-def _reset(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
-    _reset(device)
+    reset_device(device)
     model = PlainDLRM(cfg, device).to(device)  # tables initialised on the device: fast
     dense_opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, device)
     sparse_opt = plain_sparse_optimizer(list(model.bags.parameters()), cfg)
@@ -86,25 +78,25 @@ def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> 
         loss.backward()
         dense_opt.step()
         sparse_opt.step()
-        _sync(device)
+        sync(device)
 
-    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(device))
-    out = {"ms": 1e3 * median(times), "peak": _peak_gb(device)}
+    times = time_steps(step, args.steps, args.warmup, before=lambda: sync(device))
+    out = {"ms": 1e3 * median(times), "peak": peak_memory(device, 1e9)}
     return out
 
 
 def run_hybridrec(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
-    _reset(device)
+    reset_device(device)
     trainer = Trainer(cfg, DistEnv(device=device))
 
     def step(i: int) -> None:
         if i == args.warmup:
             trainer.timer.report(1)  # phases of the timed steps only
         trainer.train_step(batches[i % len(batches)])
-        _sync(device)
+        sync(device)
 
-    times = time_steps(step, args.steps, args.warmup, before=lambda: _sync(device))
-    out = {"ms": 1e3 * median(times), "peak": _peak_gb(device)}
+    times = time_steps(step, args.steps, args.warmup, before=lambda: sync(device))
+    out = {"ms": 1e3 * median(times), "peak": peak_memory(device, 1e9)}
     out["phases"] = breakdown(trainer.timer.report(args.steps), out["ms"])
     return out
 
