@@ -105,12 +105,11 @@ def replay(cfg: Config, args: argparse.Namespace, cold: bool) -> dict:
 
     def inputs(step: int) -> tuple[list[LookupInput], torch.Tensor]:
         ids = source.batch(step % distinct, b).ids
-        per_table, rows = [], []
+        per_table = []
         for t, table in enumerate(tables):
             col = ids[:, offsets[t] : offsets[t + 1]].reshape(-1)
             per_table.append(LookupInput(col, regular_bags(b, table.hotness, col.device), b))
-            rows.append(col + group.offsets_list[t])
-        return per_table, torch.cat(rows)
+        return per_table, group.flatten(per_table)[0]  # the group rows, for prefetch
 
     start = time.perf_counter()
     counts = getattr(source, "id_counts", None)

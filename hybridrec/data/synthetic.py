@@ -70,6 +70,10 @@ class SyntheticCriteo:
             a = 1.0 - self.s
             x = ((float(n + 1) ** a - 1.0) * u + 1.0) ** (1.0 / a)
         rank = (x.floor().long() - 1).clamp_(0, n - 1)
+        return self._row_of_rank(rank, t, n)
+
+    def _row_of_rank(self, rank: torch.Tensor, t: int, n: int) -> torch.Tensor:
+        """The row of popularity rank `rank` in table t: a fixed bijection of [0, n)."""
         return (rank * _PRIME + int(self.salts[t, 0])) % n
 
     def id_counts(self, table_index: int) -> np.ndarray:
@@ -84,7 +88,7 @@ class SyntheticCriteo:
         else:
             a = 1.0 - self.s
             p = ((rank + 2) ** a - (rank + 1) ** a) / (float(n + 1) ** a - 1.0)
-        rows = (torch.arange(n) * _PRIME + int(self.salts[table_index, 0])) % n
+        rows = self._row_of_rank(torch.arange(n), table_index, n)
         counts = torch.empty(n, dtype=torch.float64)
         counts[rows] = p * (1e6 * table.hotness)
         return counts.numpy()
