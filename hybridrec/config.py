@@ -149,9 +149,21 @@ class SparseOptimConfig:
 
 
 @dataclass
+class ScheduleConfig:
+    """Learning-rate warm-up and polynomial decay for both optimizers (hybridrec.optim.schedule)."""
+
+    warmup_steps: int = 0  # linear warm-up over this many steps (0 = none)
+    decay_start: int = 0  # polynomial decay starts after this step ...
+    decay_steps: int = 0  # ... and lasts this many steps (0 = no decay)
+    decay_power: float = 2.0
+    end_factor: float = 0.0  # lr multiplier once the decay has ended
+
+
+@dataclass
 class OptimConfig:
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
 @dataclass
@@ -271,6 +283,20 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+def _check_schedule(s: ScheduleConfig) -> None:
+    _positive("optim.schedule.warmup_steps", s.warmup_steps, allow_zero=True)
+    _positive("optim.schedule.decay_start", s.decay_start, allow_zero=True)
+    _positive("optim.schedule.decay_steps", s.decay_steps, allow_zero=True)
+    _positive("optim.schedule.decay_power", s.decay_power)
+    if not 0.0 <= s.end_factor <= 1.0:
+        raise ValueError(f"optim.schedule.end_factor must be in [0, 1], got {s.end_factor}")
+    if s.decay_steps > 0 and s.decay_start < s.warmup_steps:
+        raise ValueError(
+            f"optim.schedule.decay_start={s.decay_start} is inside the warm-up "
+            f"(optim.schedule.warmup_steps={s.warmup_steps}): decay must start after it"
+        )
+
+
 def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
     """Merge a composed config into the schema, check every value, return a typed Config.
 
@@ -358,6 +384,7 @@ def _check(c: Config, world_size: int) -> None:
     _positive("eval.batch_size", c.eval.batch_size)
     _positive("optim.dense.lr", c.optim.dense.lr)
     _positive("optim.sparse.lr", c.optim.sparse.lr)
+    _check_schedule(c.optim.schedule)
     _positive("dist.timeout_s", c.dist.timeout_s)
     _positive("launcher.nproc_per_node", c.launcher.nproc_per_node)
     _positive("launcher.max_restarts", c.launcher.max_restarts, allow_zero=True)

@@ -37,7 +37,7 @@ from hybridrec.data import build_loader, build_source
 from hybridrec.data.device import DevicePrefetcher
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
-from hybridrec.optim import build_dense_optimizer
+from hybridrec.optim import LRSchedule, build_dense_optimizer
 from hybridrec.parallelize import build_model
 from hybridrec.sparse.host import CacheStats
 from hybridrec.timing import PhaseTimer
@@ -98,6 +98,16 @@ class Trainer:
         self.dense_opt = build_dense_optimizer(
             self.model.dense.parameters(), cfg.optim.dense, env.device
         )
+        self.schedule = LRSchedule(cfg.optim.schedule, cfg.optim.dense.lr, cfg.optim.sparse.lr)
+        # one row optimizer is shared by the groups; collected once, in case a group has its own
+        self._sparse_opts = list(
+            {
+                id(g.optimizer): g.optimizer
+                for g in self.model.embeddings.groups.values()
+                if g.optimizer
+            }.values()
+        )
+        self.lr = (cfg.optim.dense.lr, cfg.optim.sparse.lr)  # (dense, sparse) of the last step
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
         self.autocast = torch.autocast(
@@ -160,11 +170,14 @@ class Trainer:
 
     # -- steps ----------------------------------------------------------------------------
     def train_step(self, batch: Batch, upcoming: Batch | None = None) -> torch.Tensor:
-        """One optimizer step on this rank's batch; returns the local mean loss (no sync).
+        """One optimizer step on this rank's batch (counted in `self.step`, which sets the
+        learning-rate schedule); returns the local mean loss (no sync).
 
         `upcoming` (the next batch, when tables are host-resident) has its rows brought to
         the device caches while this step's backward runs (hybridrec.sparse.host)."""
         self.model.train()
+        if self.schedule.enabled:  # the sparse rate must be set before the backward uses it
+            self.lr = self.schedule.apply(self.step + 1, self.dense_opt, self._sparse_opts)
         batch = batch.to(self.env.device, non_blocking=True)
         with self.timer.phase("forward"), self.autocast:
             logits = self.model(batch.dense, batch.ids)
@@ -174,9 +187,10 @@ class Trainer:
         self.dense_opt.zero_grad(set_to_none=True)
         if self.cfg.train.nonfinite == "skip" and not self._all_finite(loss):
             self.skipped += 1
+            self.step += 1
             log.warning(
                 "non-finite loss at step %d: update skipped (%d so far)",
-                self.step + 1,
+                self.step,
                 self.skipped,
             )
             return loss.detach()
@@ -186,6 +200,7 @@ class Trainer:
             self.dense_opt.step()
         bad = ~torch.isfinite(loss.detach())
         self._first_bad = torch.where(bad & (self._first_bad < 0), self.step + 1, self._first_bad)
+        self.step += 1
         return loss.detach()
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
@@ -299,6 +314,8 @@ class Trainer:
             **{f"time_ms/{k}": v for k, v in sorted(phases.items())},
             "mem_gb": _memory_gb(self.env.device),
         }
+        if self.schedule.enabled:
+            row["lr/dense"], row["lr/sparse"] = self.lr
         if self.skipped:
             row["skipped_steps"] = self.skipped
         if self.has_host:
@@ -382,7 +399,6 @@ class Trainer:
             # with host-resident tables, the next batch is read ahead to prefetch its rows
             upcoming = next(loader) if self.has_host and self.step + 1 < steps else None
             loss = self.train_step(batch, upcoming)
-            self.step += 1
             step = self.step
             if fault is not None and step == fault:
                 log.warning("rank %d: fault injection at step %d (HYBRIDREC_FAULT)", env.rank, step)

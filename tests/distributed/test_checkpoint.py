@@ -21,8 +21,16 @@ pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it
 
 
+def _scheduled(cfg):
+    """Warm-up then decay across the checkpoint: a resume must continue the schedule at
+    step K + 1 (factors .5, 1, 1 | .58, .33, .25)."""
+    s = cfg.optim.schedule
+    s.warmup_steps, s.decay_start, s.decay_steps, s.end_factor = 2, K, M, 0.25
+    return cfg
+
+
 def _cfg(mode, world, ck_dir, steps, sparse="adam"):
-    cfg = make_cfg(mode, sparse, world)
+    cfg = _scheduled(make_cfg(mode, sparse, world))
     cfg.sharding.cache_fraction = 0.001  # host mode: small caches, so checkpoints flush
     cfg.checkpoint.dir, cfg.checkpoint.every = str(ck_dir), K
     cfg.train.steps, cfg.eval.batches = steps, 1
@@ -93,7 +101,7 @@ def test_checkpoint_reshards_exactly_and_training_continues(tmp_path, save, load
     # continue to K + M steps; equals a single process that never stopped
     cfg_b.train.steps = K + M
     resumed = _run(w_b, cfg_b)
-    ref_cfg = make_cfg("none", "adam", 1)
+    ref_cfg = _scheduled(make_cfg("none", "adam", 1))
     ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
     ref = _run(1, ref_cfg)
     _assert_same(ref_cfg, ref, cfg_b, resumed, exact=False, label=f"{save}->{load} resumed")
