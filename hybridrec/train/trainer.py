@@ -408,6 +408,9 @@ class Trainer:
                     torch.cuda.synchronize(env.device)
                 last_train = self._log_train(loss, step - n_last, time.perf_counter() - t_last)
                 self._record(last_train)
+                # every rate in a row covers the steps since the previous row: the phase timer
+                # and cache counters reset when read, so the step count and clock restart too
+                t_last, n_last = time.perf_counter(), step
                 if bar is not None:
                     bar.set_postfix(
                         loss=f"{last_train['loss']:.4f}",

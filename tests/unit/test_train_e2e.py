@@ -14,6 +14,7 @@ from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
+from tests.distributed.test_equivalence import make_cfg
 
 
 def _cfg(*overrides: str):
@@ -97,3 +98,16 @@ def test_low_precision_tables_train(tmp_path, table_dtype):
         w.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[table_dtype] for w in weights
     )
     assert result["eval"]["auc"] > 0.7
+
+
+def test_each_logged_row_covers_the_steps_since_the_previous_row(tmp_path):
+    """Phase times (and cache counters) reset when read, so each row must divide them by the
+    steps since the previous row, not since the last eval."""
+    cfg = make_cfg("none", "sgd", 1)
+    cfg.train.steps, cfg.train.log_every, cfg.eval.every, cfg.eval.batches = 30, 10, 0, 1
+    trainer = Trainer(cfg, init_distributed("cpu"), tmp_path)
+    seen: list[int] = []
+    report = trainer.timer.report
+    trainer.timer.report = lambda steps: (seen.append(steps), report(steps))[1]
+    trainer.fit()
+    assert [n for n in seen if n != 1] == [10, 10, 10]  # report(1) drops eval/save time
