@@ -107,7 +107,7 @@ class DataConfig:
     loader: str = "per_rank"  # per_rank (each rank reads its slice) | broadcast (rank 0 reads)
     prefetch: int = 2  # batches read ahead in a background thread (0 = none)
     shuffle: bool = True  # block-level shuffle of the train split, reseeded every epoch
-    last_batch: str = "drop"  # drop | pad: the final partial global batch of an epoch
+    last_batch: str = "drop"  # drop | pad: the final partial global batch of a train epoch
     eval_split: str = "val"  # val | test: what evaluation reads
     verify: str = "read"  # size | read (checksum each block once when read) | full (at start)
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
@@ -183,7 +183,7 @@ class TrainLoopConfig:
 @dataclass
 class EvalConfig:
     every: int = 100  # 0 = only at the end
-    batches: int = 8
+    batches: int | None = 8  # global batches per evaluation; None = the whole eval split
     batch_size: int = 1024
     target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
 
@@ -380,7 +380,13 @@ def _check(c: Config, world_size: int) -> None:
     _positive("train.batch_size", c.train.batch_size)
     _positive("train.log_every", c.train.log_every)
     _positive("eval.every", c.eval.every, allow_zero=True)
-    _positive("eval.batches", c.eval.batches, allow_zero=True)
+    if c.eval.batches is not None:
+        _positive("eval.batches", c.eval.batches, allow_zero=True)
+    elif c.data.name == "synthetic":
+        raise ValueError(
+            "eval.batches=null evaluates the whole eval split, but data.name=synthetic is an "
+            "endless stream; give a number of batches"
+        )
     _positive("eval.batch_size", c.eval.batch_size)
     _positive("optim.dense.lr", c.optim.dense.lr)
     _positive("optim.sparse.lr", c.optim.sparse.lr)

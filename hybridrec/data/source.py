@@ -79,7 +79,9 @@ class BinarySource:
                 batch_size,
                 shuffle=self.shuffle and name == "train",
                 seed=self.seed,
-                last_batch=self.last_batch,
+                # held-out splits always fill their last batch by wrapping around; the
+                # wrapped samples are masked out of the metrics (see split_rows)
+                last_batch=self.last_batch if name == "train" else "pad",
                 name=name,
             )
         return self._plans[key]
@@ -89,6 +91,12 @@ class BinarySource:
         if plan.steps_per_epoch == 0 and self._split(split) == "train":
             raise ValueError(plan.too_small())
         return plan.steps_per_epoch
+
+    def split_rows(self, split: str) -> int:
+        """Rows in `split`: global positions at or past it in the last (wrapped) batch of a
+        held-out split repeat earlier rows, and evaluation leaves them out."""
+        start, end = self.dataset.split(self._split(split))
+        return max(end - start, 0)
 
     def batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
         return self.slice_batch(step, batch_size, split, 0, batch_size)
@@ -246,11 +254,6 @@ def open_source(cfg: Config) -> BinarySource:
         dali_device,
     )
     source.steps_per_epoch(cfg.train.batch_size, "train")  # too small a split: fail now
-    if cfg.eval.batches and source.steps_per_epoch(cfg.eval.batch_size, "eval") == 0:
-        log.warning(
-            "eval split %r has fewer rows than eval.batch_size=%d: evaluation will be empty "
-            "(lower eval.batch_size or set data.last_batch=pad)",
-            cfg.data.eval_split,
-            cfg.eval.batch_size,
-        )
+    if cfg.eval.batches != 0 and source.split_rows("eval") == 0:
+        log.warning("eval split %r is empty: evaluation will report nothing", cfg.data.eval_split)
     return source

@@ -18,8 +18,10 @@ the loss every step and drops that step's update on every rank.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
+import math
 import os
 import resource
 import signal
@@ -231,23 +233,34 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Exact metrics over `eval.batches` held-out global batches (same on every rank)."""
+        """Exact metrics over `eval.batches` held-out global batches, or the whole split
+        (None); the same on every rank and for any world size.
+
+        A file split's last batch is filled by wrapping around to its start; samples at
+        global positions past the split's rows are masked out, so every row counts once."""
         self.model.eval()
-        logits, labels = [], []
+        batch_size, world = self.cfg.eval.batch_size, self.env.world_size
+        local_batch = batch_size // world
+        split_rows = getattr(self.source, "split_rows", None)
+        rows = split_rows("eval") if split_rows is not None else None
+        first = self.env.rank * local_batch + torch.arange(local_batch, device=self.env.device)
+        logits, labels, real = [], [], []
         loader = self.loader("eval")
-        for _, batch in zip(range(self.cfg.eval.batches), loader, strict=False):
+        for step, batch in enumerate(itertools.islice(loader, self.cfg.eval.batches)):
             batch = batch.to(self.env.device)
             with self.autocast:
                 logits.append(self.model(batch.dense, batch.ids).float())
             labels.append(batch.labels)
+            real.append(first + step * batch_size < (rows if rows is not None else math.inf))
         loader.close()
         if not logits:
             return {}
-        local = torch.stack([torch.cat(logits), torch.cat(labels)])
+        local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
         if self.env.group is not None:
-            parts = [torch.empty_like(local) for _ in range(self.env.world_size)]
+            parts = [torch.empty_like(local) for _ in range(world)]
             dist.all_gather(parts, local, group=self.env.group)
             local = torch.cat(parts, dim=1)
+        local = local[:, local[2] > 0]
         metrics = eval_metrics(local[0], local[1])
         metrics["eval_samples"] = int(local.shape[1])
         return metrics

@@ -42,7 +42,7 @@ def _collect(env: DistEnv, path: str) -> dict:
         out[name + "_position"] = loader.position
         loader.close()
     ev = BroadcastLoader(src, env.rank, env.world_size, 6, "eval", 0, env.group, prefetch=0)
-    out["eval"] = list(ev)  # 20 val rows, batch 6, drop -> 3 steps on every rank
+    out["eval"] = list(ev)  # 20 val rows, batch 6: 4 steps on every rank (the last wraps)
     return out
 
 
@@ -66,10 +66,10 @@ def test_each_rank_gets_its_slice_of_the_same_global_batch(world, sample_dataset
                     assert x.dtype == y.dtype and torch.equal(x, y), (name, rank, step)
     for rank, res in enumerate(results):
         assert res["broadcast_position"] == res["per_rank_position"] == START + STEPS
-        assert len(res["eval"]) == 3
-        ev = src.batch(2, 6, "eval")
+        assert len(res["eval"]) == 4
+        ev = src.batch(3, 6, "eval")
         torch.testing.assert_close(
-            res["eval"][2].ids, ev.ids[rank * (6 // world) : (rank + 1) * (6 // world)]
+            res["eval"][3].ids, ev.ids[rank * (6 // world) : (rank + 1) * (6 // world)]
         )
 
 

@@ -111,3 +111,9 @@ def test_command_line_key_typos_list_the_valid_keys():
         check_override_keys(["trian.steps=3"])
     with pytest.raises(ValueError, match=r"keys under 'data.preprocess': encoding"):
         check_override_keys(["data.preprocess.min_cnt=3"])
+
+
+def test_whole_split_eval_needs_a_finite_split():
+    with pytest.raises(ValueError, match="eval.batches=null .* data.name=synthetic is an endless"):
+        validate(_compose("eval.batches=null"))
+    assert validate(_compose("data=criteo_sample", "eval.batches=null")).eval.batches is None
