@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from hybridrec.types import Pooling, TableConfig
+from hybridrec.types import PIN_MODES, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -126,6 +126,9 @@ class ShardingConfig:
     host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
     pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
     host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (the faster)
+    # tables whose sharding is fixed, {table: table_wise|column_wise|row_wise|data_parallel|
+    # host}; `type` plans the others around them
+    tables: dict[str, str] | None = None
 
 
 @dataclass
@@ -283,6 +286,25 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+def _check_pins(c: Config) -> None:
+    pins = c.sharding.tables
+    if not pins:
+        return
+    if c.sharding.type == "none":
+        raise ValueError(
+            "sharding.tables pins tables to sharding modes, but sharding=none keeps every table "
+            "in one process; choose a planner mode (sharding=auto, table_wise, ...)"
+        )
+    names = [t.name for t in c.model.tables()]
+    for name, mode in pins.items():
+        if name not in names:
+            raise ValueError(
+                f"sharding.tables.{name}: model {c.model.name} has no table {name!r}; its "
+                f"tables are {names[0]} .. {names[-1]}"
+            )
+        _choice(f"sharding.tables.{name}", mode, PIN_MODES)
+
+
 def _check_schedule(s: ScheduleConfig) -> None:
     _positive("optim.schedule.warmup_steps", s.warmup_steps, allow_zero=True)
     _positive("optim.schedule.decay_start", s.decay_start, allow_zero=True)
@@ -403,6 +425,7 @@ def _check(c: Config, world_size: int) -> None:
     if c.sharding.cache_gb is not None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
     _choice("sharding.host_copy", c.sharding.host_copy, ("auto", "kernel", "staged"))
+    _check_pins(c)
     if c.sharding.host_gb is not None:
         _positive("sharding.host_gb", c.sharding.host_gb)
     if not 0.0 <= c.data.label_noise < 0.5:

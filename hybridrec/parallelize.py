@@ -69,6 +69,7 @@ def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
         weight_bytes=table_dtype(cfg).itemsize,
         data_parallel_max_bytes=cfg.sharding.data_parallel_max_bytes,
         cache=CachePolicy(cfg.sharding.cache_fraction, cfg.sharding.cache_gb),
+        pins=cfg.sharding.tables,
     )
 
 

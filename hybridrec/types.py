@@ -26,6 +26,11 @@ class ShardingType(str, Enum):
     DATA_PARALLEL = "data_parallel"  # replicated on every rank, gradients gathered
 
 
+# What `sharding.tables` may pin one table to: a ShardingType, or host memory behind a device
+# cache (stored as row-wise / table-wise shards with cache rows).
+PIN_MODES = tuple(s.value for s in ShardingType) + ("host",)
+
+
 class Pooling(str, Enum):
     """How the ids of one bag (one sample, one table) become one vector."""
 

@@ -31,7 +31,7 @@ from hybridrec.planner.planner import (
     plan_sharding,
 )
 from hybridrec.planner.report import format_plan
-from hybridrec.types import TableConfig
+from hybridrec.types import PIN_MODES, TableConfig
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
 
@@ -111,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", default="auto", choices=MODES, help="sharding mode (default auto)")
     p.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="TABLE=MODE",
+        help="fix one table's sharding (repeatable; like sharding.tables): MODE is "
+        f"{', '.join(PIN_MODES)}; --mode plans the other tables around it",
+    )
+    p.add_argument(
         "--optimizer",
         default="sgd",
         choices=OPTIMIZERS,
@@ -144,6 +152,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse_pins(items: Sequence[str]) -> dict[str, str]:
+    pins = {}
+    for item in items:
+        table, sep, mode = item.partition("=")
+        if not sep or not table or not mode:
+            raise ValueError(f"--pin {item!r}: expected TABLE=MODE, e.g. --pin cat_0=row_wise")
+        pins[table] = mode
+    return pins
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -171,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             optimizer,
             args.weight_bytes,
             cache=cache,
+            pins=_parse_pins(args.pin),
         )
         host = host_memory(plan, optimizer, args.weight_bytes)
     except ValueError as e:  # PlannerError included: it carries every rank's numbers

@@ -40,10 +40,18 @@ optimizer state count against the host (`host_memory`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
+from hybridrec.types import (
+    PIN_MODES,
+    ShardingPlan,
+    ShardingType,
+    ShardSpec,
+    TableConfig,
+    TablePlan,
+)
 
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
@@ -453,30 +461,58 @@ def _plan_host(
     return plans
 
 
-def _host_device_use(plans: Sequence[TablePlan], tables: dict[str, TableConfig], ctx: _Context):
-    use = [0] * ctx.world
-    for tp in plans:
-        for s in tp.shards:
-            use[s.rank] += ctx.memory(tables[tp.table], s.num_rows, s.width, s.cache_rows).total
-    return use
+class _Base(NamedTuple):
+    """Device bytes and lookup load per rank already taken by tables placed before others."""
+
+    mem: list[int]
+    load: list[int]
+
+    @staticmethod
+    def empty(world: int) -> _Base:
+        return _Base([0] * world, [0] * world)
+
+    @staticmethod
+    def of(plans: Iterable[TablePlan], tables: dict[str, TableConfig], ctx: _Context) -> _Base:
+        base = _Base.empty(ctx.world)
+        for tp in plans:
+            t = tables[tp.table]
+            for s in tp.shards:
+                base.mem[s.rank] += ctx.memory(t, s.num_rows, s.width, s.cache_rows).total
+                if tp.sharding is not ShardingType.DATA_PARALLEL:  # replicas look up locally
+                    base.load[s.rank] += ctx.batch * t.hotness * s.width * s.num_rows // t.num_rows
+        return base
+
+    def plus(self, other: _Base) -> _Base:
+        return _Base(
+            [a + b for a, b in zip(self.mem, other.mem, strict=True)],
+            [a + b for a, b in zip(self.load, other.load, strict=True)],
+        )
 
 
 def _plan_auto_host(
-    tables: Sequence[TableConfig], ctx: _Context, dp_max: int, cache: CachePolicy
+    tables: Sequence[TableConfig],
+    ctx: _Context,
+    dp_max: int,
+    cache: CachePolicy,
+    base: _Base | None = None,
+    pinned_host: Sequence[TableConfig] = (),
 ) -> dict[str, TablePlan]:
     """`auto` past the device budget: move the largest tables to host memory (with caches),
-    one at a time, until the other tables fit on the devices next to those caches."""
-    by_name = {t.name: t for t in tables}
+    one at a time, until the other tables fit on the devices next to those caches.
+    `pinned_host` tables are in host memory from the start (sharding.tables); `base` is what
+    tables pinned on the devices already take."""
+    base = base or _Base.empty(ctx.world)
+    by_name = {t.name: t for t in [*tables, *pinned_host]}
     movable = sorted(
         (t for t in tables if t.num_rows * t.dim * ctx.weight_bytes > dp_max),
         key=lambda t: (-ctx.whole(t), t.name),
     )
-    host: list[TableConfig] = []
+    host: list[TableConfig] = list(pinned_host)
     needs: list[int] = []
     for t in movable:
         host.append(t)
-        host_plans = _plan_host(host, ctx, cache, "> device budget: ")
-        use = _host_device_use(list(host_plans.values()), by_name, ctx)
+        host_plans = _plan_host(host, ctx, cache, OVER_BUDGET)
+        use = _Base.of(host_plans.values(), by_name, ctx).plus(base).mem
         room = ctx.budget - max(use)
         needs = use
         if room <= 0:
@@ -488,9 +524,15 @@ def _plan_auto_host(
             needs = [u + n for u, n in zip(use, e.needs, strict=True)]
             continue
         plans.update(host_plans)
-        plan = ShardingPlan(ctx.world, tuple(plans[x.name] for x in tables))
+        mine = [*tables, *pinned_host]
+        plan = ShardingPlan(ctx.world, tuple(plans[x.name] for x in mine))
         needs = [
-            m.total for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)
+            m.total + b
+            for m, b in zip(
+                rank_memory(plan, mine, ctx.batch, ctx.optimizer, ctx.weight_bytes),
+                base.mem,
+                strict=True,
+            )
         ]
         if max(needs) <= ctx.budget:  # (replicas' gradient buffers count here too)
             return plans
@@ -508,11 +550,13 @@ def _plan_auto_host(
 # The modes.
 
 
-def _plan_table_wise(tables: Sequence[TableConfig], ctx: _Context) -> dict[str, TablePlan]:
+def _plan_table_wise(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base | None = None
+) -> dict[str, TablePlan]:
     pieces = {t.name: _pieces(t, 1, ctx) for t in tables}
-    zeros = [0] * ctx.world
+    mem, load = base or _Base.empty(ctx.world)
     try:
-        where = _greedy([p for ps in pieces.values() for p in ps], zeros, zeros, ctx.budget)
+        where = _greedy([p for ps in pieces.values() for p in ps], mem, load, ctx.budget)
     except _NoRoom as e:
         t, size = e.piece.table, e.piece.memory
         why = "is larger than one rank's budget" if size > ctx.budget else "fits on no rank left"
@@ -529,17 +573,19 @@ def _plan_table_wise(tables: Sequence[TableConfig], ctx: _Context) -> dict[str, 
     }
 
 
-def _plan_column_wise(tables: Sequence[TableConfig], ctx: _Context) -> dict[str, TablePlan]:
+def _plan_column_wise(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base | None = None
+) -> dict[str, TablePlan]:
     pieces = {t.name: _pieces(t, min(ctx.world, t.dim), ctx) for t in tables}
-    zeros = [0] * ctx.world
+    mem, load = base or _Base.empty(ctx.world)
     try:
-        where = _greedy([p for ps in pieces.values() for p in ps], zeros, zeros, ctx.budget)
+        where = _greedy([p for ps in pieces.values() for p in ps], mem, load, ctx.budget)
     except _NoRoom as e:
         all_pieces = [p for ps in pieces.values() for p in ps]
         raise PlannerError(
             f"column_wise: a column slice of table {e.piece.table.name!r} "
             f"({human_bytes(e.piece.memory)}) fits on no rank; needs per rank without a limit:",
-            _needs_without_limit(all_pieces, zeros, zeros),
+            _needs_without_limit(all_pieces, mem, load),
             ctx.budget,
             "hint: use more ranks, a larger budget, or mode auto",
         ) from None
@@ -573,7 +619,9 @@ def _cuttable(
     return min(candidates, key=lambda p: (-p.memory, p.table.name, p.index)).table
 
 
-def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dict[str, TablePlan]:
+def _plan_auto(
+    tables: Sequence[TableConfig], ctx: _Context, dp_max: int, pinned: _Base | None = None
+) -> dict[str, TablePlan]:
     """Replicate tiny tables, place the rest whole or in slices, refine until balanced.
 
     1. Tables with weights <= dp_max bytes are replicated: every rank pays for them (the base).
@@ -590,8 +638,12 @@ def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dic
        most balanced placement seen is kept (a new one must lower the peak by more than 1%, so
        fewer cuts win near-ties). Measured: within 10% of the mean memory for the Kaggle and
        1TB models on 2-8 ranks (see tests).
+
+    `pinned`: memory and load per rank of tables placed before (sharding.tables); the other
+    tables are placed around them.
     """
     world, budget = ctx.world, ctx.budget
+    pinned = pinned or _Base.empty(world)
     dp = [t for t in tables if t.num_rows * t.dim * ctx.weight_bytes <= dp_max]
     rest = [t for t in tables if t.num_rows * t.dim * ctx.weight_bytes > dp_max]
     base = sum(ctx.whole(t) for t in dp)
@@ -610,7 +662,7 @@ def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dic
             budget,
             "hint: lower data_parallel_max_bytes",
         )
-    room = budget - base
+    room = budget - base - min(pinned.mem)  # the most any rank has free
 
     def max_slices(t: TableConfig) -> int:
         return min(world, t.dim // MIN_COLUMN_WIDTH)
@@ -623,7 +675,7 @@ def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dic
             raise PlannerError(
                 f"auto: table {t.name!r} ({human_bytes(ctx.whole(t))}) does not fit even split "
                 f"into {min(world, t.num_rows)} row ranges; needs per rank with one range:",
-                [base + rw_piece(t)] * world,
+                [base + p + rw_piece(t) for p in pinned.mem],
                 budget,
                 "hint: use more ranks or a larger budget",
             )
@@ -652,7 +704,7 @@ def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dic
     best: tuple[int, dict[str, int], dict[tuple[str, int], int]] | None = None
     for _ in range(sum(max_slices(t) + 2 for t in rest) + 1):
         rw = [t for t in rest if split[t.name] == 0]
-        base_mem, base_load = [base] * world, [0] * world
+        base_mem, base_load = [base + p for p in pinned.mem], list(pinned.load)
         for t in rw:
             for r, (a, b) in enumerate(row_ranges(t.num_rows, min(world, t.num_rows))):
                 base_mem[r] += ctx.memory(t, b - a, t.dim).total
@@ -719,6 +771,63 @@ def _plan_auto(tables: Sequence[TableConfig], ctx: _Context, dp_max: int) -> dic
     return plans
 
 
+PINNED = "pinned by sharding.tables: "
+OVER_BUDGET = "> device budget: "
+
+
+def _pinned(tp: TablePlan) -> TablePlan:
+    return replace(tp, reason=PINNED + tp.reason)
+
+
+def _plan_pinned_device(
+    tables: Sequence[TableConfig], pins: Mapping[str, str], ctx: _Context
+) -> dict[str, TablePlan]:
+    """Tables pinned to a device mode: row ranges and replicas go where their mode puts them,
+    then whole tables and column slices are placed greedily around those."""
+    world = ctx.world
+    plans: dict[str, TablePlan] = {}
+    for t in tables:
+        if pins[t.name] == "row_wise":
+            plans[t.name] = _rw_plan(t, world, f"{min(world, t.num_rows)} row ranges")
+        elif pins[t.name] == "data_parallel":
+            plans[t.name] = _dp_plan(t, world, f"replicated on {world} ranks")
+    placed = [t for t in tables if pins[t.name] in ("table_wise", "column_wise")]
+    k = {t.name: 1 if pins[t.name] == "table_wise" else min(world, t.dim) for t in placed}
+    pieces = {t.name: _pieces(t, k[t.name], ctx) for t in placed}
+    mem, load = _Base.of(plans.values(), {t.name: t for t in tables}, ctx)
+    try:
+        where = _greedy([p for ps in pieces.values() for p in ps], mem, load, ctx.budget)
+    except _NoRoom as e:
+        t = e.piece.table
+        raise PlannerError(
+            f"sharding.tables: table {t.name!r} pinned {pins[t.name]} "
+            f"({human_bytes(e.piece.memory)} per piece) fits on no rank next to the other "
+            "pinned tables; needs per rank:",
+            e.needs,
+            ctx.budget,
+            "hint: pin it column_wise or row_wise, or leave it to the planner",
+        ) from None
+    for t in placed:
+        n = len(pieces[t.name])
+        what = f"whole on rank {where[(t.name, 0)]}" if n == 1 else f"{n} column shards"
+        plans[t.name] = _cw_plan(t, pieces[t.name], where, what)
+    return {name: _pinned(tp) for name, tp in plans.items()}
+
+
+def _check_pins(pins: Mapping[str, str], names: Sequence[str]) -> None:
+    unknown = sorted(set(pins) - set(names))
+    if unknown:
+        raise ValueError(
+            f"sharding.tables names unknown table(s) {', '.join(unknown)}; the tables are "
+            f"{', '.join(names)}"
+        )
+    for name in names:
+        if name in pins and pins[name] not in PIN_MODES:
+            raise ValueError(
+                f"sharding.tables.{name}={pins[name]!r} is not one of: {', '.join(PIN_MODES)}"
+            )
+
+
 def plan_sharding(
     tables: Sequence[TableConfig],
     topology: Topology,
@@ -728,6 +837,7 @@ def plan_sharding(
     weight_bytes: int = 4,
     data_parallel_max_bytes: int = 1 << 20,
     cache: CachePolicy | None = None,
+    pins: Mapping[str, str] | None = None,
 ) -> ShardingPlan:
     """Shard `tables` over `topology.world_size` ranks; tables keep their input order.
 
@@ -735,6 +845,9 @@ def plan_sharding(
     fp32 tables, 2 for fp16/bf16. `cache` sizes the device caches of host-resident tables:
     mode `host` puts every table there (default CachePolicy() when None); mode `auto` moves
     tables there only when they do not fit the devices, and only when `cache` is given.
+    `pins` ({table: one of PIN_MODES}, config `sharding.tables`) fixes some tables' sharding:
+    they are planned first and `mode` plans the others around them (host tables, pinned or
+    not, share one cache budget).
     Raises ValueError for bad arguments and PlannerError (a ValueError) when some rank would
     need more than `topology.hbm_bytes_per_rank`.
     """
@@ -752,30 +865,54 @@ def plan_sharding(
     if duplicates:
         raise ValueError(f"duplicate table names: {duplicates}")
 
+    pins = dict(pins or {})
+    _check_pins(pins, names)
+    by_name = {t.name: t for t in tables}
     ctx = _Context(world, topology.hbm_bytes_per_rank, batch_size, optimizer, weight_bytes)
+    on_device = [t for t in tables if pins.get(t.name, "host") != "host"]
+    host = [
+        t for t in tables if pins.get(t.name) == "host" or (mode == "host" and t.name not in pins)
+    ]
+    free = [t for t in tables if t.name not in pins and mode != "host"]
+    plans = _plan_pinned_device(on_device, pins, ctx)
+    base = _Base.of(plans.values(), by_name, ctx)
+    if host and (mode != "auto" or free == []):
+        host_plans = _plan_host(host, ctx, cache or CachePolicy())
+        plans.update(host_plans)
+        base = base.plus(_Base.of(host_plans.values(), by_name, ctx))
+        host = []
     if mode == "table_wise":
-        plans = _plan_table_wise(tables, ctx)
+        plans.update(_plan_table_wise(free, ctx, base))
     elif mode == "column_wise":
-        plans = _plan_column_wise(tables, ctx)
+        plans.update(_plan_column_wise(free, ctx, base))
     elif mode == "row_wise":
-        plans = {
-            t.name: _rw_plan(t, world, f"row_wise: {min(world, t.num_rows)} row ranges")
-            for t in tables
-        }
+        plans.update(
+            {
+                t.name: _rw_plan(t, world, f"row_wise: {min(world, t.num_rows)} row ranges")
+                for t in free
+            }
+        )
     elif mode == "data_parallel":
-        plans = {
-            t.name: _dp_plan(t, world, f"data_parallel: replicated on {world} ranks")
-            for t in tables
-        }
-    elif mode == "host":
-        plans = _plan_host(tables, ctx, cache or CachePolicy())
-    else:
+        plans.update(
+            {
+                t.name: _dp_plan(t, world, f"data_parallel: replicated on {world} ranks")
+                for t in free
+            }
+        )
+    elif mode == "auto" and free:
+        host_plans = _plan_host(host, ctx, cache or CachePolicy()) if host else {}
         try:
-            plans = _plan_auto(tables, ctx, data_parallel_max_bytes)
+            with_host = base.plus(_Base.of(host_plans.values(), by_name, ctx))
+            plans.update(_plan_auto(free, ctx, data_parallel_max_bytes, with_host))
+            plans.update(host_plans)
         except PlannerError:
             if cache is None:
                 raise
-            plans = _plan_auto_host(tables, ctx, data_parallel_max_bytes, cache)
+            plans.update(_plan_auto_host(free, ctx, data_parallel_max_bytes, cache, base, host))
+    for t in tables:
+        if pins.get(t.name) == "host":
+            tp = plans[t.name]
+            plans[t.name] = _pinned(replace(tp, reason=tp.reason.removeprefix(OVER_BUDGET)))
 
     plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
     needs = [m.total for m in rank_memory(plan, tables, batch_size, optimizer, weight_bytes)]

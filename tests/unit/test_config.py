@@ -117,3 +117,14 @@ def test_whole_split_eval_needs_a_finite_split():
     with pytest.raises(ValueError, match="eval.batches=null .* data.name=synthetic is an endless"):
         validate(_compose("eval.batches=null"))
     assert validate(_compose("data=criteo_sample", "eval.batches=null")).eval.batches is None
+
+
+def test_pinned_tables_are_checked_by_name_and_mode():
+    cfg = validate(_compose("sharding=auto", "sharding.tables={cat_0:row_wise,cat_2:host}"))
+    assert cfg.sharding.tables == {"cat_0": "row_wise", "cat_2": "host"}
+    with pytest.raises(ValueError, match=r"sharding.tables.cat_9: model dlrm_tiny has no table"):
+        validate(_compose("sharding=auto", "sharding.tables={cat_9:row_wise}"))
+    with pytest.raises(ValueError, match=r"sharding.tables.cat_0='rw' is not one of: table_wise"):
+        validate(_compose("sharding=auto", "sharding.tables={cat_0:rw}"))
+    with pytest.raises(ValueError, match="sharding.tables pins .* but sharding=none"):
+        validate(_compose("sharding.tables={cat_0:row_wise}"))

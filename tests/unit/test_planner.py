@@ -505,3 +505,76 @@ def test_cli_shows_host_placement_and_host_memory(capsys):
     assert code == 0
     assert "cat_0" in out and "@host(cache" in out
     assert "host memory per rank for host-resident tables" in out
+
+
+# --------------------------------------------------------------------------------------------
+# Per-table pins (sharding.tables)
+
+PINNED = "pinned by sharding.tables: "
+
+
+@pytest.mark.parametrize("mode", ["table_wise", "column_wise", "row_wise", "auto", "host"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_pinned_tables_get_their_mode_and_the_rest_follow_the_mode(mode, world):
+    pins = {"huge": "row_wise", "mid": "column_wise", "small": "data_parallel", "tiny": "host"}
+    batch = 64 * world
+    plan = plan_sharding(
+        UNEVEN, Topology(world, GIB), mode, batch, cache=CachePolicy(0.05), pins=pins
+    )
+    check_plan(plan, UNEVEN, GIB, batch)
+    assert plan.table("huge").sharding is ShardingType.ROW_WISE
+    assert plan.table("mid").sharding is ShardingType.COLUMN_WISE
+    assert len(plan.table("mid").shards) == world
+    assert plan.table("small").sharding is ShardingType.DATA_PARALLEL
+    assert all(s.on_host for s in plan.table("tiny").shards)
+    assert all(plan.table(name).reason.startswith(PINNED) for name in pins)
+    free = plan.table("big")
+    assert not free.reason.startswith(PINNED)
+    assert any(s.on_host for s in free.shards) == (mode == "host")
+    unpinned = plan_sharding(UNEVEN, Topology(world, GIB), mode, batch, cache=CachePolicy(0.05))
+    if mode in ("row_wise", "host"):  # fixed placements: pins of other tables change nothing
+        assert free == unpinned.table("big")
+
+
+def test_free_tables_are_placed_around_pinned_ones():
+    tables = [
+        TableConfig("a", 40_000, 64),
+        TableConfig("b", 20_000, 64),
+        TableConfig("c", 20_000, 64),
+    ]
+    plan = plan_sharding(tables, Topology(2, GIB), "table_wise", 64, pins={"a": "table_wise"})
+    rank_a = plan.table("a").shards[0].rank
+    assert [plan.table(n).shards[0].rank for n in ("b", "c")] == [1 - rank_a] * 2
+    assert plan.table("a").reason == f"{PINNED}whole on rank {rank_a}"
+
+
+def test_pinned_and_moved_host_tables_share_the_cache_budget():
+    # auto past the budget: 'huge' moves to host next to the pinned 'tiny'; with cache_gb one
+    # fraction covers both, so rank 0's caches still take cache_gb
+    topo, cache = Topology(1, 200 * MIB), CachePolicy(gb=0.01)
+    plan = plan_sharding(UNEVEN, topo, "auto", 64, cache=cache, pins={"mid": "host"})
+    check_plan(plan, UNEVEN, topo.hbm_bytes_per_rank, 64)
+    assert plan.table("mid").reason.startswith(f"{PINNED}host memory, device cache")
+    assert plan.table("huge").reason.startswith("> device budget: host memory")
+    per_row = 64 * 4 + CACHE_META_BYTES
+    cached = sum(s.cache_rows for tp in plan.tables for s in tp.shards if s.on_host)
+    assert cached * per_row == pytest.approx(0.01 * GIB, rel=0.02)
+
+
+def test_bad_pins_are_named():
+    topo = Topology(2, GIB)
+    with pytest.raises(ValueError, match=r"unknown table\(s\) nope; the tables are huge, big"):
+        plan_sharding(UNEVEN, topo, "auto", 64, pins={"nope": "row_wise"})
+    with pytest.raises(ValueError, match=r"sharding.tables.big='rows' is not one of: table_wise"):
+        plan_sharding(UNEVEN, topo, "auto", 64, pins={"big": "rows"})
+    with pytest.raises(PlannerError, match="table 'huge' pinned table_wise .* fits on no rank"):
+        plan_sharding(UNEVEN, Topology(2, 200 * MIB), "row_wise", 64, pins={"huge": "table_wise"})
+
+
+def test_cli_pins_tables(capsys):
+    args = ["--model", "dlrm_kaggle", "--world-size", "2", "--hbm-gb", "80"]
+    assert main([*args, "--pin", "cat_2=row_wise", "--mode", "table_wise"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned by sharding.tables: 2 row ranges" in out
+    assert main([*args, "--pin", "cat_2"]) == 2
+    assert "expected TABLE=MODE" in capsys.readouterr().err
