@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks, one section per device-tool call (each fits its 10 minutes).
 # On this machine first:  bash scripts/gpu_wheels.sh    (carry .whl with the call), then
-#   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb|host-copy
+#   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb|host-copy|profile
 # Results land in $OUT (the device tool brings them back) as <section>.log and reports .md;
 # copy the reports to benchmarks/results/ and commit them with the numbers in the notes.
 set -uo pipefail
@@ -14,7 +14,7 @@ if [ -d .whl ] && ! python3 -c "import hydra" 2>/dev/null; then
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=$PWD:/tmp/site
 fi
-section=${1:?section: tests | step | lookup | host-kaggle | host-1tb | host-copy}
+section=${1:?section: tests | step | lookup | host-kaggle | host-1tb | host-copy | profile}
 log="$OUT/$section.log"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -46,6 +46,15 @@ log="$OUT/$section.log"
       python3 benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
         --cache-gb 12 --hbm-gb 16 --warmup 100 --no-device-baseline --naive-steps 0 \
         --out "$OUT/host_cache_1tb_h100.md"
+      ;;
+    profile)
+      # optional: a trace of 5 training steps (Kaggle model, Triton kernels, compiled dense
+      # part) and the host syncs inside them (expected: none); trace in $OUT/profile/
+      python3 -m hybridrec.main model=dlrm_kaggle device=cuda train.batch_size=65536 \
+        train.steps=40 train.log_every=40 train.profile_start=30 train.profile_steps=5 \
+        eval.every=0 eval.batches=1 eval.batch_size=65536 train.progress=plain \
+        hydra.run.dir="$OUT/profile_run"
+      mv "$OUT/profile_run/profile" "$OUT/profile" 2>/dev/null
       ;;
     *) echo "unknown section $section"; exit 2 ;;
   esac

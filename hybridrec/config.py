@@ -181,6 +181,8 @@ class TrainLoopConfig:
     compile: str = "auto"  # dense: torch.compile the dense part | graphs: + CUDA graphs | none
     # | auto (dense on CUDA)
     kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
+    profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
+    profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
 
 
 @dataclass
@@ -401,6 +403,8 @@ def _check(c: Config, world_size: int) -> None:
     _positive("train.steps", c.train.steps)
     _positive("train.batch_size", c.train.batch_size)
     _positive("train.log_every", c.train.log_every)
+    _positive("train.profile_steps", c.train.profile_steps, allow_zero=True)
+    _positive("train.profile_start", c.train.profile_start, allow_zero=True)
     _positive("eval.every", c.eval.every, allow_zero=True)
     if c.eval.batches is not None:
         _positive("eval.batches", c.eval.batches, allow_zero=True)

@@ -21,6 +21,7 @@ class PhaseTimer:
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True) -> None:
         self.cuda = torch.device(device).type == "cuda"
         self.enabled = enabled
+        self.annotate = False  # also a named region in a torch.profiler trace (while profiling)
         self._cpu: dict[str, float] = defaultdict(float)
         self._events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = defaultdict(list)
 
@@ -29,6 +30,22 @@ class PhaseTimer:
         if not self.enabled:
             yield
             return
+        if self.annotate:
+            with torch.profiler.record_function(name):
+                yield from self._timed(name)
+            return
+        yield from self._timed(name)
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """A named region in a profiler trace while profiling; not timed."""
+        if self.annotate:
+            with torch.profiler.record_function(name):
+                yield
+        else:
+            yield
+
+    def _timed(self, name: str) -> Iterator[None]:
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -54,6 +54,7 @@ from hybridrec.train.checkpoint import (
 )
 from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from hybridrec.train.metrics import eval_metrics
+from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
@@ -177,6 +178,10 @@ class Trainer:
 
         `upcoming` (the next batch, when tables are host-resident) has its rows brought to
         the device caches while this step's backward runs (hybridrec.sparse.host)."""
+        with self.timer.region(STEP):
+            return self._train_step(batch, upcoming)
+
+    def _train_step(self, batch: Batch, upcoming: Batch | None) -> torch.Tensor:
         self.model.train()
         if self.schedule.enabled:  # the sparse rate must be set before the backward uses it
             self.lr = self.schedule.apply(self.step + 1, self.dense_opt, self._sparse_opts)
@@ -402,6 +407,18 @@ class Trainer:
         if self.has_host:
             self.warm_start_caches()
         loader = DevicePrefetcher(self.loader("train", self.step), self.env.device)
+        profiler = None
+        if cfg.train.profile_steps:
+            out = (self.run_dir or Path.cwd()) / "profile"
+            profiler = StepProfiler(
+                out,
+                env.rank,
+                cfg.train.profile_start,
+                cfg.train.profile_steps,
+                env.device,
+                self.timer,
+            )
+            profiler.after_step(self.step)  # a window starting at step 0 (or the resumed one)
         t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}
@@ -413,6 +430,8 @@ class Trainer:
             upcoming = next(loader) if self.has_host and self.step + 1 < steps else None
             loss = self.train_step(batch, upcoming)
             step = self.step
+            if profiler is not None:
+                profiler.after_step(step)
             if fault is not None and step == fault:
                 log.warning("rank %d: fault injection at step %d (HYBRIDREC_FAULT)", env.rank, step)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -463,6 +482,8 @@ class Trainer:
             if stop:
                 break
         loader.close()
+        if profiler is not None:
+            profiler.close()
         if bar is not None:
             bar.close()
         self.logger.close()
