@@ -191,6 +191,7 @@ class EvalConfig:
     batches: int | None = 8  # global batches per evaluation; None = the whole eval split
     batch_size: int = 1024
     target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
+    only: bool = False  # evaluate the restored model (checkpoint or model.init_from), no training
 
 
 @dataclass
@@ -367,6 +368,13 @@ def _check(c: Config, world_size: int) -> None:
     _positive("checkpoint.keep", c.checkpoint.keep)
     if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:
         raise ValueError("checkpoint.resume must be auto, never or a checkpoint path")
+    if c.eval.only and not (c.checkpoint.dir or c.model.init_from):
+        raise ValueError(
+            "eval.only evaluates a trained model: set checkpoint.dir (the newest checkpoint, or "
+            "checkpoint.resume=<path>) or model.init_from=<hybridrec-export file>"
+        )
+    if c.eval.only and c.eval.batches == 0:
+        raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
     n = len(m.num_embeddings_per_feature)

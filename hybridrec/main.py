@@ -81,7 +81,7 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
         if env.is_main:
             log.info("run dir %s", run_dir)
         trainer = Trainer(cfg, env, run_dir)
-        result = trainer.fit()
+        result = trainer.evaluate_only() if cfg.eval.only else trainer.fit()
         ok = True
     finally:
         # Free the model (DDP's reducer and the collectives' work objects) while the

@@ -44,6 +44,7 @@ from hybridrec.parallelize import build_model
 from hybridrec.sparse.host import CacheStats
 from hybridrec.timing import PhaseTimer
 from hybridrec.train.checkpoint import (
+    CheckpointError,
     TrainState,
     checkpoint_step,
     init_from_export,
@@ -285,6 +286,32 @@ class Trainer:
             )
             log.info("initialised weights from %s", self.cfg.model.init_from)
 
+    def evaluate_only(self) -> dict[str, Any]:
+        """eval.only: load the checkpoint (or model.init_from), evaluate, log one eval row."""
+        self.restore()
+        if self.resume_from is None and not self.cfg.model.init_from:
+            raise CheckpointError(
+                f"eval.only: no complete checkpoint under checkpoint.dir={self.cfg.checkpoint.dir}"
+                " to evaluate (checkpoint.resume=never, or none saved yet)"
+            )
+        metrics = self.evaluate()
+        if metrics:
+            self._record({"step": self.step, "split": "eval", **metrics})
+            self._log_eval(metrics)
+        self.logger.close()
+        return {"train": {}, "eval": metrics}
+
+    def _log_eval(self, metrics: dict[str, float]) -> None:
+        log.info(
+            "eval @ step %d  auc %.4f  logloss %.4f  accuracy %.4f  (%d samples of split %r)",
+            self.step,
+            metrics["auc"],
+            metrics["logloss"],
+            metrics["accuracy"],
+            metrics["eval_samples"],
+            self.cfg.data.eval_split,
+        )
+
     def save(self) -> Path | None:
         ck = self.cfg.checkpoint
         if not ck.dir:
@@ -403,6 +430,13 @@ class Trainer:
             env.world_size,
             env.device,
         )
+        if self.step >= steps:
+            log.info(
+                "the run is already at step %d >= train.steps=%d: nothing to train (raise "
+                "train.steps to continue, or eval.only=true to evaluate it)",
+                self.step,
+                steps,
+            )
         fault = _fault_injection(env.rank)
         if self.has_host:
             self.warm_start_caches()
@@ -461,13 +495,7 @@ class Trainer:
                 final_eval = self.evaluate()
                 if final_eval:
                     self._record({"step": step, "split": "eval", **final_eval})
-                    log.info(
-                        "eval @ step %d  auc %.4f  logloss %.4f  accuracy %.4f",
-                        step,
-                        final_eval["auc"],
-                        final_eval["logloss"],
-                        final_eval["accuracy"],
-                    )
+                    self._log_eval(final_eval)
                     target = cfg.eval.target_auc
                     if target is not None and final_eval["auc"] >= target:
                         log.info("reached eval.target_auc=%.5f at step %d: stopping", target, step)

@@ -83,11 +83,15 @@ def test_corrupt_truncated_missing_files_are_named(tmp_path):
 
 def test_checkpoint_of_another_model_lists_differences(tmp_path):
     _trainer(tmp_path, steps=2, every=2).fit()
-    other = _trainer(tmp_path, steps=4, num_embeddings_per_feature=[3, 40, 700, 5000, 999],
-                     bottom_mlp=[32, 8])
-    with pytest.raises(CheckpointError, match=r"(?s)different model.*table cat_4: checkpoint "
-                       r"20000x8, model 999x8.*dense bottom.0.weight: checkpoint \[16, 13\], "
-                       r"model \[32, 13\]"):
+    other = _trainer(
+        tmp_path, steps=4, num_embeddings_per_feature=[3, 40, 700, 5000, 999], bottom_mlp=[32, 8]
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"(?s)different model.*table cat_4: checkpoint "
+        r"20000x8, model 999x8.*dense bottom.0.weight: checkpoint \[16, 13\], "
+        r"model \[32, 13\]",
+    ):
         other.restore()
 
 
