@@ -55,6 +55,7 @@ from hybridrec.train.checkpoint import (
 )
 from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from hybridrec.train.metrics import eval_metrics
+from hybridrec.train.preemption import PreemptionGuard
 from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.types import Batch
 
@@ -210,6 +211,13 @@ class Trainer:
         self._first_bad = torch.where(bad & (self._first_bad < 0), self.step + 1, self._first_bad)
         self.step += 1
         return loss.detach()
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is true on any rank (a collective: every rank calls it)."""
+        v = torch.tensor(int(flag), device=self.env.device)
+        if self.env.group is not None:
+            dist.all_reduce(v, op=dist.ReduceOp.MAX, group=self.env.group)
+        return bool(v.item())
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         ok = torch.isfinite(loss.detach()).to(torch.int64)
@@ -397,7 +405,9 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train until `train.steps` (resuming if a checkpoint says so); returns the last
-        train row and the final eval metrics."""
+        train row, the final eval metrics and whether a stop signal ended it early (with
+        checkpoint.dir, SIGTERM and SIGUSR1 save a checkpoint and stop; see
+        hybridrec.train.preemption)."""
         cfg, env = self.cfg, self.env
         self.restore()
         if self.plan is not None and env.is_main:
@@ -417,7 +427,7 @@ class Trainer:
                     for tp in self.plan.tables
                 ],
             )
-        steps, every, ck_every = cfg.train.steps, cfg.eval.every, cfg.checkpoint.every
+        steps = cfg.train.steps
         bar = self._progress(steps)
         if bar is not None:
             bar.update(self.step)
@@ -437,7 +447,6 @@ class Trainer:
                 self.step,
                 steps,
             )
-        fault = _fault_injection(env.rank)
         if self.has_host:
             self.warm_start_caches()
         loader = DevicePrefetcher(self.loader("train", self.step), self.env.device)
@@ -453,11 +462,35 @@ class Trainer:
                 self.timer,
             )
             profiler.after_step(self.step)  # a window starting at step 0 (or the resumed one)
+        with PreemptionGuard(enabled=bool(cfg.checkpoint.dir)) as guard:
+            try:
+                result = self._run_steps(loader, bar, profiler, guard)
+            finally:
+                loader.close()
+                if profiler is not None:
+                    profiler.close()
+                if bar is not None:
+                    bar.close()
+        self.logger.close()
+        return result
+
+    def _run_steps(
+        self,
+        loader: DevicePrefetcher,
+        bar: tqdm | None,
+        profiler: StepProfiler | None,
+        guard: PreemptionGuard,
+    ) -> dict[str, Any]:
+        """fit()'s loop: steps, logging, evaluation, checkpoints, early and requested stops."""
+        cfg, env = self.cfg, self.env
+        steps, every, ck_every = cfg.train.steps, cfg.eval.every, cfg.checkpoint.every
+        fault = _fault_injection(env.rank)
         t_last, n_last = time.perf_counter(), self.step
         last_train: dict[str, Any] = {}
         final_eval: dict[str, float] = {}
         self.timer.report(1)  # drop anything timed before the loop
         upcoming: Batch | None = None
+        preempted = False
         while self.step < steps:
             batch = upcoming if upcoming is not None else next(loader)
             # with host-resident tables, the next batch is read ahead to prefetch its rows
@@ -469,7 +502,8 @@ class Trainer:
             if fault is not None and step == fault:
                 log.warning("rank %d: fault injection at step %d (HYBRIDREC_FAULT)", env.rank, step)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if step % cfg.train.log_every == 0 or step == steps:
+            log_now = step % cfg.train.log_every == 0 or step == steps
+            if log_now:
                 if env.device.type == "cuda":
                     torch.cuda.synchronize(env.device)
                 last_train = self._log_train(loss, step - n_last, time.perf_counter() - t_last)
@@ -491,7 +525,17 @@ class Trainer:
                         last_train["samples_per_sec"],
                     )
             stop = False
-            if (every and step % every == 0) or step == steps:
+            if log_now and cfg.checkpoint.dir:  # the guard is on: ask every rank
+                preempted = self._any_rank(guard.received is not None)
+                if preempted:
+                    log.warning(
+                        "%s received: saving a checkpoint at step %d and stopping; run the "
+                        "same command again to resume",
+                        guard.received or "a stop signal (on another rank)",
+                        step,
+                    )
+                    stop = True
+            if not preempted and ((every and step % every == 0) or step == steps):
                 final_eval = self.evaluate()
                 if final_eval:
                     self._record({"step": step, "split": "eval", **final_eval})
@@ -509,13 +553,7 @@ class Trainer:
                 bar.update(1)
             if stop:
                 break
-        loader.close()
-        if profiler is not None:
-            profiler.close()
-        if bar is not None:
-            bar.close()
-        self.logger.close()
-        return {"train": last_train, "eval": final_eval}
+        return {"train": last_train, "eval": final_eval, "preempted": preempted}
 
 
 def _memory_gb(device: torch.device) -> float:

@@ -1,0 +1,46 @@
+"""Checkpoint-and-stop on the signals schedulers send before they kill a job.
+
+SLURM (`--signal=USR1@120`, or SIGTERM at preemption and time limits), Kubernetes and
+torchrun's agent send SIGTERM or SIGUSR1 some time before SIGKILL. With `checkpoint.dir` set,
+the trainer turns them into a request: at the next logging step (where it synchronises anyway)
+the ranks agree whether any of them got one, and if so they save a checkpoint (atomically,
+as always) and stop; running the same command again resumes from it. Without a checkpoint
+directory the signals keep their default effect.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class PreemptionGuard:
+    """While entered (and enabled, on the main thread), SIGTERM and SIGUSR1 only record their
+    name in `received`; the previous handlers come back on exit."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def __enter__(self) -> PreemptionGuard:
+        if self.enabled:
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+        self._previous.clear()

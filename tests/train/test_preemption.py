@@ -1,0 +1,84 @@
+"""SIGTERM / SIGUSR1 with checkpoint.dir: every rank saves a checkpoint at the next logging
+step and stops; the same command resumes and ends with the weights of a run never stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from hybridrec.distributed import DistEnv, init_distributed
+from hybridrec.train.checkpoint import list_checkpoints
+from hybridrec.train.trainer import Trainer
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import make_cfg, snapshot
+
+
+def _cfg(ck_dir, mode="none", world=1, steps=12):
+    cfg = make_cfg(mode, "adam", world)
+    cfg.checkpoint.dir, cfg.train.steps, cfg.train.log_every = ck_dir, steps, 4
+    cfg.eval.every, cfg.eval.batches = 0, 1
+    return cfg
+
+
+def _signal_at(trainer: Trainer, at_step: int, sig: int) -> None:
+    """Make this process receive `sig` right after step `at_step`."""
+    step = trainer.train_step
+
+    def wrapped(*args, **kwargs):
+        loss = step(*args, **kwargs)
+        if trainer.step == at_step:
+            os.kill(os.getpid(), sig)
+        return loss
+
+    trainer.train_step = wrapped
+
+
+def test_sigterm_saves_at_the_next_log_step_and_resume_matches(tmp_path):
+    env = init_distributed("cpu")
+    torch.set_num_threads(1)
+    before = signal.getsignal(signal.SIGTERM)
+    t = Trainer(_cfg(str(tmp_path / "ck")), env)
+    _signal_at(t, 5, signal.SIGTERM)
+    result = t.fit()
+    assert result["preempted"] and t.step == 8  # the next logging step after 5
+    assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["step_8"]
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+    resumed = Trainer(_cfg(str(tmp_path / "ck")), env)
+    assert not resumed.fit()["preempted"] and resumed.step == 12
+    straight = Trainer(_cfg(str(tmp_path / "other")), env)
+    straight.fit()
+    a, b = snapshot(resumed), snapshot(straight)
+    for (spec, w, st), (_, w2, st2) in zip(a["shards"], b["shards"], strict=True):
+        torch.testing.assert_close(w, w2, msg=spec.table)
+        for k in st:
+            torch.testing.assert_close(st[k], st2[k])
+    for k, v in a["dense"].items():
+        torch.testing.assert_close(v, b["dense"][k], msg=k)
+
+
+def _rank_signalled(env: DistEnv, ck_dir: str):
+    t = Trainer(_cfg(ck_dir, "row_wise", env.world_size), env)
+    if env.rank == 1:
+        _signal_at(t, 6, signal.SIGUSR1)  # only rank 1 is told
+    return t.fit()["preempted"], t.step
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    ck = str(tmp_path / "ck")
+    assert spawn(3, _rank_signalled, ck) == [(True, 8)] * 3
+    assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["step_8"]
+
+
+def test_without_a_checkpoint_dir_signals_keep_their_default(tmp_path):
+    cfg = _cfg(None, steps=2)
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    t = Trainer(cfg, init_distributed("cpu"))
+    step = t.train_step
+    t.train_step = lambda *a, **k: (seen.append(signal.getsignal(signal.SIGTERM)), step(*a, **k))[1]
+    assert not t.fit()["preempted"]
+    assert seen == [before, before]
