@@ -174,3 +174,18 @@ def test_every_mode_and_optimizer_matches_reference(world):
                 "row_wise",
             ), kinds
         compare(ref, per_rank, cfg, f"W={world} {name}")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dcnv2_matches_reference(world):
+    """DLRM-DCNv2 (low-rank cross network instead of dot products) under DDP, sharded."""
+
+    def dcn(cfg: Config) -> Config:
+        cfg.model.arch, cfg.model.dcn_layers, cfg.model.dcn_rank = "dcnv2", 2, 4
+        return cfg
+
+    configs = [(f"{m}/adam", dcn(make_cfg(m, "adam", world))) for m in ("row_wise", "auto")]
+    results = spawn(world, run_all, configs)
+    ref = reference(dcn(make_cfg("none", "adam", 1)))
+    for name, cfg in configs:
+        compare(ref, [res[name] for res in results], cfg, f"W={world} dcnv2 {name}")
