@@ -4,6 +4,7 @@
 them into a gloo group through a file:// rendezvous in a temp dir, calls fn(env, *args) on
 every rank and returns the per-rank results. A rank that raises makes the whole call fail
 with that rank's traceback; a run that outlives `timeout` is killed and reported, never hung.
+A SIGABRT at interpreter exit, after a rank finished all its work, is tolerated (see spawn).
 `fn` must be a module-level function (it is pickled into the child processes).
 """
 
@@ -45,6 +46,7 @@ def _entry(
     finally:
         if env is not None:
             destroy_distributed(env, barrier=ok)
+    (Path(out) / f"done_{rank}").touch()  # everything of ours finished; only exit is left
 
 
 def spawn(
@@ -73,7 +75,16 @@ def spawn(
             raise AssertionError("\n".join(f"--- {e.stem}\n{e.read_text()}" for e in errors))
         if alive:
             raise TimeoutError(f"ranks {alive} still running after {timeout}s")
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        # gloo's worker threads can abort a process during interpreter shutdown, after all of
+        # its work (pytorch/pytorch#190489: "terminate called without an active exception"):
+        # a rank that finished everything, group teardown included, and then died of SIGABRT
+        # is not a failure of the code under test
+        finished = {r for r in range(world_size) if (Path(tmp) / f"done_{r}").exists()}
+        bad = [
+            (r, p.exitcode)
+            for r, p in enumerate(procs)
+            if p.exitcode != 0 and not (p.exitcode == -6 and r in finished)
+        ]
         if bad:
             raise AssertionError(f"ranks exited with errors (rank, exit code): {bad}")
         files = [Path(tmp) / f"result_{r}.pt" for r in range(world_size)]
