@@ -5,6 +5,8 @@
 
 Rows, each timed over the same pre-generated batches already on the device (data loading is
 not timed; the batches cycle):
+- dense part alone: the MLPs and interaction (compiled per `train.compile`) and the dense
+  optimizer on ready pooled embeddings: how fast a step could be if embeddings were free;
 - plain PyTorch: one nn.EmbeddingBag(sparse=True) per table, torch.optim SGD / SparseAdam for
   the embeddings, hybridrec's dense part and dense optimizer (benchmarks/baseline.py);
 - hybridrec (`sharding=none`): fused tables, the sparse optimizer applied inside the
@@ -38,9 +40,9 @@ from benchmarks.common import (  # noqa: E402
 from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
 from hybridrec.data import build_source  # noqa: E402
 from hybridrec.distributed import DistEnv, resolve_device  # noqa: E402
-from hybridrec.model import loss_fn  # noqa: E402
+from hybridrec.model import DenseArch, loss_fn  # noqa: E402
 from hybridrec.optim import build_dense_optimizer  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
+from hybridrec.train.trainer import Trainer, compile_dense  # noqa: E402
 from hybridrec.types import Batch  # noqa: E402
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
@@ -83,6 +85,33 @@ def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> 
     times = time_steps(step, args.steps, args.warmup, before=lambda: sync(device))
     out = {"ms": 1e3 * median(times), "peak": peak_memory(device, 1e9)}
     return out
+
+
+def run_dense_only(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
+    """The dense part alone (compiled as train.compile says), fed ready pooled embeddings
+    that take a gradient: the floor for any step that runs it after the lookup."""
+    reset_device(device)
+    torch.manual_seed(cfg.seed)
+    dense = compile_dense(DenseArch(cfg.model).to(device), cfg.train.compile, device)
+    opt = build_dense_optimizer(dense.parameters(), cfg.optim.dense, device)
+    tables = len(cfg.model.num_embeddings_per_feature)
+    shape = (args.batch_size, tables, cfg.model.embedding_dim)
+    pooled = [torch.randn(shape, device=device, requires_grad=True) for _ in batches]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(i: int) -> None:
+        b, p = batches[i % len(batches)], pooled[i % len(batches)]
+        with autocast:
+            logits = dense(b.dense, p).float()
+        loss = loss_fn(logits, b.labels)
+        opt.zero_grad(set_to_none=True)
+        p.grad = None
+        loss.backward()
+        opt.step()
+        sync(device)
+
+    times = time_steps(step, args.steps, args.warmup, before=lambda: sync(device))
+    return {"ms": 1e3 * median(times), "peak": peak_memory(device, 1e9)}
 
 
 def run_hybridrec(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
@@ -186,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
             write_report(args, rows, phases)
 
     add("plain PyTorch, EmbeddingBag + SGD", plain)
+    add("dense part alone (no embeddings)", run_dense_only(base, batches, device, args))
     if args.plain_adam:
         add(
             "plain PyTorch, EmbeddingBag + SparseAdam",

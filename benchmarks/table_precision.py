@@ -39,19 +39,36 @@ def main(argv: list[str] | None = None) -> None:
         lr = {"sgd": 1.0, "rowwise_adagrad": 0.05, "adam": 0.01}[opt]
         base = None
         for dtype in ("fp32", "bf16", "fp16"):
-            overrides = [f"model={args.model}", f"model.table_dtype={dtype}",
-                         f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",
-                         f"optim.sparse.name={opt}", f"optim.sparse.lr={lr}", "eval.every=0",
-                         "train.log_every=1000000", "device=cpu", *args.override]
+            overrides = [
+                f"model={args.model}",
+                f"model.table_dtype={dtype}",
+                f"train.steps={args.steps}",
+                f"train.batch_size={args.batch_size}",
+                f"optim.sparse.name={opt}",
+                f"optim.sparse.lr={lr}",
+                "eval.every=0",
+                "train.log_every=1000000",
+                "device=cpu",
+                *args.override,
+            ]
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = validate(compose("train", overrides=overrides))
             ev = Trainer(cfg, init_distributed("cpu")).fit()["eval"]
             base = base or ev
-            rows.append([opt, dtype, f"{ev['auc']:.4f}", f"{ev['auc'] - base['auc']:+.4f}",
-                         f"{ev['logloss']:.4f}", f"{ev['logloss'] - base['logloss']:+.4f}"])
+            rows.append(
+                [
+                    opt,
+                    dtype,
+                    f"{ev['auc']:.4f}",
+                    f"{ev['auc'] - base['auc']:+.4f}",
+                    f"{ev['logloss']:.4f}",
+                    f"{ev['logloss'] - base['logloss']:+.4f}",
+                ]
+            )
             print(rows[-1], flush=True)
-    table = markdown_table(["sparse optimizer", "tables", "eval AUC", "vs fp32", "log loss",
-                            "vs fp32"], rows)
+    table = markdown_table(
+        ["sparse optimizer", "tables", "eval AUC", "vs fp32", "log loss", "vs fp32"], rows
+    )
     print(table)
     if args.out:
         args.out.write_text(

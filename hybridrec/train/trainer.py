@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from tqdm import tqdm
 
 from hybridrec.config import Config
@@ -92,14 +93,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.source = build_source(cfg)
         self.model, self.plan = build_model(cfg, env)
-        compile_dense = cfg.train.compile in ("dense", "graphs") or (
-            cfg.train.compile == "auto" and env.device.type == "cuda"
-        )
-        if compile_dense:  # the embedding side stays eager: its backward runs the optimizer
-            # "graphs": the compiled dense part also replays as CUDA graphs (static shapes:
-            # every step has the same local batch), removing per-kernel launch overhead
-            mode = "reduce-overhead" if cfg.train.compile == "graphs" else None
-            self.model.dense = torch.compile(self.model.dense, dynamic=False, mode=mode)
+        self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
         self.dense_opt = build_dense_optimizer(
             self.model.dense.parameters(), cfg.optim.dense, env.device
         )
@@ -554,6 +548,17 @@ class Trainer:
             if stop:
                 break
         return {"train": last_train, "eval": final_eval, "preempted": preempted}
+
+
+def compile_dense(dense: nn.Module, mode: str, device: torch.device) -> nn.Module:
+    """The dense part as `train.compile` says: torch.compile'd for `dense` (and `auto` on
+    CUDA), also replayed as CUDA graphs for `graphs` (static shapes: every step has the same
+    local batch, so per-kernel launch overhead goes), unchanged for `none`. The embedding
+    side stays eager: its backward runs the optimizer."""
+    if mode in ("dense", "graphs") or (mode == "auto" and device.type == "cuda"):
+        compile_mode = "reduce-overhead" if mode == "graphs" else None
+        return torch.compile(dense, dynamic=False, mode=compile_mode)  # type: ignore[return-value]
+    return dense
 
 
 def _memory_gb(device: torch.device) -> float:

@@ -36,7 +36,13 @@ def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch
         ]
     )
     text = out.read_text()
-    for row in ("plain PyTorch, EmbeddingBag + SGD", "+ SparseAdam", "hybridrec, adam"):
+    rows = (
+        "plain PyTorch, EmbeddingBag + SGD",
+        "+ SparseAdam",
+        "dense part alone",
+        "hybridrec, adam",
+    )
+    for row in rows:
         assert row in text
     assert "## Where the time goes" in text and "sparse update" in text
 
