@@ -114,9 +114,17 @@ def run_dense_only(cfg: Config, batches: list[Batch], device: torch.device, args
     return {"ms": 1e3 * median(times), "peak": peak_memory(device, 1e9)}
 
 
-def run_hybridrec(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
+def run_hybridrec(
+    cfg: Config,
+    batches: list[Batch],
+    device: torch.device,
+    args,  # noqa: ANN001
+    per_table: bool = False,
+) -> dict:
     reset_device(device)
     trainer = Trainer(cfg, DistEnv(device=device))
+    if per_table:  # the lookup's older layout: per-table outputs stacked (and cat'ed back)
+        trainer.model.embeddings.sample_major = None
 
     def step(i: int) -> None:
         if i == args.warmup:
@@ -165,6 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
     p.add_argument("--check-ids", default="false", help="train.check_ids for hybridrec rows")
     p.add_argument("--plain-adam", action="store_true", help="also time plain SparseAdam")
+    p.add_argument(
+        "--per-table-layout",
+        action="store_true",
+        help="also time SGD with the lookup's per-table output layout (stack + cat copies) "
+        "instead of the sample-major one",
+    )
     p.add_argument(
         "--kernels",
         default="auto",
@@ -227,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
             label = f"hybridrec, {name}" + (f", {kernels} kernels" if kernels != "auto" else "")
             cfg = make_cfg(args, name, kernels)
             add(label, run_hybridrec(cfg, batches, device, args))
+    if args.per_table_layout:
+        cfg = make_cfg(args, "sgd")
+        add("hybridrec, sgd, per-table layout", run_hybridrec(cfg, batches, device, args, True))
     if args.out:
         print(f"wrote {args.out}")
 

@@ -6,7 +6,9 @@ share one interface, so the model never knows which one it holds:
     forward(ids [B, H] int64) -> pooled [B, T, D] fp32
 
 and the sparse optimizer runs inside the backward (see hybridrec.sparse.fused).
-Tables are grouped by width; each group is one FusedEmbedding with one lookup.
+Tables are grouped by width; each group is one FusedEmbedding with one lookup. When one group
+holds every table (equal widths, as in DLRM), its bags are numbered sample-major so its
+output already is [B, T, D]: no stack in the forward, no cat in the backward.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class EmbeddingCollection(nn.Module):
                 for key, idx in self.group_tables.items()
             }
         )
+        self.sample_major = self._sample_major_layout()
 
     def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
@@ -116,10 +119,47 @@ class EmbeddingCollection(nn.Module):
         if self.checker is not None:
             self.checker(ids)
         B = ids.shape[0]
+        if self.sample_major is not None:
+            with self.timer.phase("lookup"):
+                return self._lookup_sample_major(ids)
         out: list[torch.Tensor | None] = [None] * len(self.tables)
         with self.timer.phase("lookup"):
             self._lookup(ids, B, out)
         return torch.stack(out, dim=1)  # type: ignore[arg-type]
+
+    def _sample_major_layout(self) -> dict[str, torch.Tensor | None] | None:
+        """When one group holds every table in order (same widths: every DLRM), the lookup
+        can number its bags sample-major, bag (b, t) = b * T + t, following the ids' own
+        [B, H] layout; its output [B * T, D] is then pooled [B, T, D] as it is, and the
+        gradient arrives the same way: no per-table split, stack or cat in either pass
+        (each would copy the whole [B, T, D] tensor). Per column of ids: the row offset of
+        its table in the group, its table index, its pooling scale (None when all 1)."""
+        if list(self.group_tables.values()) != [list(range(len(self.tables)))]:
+            return None
+        group: FusedEmbedding = next(iter(self.groups.values()))
+        device = group.row_offsets.device
+        cols = [(i, t) for i, t in enumerate(self.tables) for _ in range(t.hotness)]
+        scales = [pooling_scale(t) for _, t in cols]
+        return {
+            "row_offset": torch.tensor([group.offsets_list[i] for i, _ in cols], device=device),
+            "table": torch.tensor([i for i, _ in cols], device=device),
+            "scale": None
+            if all(s == 1.0 for s in scales)
+            else torch.tensor(scales, dtype=torch.float32, device=device),
+        }
+
+    def _lookup_sample_major(self, ids: torch.Tensor) -> torch.Tensor:
+        layout = self.sample_major
+        assert layout is not None
+        group: FusedEmbedding = next(iter(self.groups.values()))
+        B, T = ids.shape[0], len(self.tables)
+        rows = (ids + layout["row_offset"]).reshape(-1)
+        first = torch.arange(B, device=ids.device).unsqueeze(1) * T
+        bags = (first + layout["table"]).reshape(-1)
+        scale = layout["scale"]
+        if scale is not None:
+            scale = scale.expand(B, -1).reshape(-1)
+        return group.lookup(rows, bags, scale, B * T).view(B, T, group.width)
 
     def _lookup(self, ids: torch.Tensor, B: int, out: list[torch.Tensor | None]) -> None:
         for key, group in self.groups.items():

@@ -258,12 +258,17 @@ class FusedEmbedding(nn.Module):
     def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
         """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
         rows_t, bags_t, scale_t, sizes = self.flatten(inputs)
+        return list(torch.split(self.lookup(rows_t, bags_t, scale_t, sum(sizes)), sizes))
+
+    def lookup(
+        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+    ) -> torch.Tensor:
+        """pooled [num_bags, D] fp32 of group rows `rows` [N] (bags [N] non-decreasing, in
+        any bag order the caller likes); training applies the optimizer in the backward."""
         if torch.is_grad_enabled() and self.optimizer is not None:
             anchor = torch.zeros(0, device=self.row_offsets.device, requires_grad=True)
-            pooled = _GroupLookup.apply(anchor, self, rows_t, bags_t, scale_t, sum(sizes))
-        else:
-            pooled = self.pool(rows_t, bags_t, scale_t, sum(sizes))
-        return list(torch.split(pooled, sizes))
+            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags)
+        return self.pool(rows, bags, scale, num_bags)
 
     def pool(
         self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int

@@ -32,6 +32,7 @@ def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch
             "--warmup=1",
             "--optimizers=sgd,adam",
             "--plain-adam",
+            "--per-table-layout",
             f"--out={out}",
         ]
     )
@@ -41,6 +42,7 @@ def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch
         "+ SparseAdam",
         "dense part alone",
         "hybridrec, adam",
+        "hybridrec, sgd, per-table layout",
     )
     for row in rows:
         assert row in text

@@ -170,3 +170,54 @@ def test_low_precision_tables_round_once_with_fp32_math(dtype):
     assert torch.equal(g.weight[[3, 7]], expected)
     untouched = [i for i in range(30) if i not in (3, 7)]
     assert torch.equal(g.weight[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam"])
+def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
+    """One group of every table numbers its bags sample-major and returns [B, T, D] without a
+    stack (nor a cat in the backward); it must give what the per-table path gives, bit for
+    bit: pooled values, and weights and state after updates (multi-hot, mean and sum)."""
+    from hybridrec.sparse import triton_ops
+
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    triton_ops.set_kernels(kernels)
+    tables = [
+        TableConfig("a", 30, 8, hotness=2, pooling=Pooling.MEAN),
+        TableConfig("b", 7, 8),
+        TableConfig("c", 50, 8, hotness=3),
+    ]
+    make = {
+        "sgd": lambda: SparseSGD(0.3),
+        "rowwise_adagrad": lambda: RowWiseAdagrad(0.2),
+        "adam": lambda: SparseAdam(0.05),
+    }[opt]
+    fast = EmbeddingCollection(tables, make(), seed=3)
+    slow = EmbeddingCollection(tables, make(), seed=3)
+    assert fast.sample_major is not None
+    slow.sample_major = None  # the per-table path: split, stack, cat
+    g = torch.Generator().manual_seed(0)
+    try:
+        for _ in range(3):
+            ids = torch.cat(
+                [torch.randint(0, t.num_rows, (5, t.hotness), generator=g) for t in tables], 1
+            )
+            coeff = torch.randn(5, 3, 8, generator=g)
+            a, b = fast(ids), slow(ids)
+            assert a.shape == (5, 3, 8) and a.is_contiguous()
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            (a * coeff).sum().backward()
+            (b * coeff).sum().backward()
+        for (spec, w, st), (_, w2, st2) in zip(fast.shard_views(), slow.shard_views(), strict=True):
+            torch.testing.assert_close(w, w2, rtol=0, atol=0, msg=spec.table)
+            for k in st:
+                torch.testing.assert_close(st[k], st2[k], rtol=0, atol=0)
+    finally:
+        triton_ops.set_kernels("auto")
+
+
+def test_tables_of_several_widths_keep_the_per_table_path():
+    tables = [TableConfig("a", 10, 8), TableConfig("b", 10, 4)]
+    assert EmbeddingCollection(tables, SparseSGD(0.1)).sample_major is None
