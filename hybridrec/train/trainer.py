@@ -103,7 +103,7 @@ class Trainer:
             {
                 id(g.optimizer): g.optimizer
                 for g in self.model.embeddings.groups.values()
-                if g.optimizer
+                if g.optimizer is not None
             }.values()
         )
         self.lr = (cfg.optim.dense.lr, cfg.optim.sparse.lr)  # (dense, sparse) of the last step
