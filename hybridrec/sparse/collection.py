@@ -36,12 +36,24 @@ def pooling_scale(table: TableConfig) -> float:
 
 
 class IdChecker:
-    """Range check of ids [B, H] against each column's table size, with a precise error."""
+    """Range check of ids [B, H] against each column's table size, with a precise error.
 
-    def __init__(self, tables: Sequence[TableConfig]) -> None:
+    On the CPU a bad id raises at once. On CUDA that would cost a host sync every step, so
+    the check is deferred (`defer`, default: on CUDA): `sanitize` replaces bad ids with 0
+    before any kernel reads memory and records the first bad one on the device; the trainer
+    raises its error (`raise_recorded`) at the next logging step, evaluation or checkpoint,
+    where it syncs anyway, so a bad batch never reaches a checkpoint or a metric.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], defer: bool | None = None) -> None:
         self.tables = list(tables)
         self.offsets = hot_offsets(self.tables)
         self._limits: dict[torch.device, torch.Tensor] = {}
+        self.defer = defer
+        self._record: torch.Tensor | None = None  # [3] int64: sample, column, id; -1 = none
+
+    def deferred(self, ids: torch.Tensor) -> bool:
+        return ids.is_cuda if self.defer is None else self.defer
 
     def limits(self, device: torch.device) -> torch.Tensor:
         if device not in self._limits:
@@ -73,6 +85,40 @@ class IdChecker:
         bad = self.bad_mask(ids)
         if bool(bad.any()):
             self.raise_first(ids, bad, sample_base)
+
+    def sanitize(self, ids: torch.Tensor, sample_base: int = 0) -> torch.Tensor:
+        """ids with out-of-range ones replaced by 0; the first bad id (sample, column, value)
+        is remembered on the device until `raise_recorded`. No host sync."""
+        bad = self.bad_mask(ids)
+        flat = bad.reshape(-1)
+        first = flat.to(torch.int8).argmax()  # the first bad position (0 when none is bad)
+        width = ids.shape[1]
+        value = ids.reshape(-1).index_select(0, first.view(1)).squeeze(0)  # no tensor indexing:
+        found = torch.stack([first // width + sample_base, first % width, value])  # it syncs
+        if self._record is None or self._record.device != ids.device:
+            self._record = torch.full((3,), -1, dtype=torch.int64, device=ids.device)
+        keep = (self._record[0] >= 0) | ~flat.any()
+        self._record = torch.where(keep, self._record, found)
+        return ids.masked_fill(bad, 0)
+
+    def found(self) -> bool:
+        """Whether `sanitize` has met a bad id since the last `raise_recorded` (a host sync)."""
+        return self._record is not None and int(self._record[0]) >= 0
+
+    def raise_recorded(self) -> None:
+        """Raise IdOutOfRangeError for the first bad id `sanitize` met, if any (a host sync)."""
+        if not self.found():
+            return
+        assert self._record is not None
+        sample, col, value = (int(x) for x in self._record.tolist())
+        self._record = None
+        t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
+        table = self.tables[t]
+        raise IdOutOfRangeError(
+            f"feature {t} ({table.name}): id {value} at sample {sample} of a batch since the "
+            f"last check is outside table {table.name!r} of {table.num_rows} rows (valid ids: "
+            f"0..{table.num_rows - 1}); those ids were read as 0 and the run stops here"
+        )
 
 
 class EmbeddingCollection(nn.Module):
@@ -114,10 +160,18 @@ class EmbeddingCollection(nn.Module):
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
         return [view for group in self.groups.values() for view in group.shard_views()]
 
+    def raise_bad_ids(self) -> None:
+        """Raise for a bad id a deferred check met (see IdChecker); a host sync."""
+        if self.checker is not None:
+            self.checker.raise_recorded()
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, H] int64 -> pooled [B, T, D] fp32."""
         if self.checker is not None:
-            self.checker(ids)
+            if self.checker.deferred(ids):
+                ids = self.checker.sanitize(ids)
+            else:
+                self.checker(ids)
         B = ids.shape[0]
         if self.sample_major is not None:
             with self.timer.phase("lookup"):

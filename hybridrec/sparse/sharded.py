@@ -155,7 +155,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.group_units = by_key  # group key -> its local units, in group order
         # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
         self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
-        self._prefetched: tuple[torch.Tensor, list[LookupInput]] | None = None
+        self._prefetched: tuple[torch.Tensor, torch.Tensor, list[LookupInput]] | None = None
         # Replicated tables: the full table on every rank, grouped by width the same way.
         dp_by_width: dict[int, list[int]] = {}
         for i in self.dp_tables:
@@ -183,10 +183,13 @@ class ShardedEmbeddingCollection(nn.Module):
         return self.plan.tables[table_index].shards
 
     # -- steps of forward -------------------------------------------------------------------
-    def _check_ids(self, ids: torch.Tensor) -> None:
-        """Every rank learns whether any rank saw a bad id, so all fail together (no hang)."""
+    def _check_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids, checked: every rank learns whether any rank saw a bad id, so all fail together
+        (no hang). Deferred on CUDA (IdChecker): bad ids read as 0 until raise_bad_ids."""
         if self.checker is None:
-            return
+            return ids
+        if self.checker.deferred(ids):
+            return self.checker.sanitize(ids, sample_base=self.rank * ids.shape[0])
         bad = self.checker.bad_mask(ids)
         local_bad = bool(bad.any())
         if any_rank(local_bad, self.group, ids.device):
@@ -195,6 +198,20 @@ class ShardedEmbeddingCollection(nn.Module):
             raise IdOutOfRangeError(
                 f"rank {self.rank}: another rank found an out-of-range id in this batch "
                 "(that rank's error names the feature and the id)"
+            )
+        return ids
+
+    def raise_bad_ids(self) -> None:
+        """Raise, on every rank, for a bad id a deferred check met on any rank (collective)."""
+        if self.checker is None:
+            return
+        local = self.checker.found()
+        if any_rank(local, self.group, self.device):
+            if local:
+                self.checker.raise_recorded()
+            raise IdOutOfRangeError(
+                f"rank {self.rank}: another rank found an out-of-range id in a batch since the "
+                "last check (that rank's error names the feature and the id)"
             )
 
     def _input_dist(self, ids: torch.Tensor) -> list[LookupInput]:
@@ -455,9 +472,9 @@ class ShardedEmbeddingCollection(nn.Module):
             return
         # one phase for all of it (outside the forward, so not counted in its phases)
         with self.timer.phase("host_prefetch"):
-            self._check_ids(ids)
-            inputs = self._input_dist(ids)
-            self._prefetched = (ids, inputs)
+            clean = self._check_ids(ids)
+            inputs = self._input_dist(clean)
+            self._prefetched = (ids, clean, inputs)
             for key, group in self.groups.items():
                 if isinstance(group, HostCachedEmbedding):
                     ks = self.group_units[key]
@@ -468,9 +485,9 @@ class ShardedEmbeddingCollection(nn.Module):
         b_local = ids.shape[0]
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is ids:
-            inputs = prefetched[1]  # checked and distributed by prefetch()
+            _, ids, inputs = prefetched  # checked and distributed by prefetch()
         else:
-            self._check_ids(ids)
+            ids = self._check_ids(ids)
             with self.timer.phase("input_dist"):
                 inputs = self._input_dist(ids)
         self._inputs = inputs if self.exchange_row_stats else []

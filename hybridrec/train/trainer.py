@@ -219,6 +219,13 @@ class Trainer:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.env.group)
         return bool(ok.item())
 
+    def check_inputs(self) -> None:
+        """Raise if a deferred id check (CUDA, see hybridrec.sparse.collection.IdChecker) met
+        an out-of-range id since the last call; collective on several ranks."""
+        raise_bad_ids = getattr(self.model.embeddings, "raise_bad_ids", None)
+        if raise_bad_ids is not None:
+            raise_bad_ids()
+
     def check_finite(self) -> None:
         """Raise if any step so far had a NaN or inf loss, naming the first such step."""
         first = self._first_bad.clone()
@@ -261,6 +268,7 @@ class Trainer:
             labels.append(batch.labels)
             real.append(first + step * batch_size < (rows if rows is not None else math.inf))
         loader.close()
+        self.check_inputs()  # no metrics from batches with bad ids
         if not logits:
             return {}
         local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
@@ -318,7 +326,8 @@ class Trainer:
         ck = self.cfg.checkpoint
         if not ck.dir:
             return None
-        self.check_finite()  # never checkpoint poisoned weights
+        self.check_inputs()  # never checkpoint poisoned weights
+        self.check_finite()
         state = TrainState(self.step, self.step, {"skipped": self.skipped})
         return save_checkpoint(
             Path(ck.dir),
@@ -346,6 +355,7 @@ class Trainer:
 
     def _log_train(self, loss: torch.Tensor, steps_since: int, seconds: float) -> dict[str, Any]:
         mean_loss = self.global_mean(loss)
+        self.check_inputs()
         self.check_finite()
         phases = self.timer.report(steps_since)
         emb = sum(

@@ -63,6 +63,28 @@ def test_out_of_range_id_on_one_rank_fails_all_ranks():
     assert "another rank found an out-of-range id" in msgs[0]
 
 
+def deferred_bad_id_on_rank_1(env):
+    """As on CUDA: the step runs (bad ids read as 0), the check at logging time fails all."""
+    cfg = make_cfg("row_wise", "sgd", env.world_size)
+    model, _ = build_model(cfg, env)
+    model.embeddings.checker.defer = True
+    from hybridrec.data import build_source
+
+    batch = build_source(cfg).batch(0, cfg.train.batch_size)
+    n = batch.size // env.world_size
+    batch = batch.slice(env.rank * n, (env.rank + 1) * n)
+    if env.rank == 1:
+        batch.ids[5, 3] = 700
+    loss_fn(model(batch.dense, batch.ids), batch.labels).backward()
+    return _try(model.embeddings.raise_bad_ids)
+
+
+def test_deferred_id_check_on_one_rank_fails_all_ranks():
+    msgs = spawn(2, deferred_bad_id_on_rank_1)
+    assert "IdOutOfRangeError" in msgs[1] and "id 700 at sample 29" in msgs[1]
+    assert "another rank found an out-of-range id" in msgs[0]
+
+
 def dead_or_stuck_peer(env, how):
     cfg = make_cfg("table_wise", "sgd", env.world_size)
     model, _ = build_model(cfg, env)

@@ -1,7 +1,7 @@
 """On one GPU: a training step makes no host synchronisation (CUDA sync-debug mode).
 
-sharding=none, Triton kernels, train.check_ids=false (the id check reads one flag per step;
-the default keeps it on, switch it off once the data is validated). A warmup step first
+sharding=none, Triton kernels, with and without train.check_ids (on CUDA the id check is
+deferred: bad ids read as 0 and the run stops at the next logging step). A warmup step first
 (first launches compile kernels and allocate); then torch.cuda.set_sync_debug_mode("error")
 turns any synchronising call inside train_step into an error.
 """
@@ -18,11 +18,12 @@ from tests.distributed.test_equivalence import make_cfg
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("check_ids", [True, False])
 @pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("compile_mode", ["none", "dense"])
-def test_train_step_never_syncs(sparse, compile_mode):
+def test_train_step_never_syncs(sparse, compile_mode, check_ids):
     cfg = make_cfg("none", sparse, 1)
-    cfg.device, cfg.train.check_ids = "cuda", False
+    cfg.device, cfg.train.check_ids = "cuda", check_ids
     cfg.train.kernels, cfg.train.compile = "triton", compile_mode
     trainer = Trainer(cfg, DistEnv(device=torch.device("cuda")))
     batches = [trainer.train_batch(s).to("cuda") for s in range(3)]

@@ -221,3 +221,38 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
 def test_tables_of_several_widths_keep_the_per_table_path():
     tables = [TableConfig("a", 10, 8), TableConfig("b", 10, 4)]
     assert EmbeddingCollection(tables, SparseSGD(0.1)).sample_major is None
+
+
+def test_deferred_id_check_reads_bad_ids_as_zero_and_raises_later():
+    """On CUDA the check would sync every step: it is deferred (forced here on the CPU). Bad
+    ids read as row 0 before any kernel touches memory; the error, with the same details,
+    comes at the next check (the trainer's logging step, evaluation or checkpoint)."""
+    tables = [TableConfig("cat_0", 10, 4), TableConfig("cat_1", 5, 4)]
+    coll = EmbeddingCollection(tables, None, check_ids=True)
+    coll.checker.defer = True
+    coll.raise_bad_ids()  # nothing recorded: no error
+    good = coll(torch.tensor([[0, 0], [9, 0], [3, 0]]))
+    bad = coll(torch.tensor([[0, 0], [9, 5], [3, -2]]))  # two bad ids: the first is named
+    torch.testing.assert_close(bad, good, rtol=0, atol=0)
+    coll(torch.tensor([[1, 1]]))  # later batches do not overwrite the first record
+    with pytest.raises(IdOutOfRangeError, match=r"feature 1 \(cat_1\): id 5 at sample 1 .*5 rows"):
+        coll.raise_bad_ids()
+    coll.raise_bad_ids()  # reported once
+
+
+def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
+    from hybridrec.distributed import init_distributed
+    from hybridrec.train.checkpoint import list_checkpoints
+    from hybridrec.train.trainer import Trainer
+    from tests.distributed.test_equivalence import make_cfg
+
+    cfg = make_cfg("none", "sgd", 1)
+    cfg.checkpoint.dir = str(tmp_path)
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    trainer.model.embeddings.checker.defer = True
+    batch = trainer.train_batch(0)
+    batch.ids[7, 3] = 10**6  # cat_2's column
+    trainer.train_step(batch)  # no error yet: no sync in the step
+    with pytest.raises(IdOutOfRangeError, match="id 1000000 at sample 7"):
+        trainer.save()
+    assert list_checkpoints(tmp_path) == []
