@@ -290,6 +290,20 @@ class Trainer:
             self.step = state.step
             self.skipped = int(state.extra.get("skipped", 0))
             log.info("resumed from %s at step %d", path, self.step)
+            saved = state.extra.get("stream")
+            changed = [
+                f"{k} {saved[k]!r} -> {v!r}"
+                for k, v in self._stream().items()
+                if saved is not None and k in saved and saved[k] != v
+            ]
+            if changed:
+                log.warning(
+                    "resuming with a different training stream (%s): training continues at "
+                    "global batch %d of the new stream, not where the saved run stopped, so "
+                    "the result will differ from an uninterrupted run",
+                    "; ".join(changed),
+                    self.step,
+                )
         elif self.cfg.model.init_from:
             init_from_export(
                 Path(self.cfg.model.init_from), self.model, list(self.cfg.model.tables())
@@ -322,13 +336,31 @@ class Trainer:
             self.cfg.data.eval_split,
         )
 
+    def _stream(self) -> dict[str, Any]:
+        """What decides which samples global batch k holds: a resume with other values
+        continues a different stream (warned about in restore)."""
+        d = self.cfg.data
+        return {
+            "train.batch_size": self.cfg.train.batch_size,
+            "seed": self.cfg.seed,
+            "data.name": d.name,
+            "data.path": d.path,
+            "data.shuffle": d.shuffle,
+            "data.last_batch": d.last_batch,
+            "data.zipf_exponent": d.zipf_exponent,
+            "data.teacher_scale": d.teacher_scale,
+            "data.label_noise": d.label_noise,
+        }
+
     def save(self) -> Path | None:
         ck = self.cfg.checkpoint
         if not ck.dir:
             return None
         self.check_inputs()  # never checkpoint poisoned weights
         self.check_finite()
-        state = TrainState(self.step, self.step, {"skipped": self.skipped})
+        state = TrainState(
+            self.step, self.step, {"skipped": self.skipped, "stream": self._stream()}
+        )
         return save_checkpoint(
             Path(ck.dir),
             state,

@@ -147,3 +147,16 @@ def test_export_cli(tmp_path, capsys):
     state = torch.load(tmp_path / "m.pt", weights_only=True)
     assert state["embeddings.cat_4.weight"].shape == (20000, 8)
     assert main([str(tmp_path / "nothing"), str(tmp_path / "x.pt")]) == 2
+
+
+def test_resume_with_another_data_stream_is_named(tmp_path, caplog):
+    _trainer(tmp_path, steps=2, every=2).fit()
+    t = _trainer(tmp_path, steps=4)
+    t.cfg.train.batch_size, t.cfg.seed = 24, 8
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        t.restore()
+    assert "different training stream (train.batch_size 48 -> 24; seed 7 -> 8)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        _trainer(tmp_path, steps=4).restore()  # the same stream: nothing to say
+    assert "different training stream" not in caplog.text
