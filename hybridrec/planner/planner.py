@@ -301,6 +301,10 @@ def row_ranges(num_rows: int, k: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB' (binary units, as memory is counted)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -788,9 +792,9 @@ def _plan_pinned_device(
     plans: dict[str, TablePlan] = {}
     for t in tables:
         if pins[t.name] == "row_wise":
-            plans[t.name] = _rw_plan(t, world, f"{min(world, t.num_rows)} row ranges")
+            plans[t.name] = _rw_plan(t, world, _count(min(world, t.num_rows), "row range"))
         elif pins[t.name] == "data_parallel":
-            plans[t.name] = _dp_plan(t, world, f"replicated on {world} ranks")
+            plans[t.name] = _dp_plan(t, world, f"replicated on {_count(world, 'rank')}")
     placed = [t for t in tables if pins[t.name] in ("table_wise", "column_wise")]
     k = {t.name: 1 if pins[t.name] == "table_wise" else min(world, t.dim) for t in placed}
     pieces = {t.name: _pieces(t, k[t.name], ctx) for t in placed}
@@ -888,14 +892,16 @@ def plan_sharding(
     elif mode == "row_wise":
         plans.update(
             {
-                t.name: _rw_plan(t, world, f"row_wise: {min(world, t.num_rows)} row ranges")
+                t.name: _rw_plan(
+                    t, world, f"row_wise: {_count(min(world, t.num_rows), 'row range')}"
+                )
                 for t in free
             }
         )
     elif mode == "data_parallel":
         plans.update(
             {
-                t.name: _dp_plan(t, world, f"data_parallel: replicated on {world} ranks")
+                t.name: _dp_plan(t, world, f"data_parallel: replicated on {_count(world, 'rank')}")
                 for t in free
             }
         )
