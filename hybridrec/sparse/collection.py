@@ -73,12 +73,14 @@ class IdChecker:
     def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
         """Raise IdOutOfRangeError naming the first bad id's feature, value and table size."""
         b, col = (int(x) for x in bad.nonzero()[0])
+        raise self._error(col, int(ids[b, col]), f"sample {sample_base + b}")
+
+    def _error(self, col: int, value: int, where: str, then: str = "") -> IdOutOfRangeError:
         t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
         table = self.tables[t]
-        raise IdOutOfRangeError(
-            f"feature {t} ({table.name}): id {int(ids[b, col])} at sample {sample_base + b} is "
-            f"outside table {table.name!r} of {table.num_rows} rows "
-            f"(valid ids: 0..{table.num_rows - 1})"
+        return IdOutOfRangeError(
+            f"feature {t} ({table.name}): id {value} at {where} is outside table "
+            f"{table.name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}){then}"
         )
 
     def __call__(self, ids: torch.Tensor, sample_base: int = 0) -> None:
@@ -93,8 +95,9 @@ class IdChecker:
         flat = bad.reshape(-1)
         first = flat.to(torch.int8).argmax()  # the first bad position (0 when none is bad)
         width = ids.shape[1]
-        value = ids.reshape(-1).index_select(0, first.view(1)).squeeze(0)  # no tensor indexing:
-        found = torch.stack([first // width + sample_base, first % width, value])  # it syncs
+        # index_select, not ids.reshape(-1)[first]: indexing with a tensor reads it (a sync)
+        value = ids.reshape(-1).index_select(0, first.view(1)).squeeze(0)
+        found = torch.stack([first // width + sample_base, first % width, value])
         if self._record is None or self._record.device != ids.device:
             self._record = torch.full((3,), -1, dtype=torch.int64, device=ids.device)
         keep = (self._record[0] >= 0) | ~flat.any()
@@ -112,13 +115,8 @@ class IdChecker:
         assert self._record is not None
         sample, col, value = (int(x) for x in self._record.tolist())
         self._record = None
-        t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
-        table = self.tables[t]
-        raise IdOutOfRangeError(
-            f"feature {t} ({table.name}): id {value} at sample {sample} of a batch since the "
-            f"last check is outside table {table.name!r} of {table.num_rows} rows (valid ids: "
-            f"0..{table.num_rows - 1}); those ids were read as 0 and the run stops here"
-        )
+        where = f"sample {sample} of a batch since the last check"
+        raise self._error(col, value, where, "; those ids were read as 0 and the run stops here")
 
 
 class EmbeddingCollection(nn.Module):
