@@ -110,6 +110,7 @@ class DataConfig:
     last_batch: str = "drop"  # drop | pad: the final partial global batch of a train epoch
     eval_split: str = "val"  # val | test: what evaluation reads
     verify: str = "read"  # size | read (checksum each block once when read) | full (at start)
+    multi_hot: str = "none"  # none | synthetic: one-hot ids -> bags of model.hotness ids
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
 
 
@@ -465,6 +466,12 @@ def _check_data(c: Config) -> None:
     _choice("data.last_batch", d.last_batch, ("drop", "pad"))
     _choice("data.eval_split", d.eval_split, ("val", "test"))
     _choice("data.verify", d.verify, ("size", "read", "full"))
+    _choice("data.multi_hot", d.multi_hot, ("none", "synthetic"))
+    if d.multi_hot == "synthetic" and d.name == "synthetic":
+        raise ValueError(
+            "data.multi_hot=synthetic expands a one-hot dataset (criteo, criteo_sample); "
+            "data.name=synthetic already draws model.hotness ids per bag"
+        )
     _positive("data.prefetch", d.prefetch, allow_zero=True)
     if d.name == "criteo" and not d.path:
         raise ValueError(

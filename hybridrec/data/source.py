@@ -14,8 +14,9 @@ the loaders stop there).
   else ~/.cache/hybridrec; key = hash of the file's bytes and the options. Concurrent ranks
   each build into a private temp dir and rename it into place; the first one wins.
 Then the dataset's tables are checked against the model config *before* anything is built:
-a different number of tables or dense features, multi-hot tables, or a table whose
-cardinality differs is a ValueError naming the table and giving the override that fits.
+a different number of tables or dense features, multi-hot tables (unless data.multi_hot=
+synthetic expands the one-hot ids, hybridrec.data.multihot), or a table whose cardinality
+differs is a ValueError naming the table and giving the override that fits.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 from hybridrec.config import Config, ModelConfig
 from hybridrec.data.dataset import Dataset, open_dataset
 from hybridrec.data.manifest import MANIFEST, VERSION, Manifest
+from hybridrec.data.multihot import SyntheticMultiHot
 from hybridrec.data.order import BatchPlan
 from hybridrec.data.readers import make_reader
 from hybridrec.types import Batch
@@ -57,8 +59,10 @@ class BinarySource:
         last_batch: str = "drop",
         eval_split: str = "val",
         dali_device: str = "cpu",
+        multi_hot: SyntheticMultiHot | None = None,
     ) -> None:
         self.dataset = dataset
+        self.multi_hot = multi_hot if multi_hot is not None and multi_hot.needed else None
         self.reader = make_reader(reader, dataset, dali_device)
         self.seed, self.shuffle, self.last_batch = seed, shuffle, last_batch
         self.eval_split = eval_split
@@ -111,7 +115,10 @@ class BinarySource:
                 f"split {plan.name!r} has {plan.steps_per_epoch} batches of {batch_size}; "
                 f"asked for batch {step}"
             )
-        return self.reader.read(plan, step, lo, hi)
+        batch = self.reader.read(plan, step, lo, hi)
+        if self.multi_hot is not None:
+            batch = Batch(batch.dense, self.multi_hot(batch.ids), batch.labels)
+        return batch
 
     def id_counts(self, table_index: int) -> np.ndarray | None:
         """Train frequency of every id of table `table_index`, [num_embeddings] int64 (from
@@ -133,8 +140,11 @@ class BinarySource:
 # -- checking the model against the data -------------------------------------------------------
 
 
-def check_model_matches(manifest: Manifest, model: ModelConfig, where: str) -> None:
-    """ValueError (naming the table) unless the model's tables fit the dataset exactly."""
+def check_model_matches(
+    manifest: Manifest, model: ModelConfig, where: str, multi_hot: str = "none"
+) -> None:
+    """ValueError (naming the table) unless the model's tables fit the dataset exactly
+    (multi-hot tables only with data.multi_hot=synthetic)."""
     cards = manifest.cardinalities
     rows = list(model.num_embeddings_per_feature)
     fix = f"model.num_embeddings_per_feature=[{','.join(map(str, cards))}]"
@@ -151,10 +161,11 @@ def check_model_matches(manifest: Manifest, model: ModelConfig, where: str) -> N
         )
     hot = model.hotness_list()
     for t, (table, h) in enumerate(zip(manifest.tables, hot, strict=True)):
-        if h != 1:
+        if h != 1 and multi_hot != "synthetic":
             raise ValueError(
                 f"table {table.name}: model.hotness is {h} but the dataset is one-hot "
-                "(one id per sample and table); set model.hotness=1"
+                "(one id per sample and table); set model.hotness=1, or data.multi_hot="
+                "synthetic to expand each id into a bag of that many (hybridrec.data.multihot)"
             )
         if rows[t] != table.num_embeddings:
             raise ValueError(
@@ -234,7 +245,7 @@ def open_source(cfg: Config) -> BinarySource:
     """The BinarySource for data.name=criteo|criteo_sample, checked against the model."""
     path = dataset_dir(cfg)
     ds = open_dataset(path, cfg.data.verify)
-    check_model_matches(ds.manifest, cfg.model, str(path))
+    check_model_matches(ds.manifest, cfg.model, str(path), cfg.data.multi_hot)
     dali_device = "cpu"
     if cfg.data.reader == "dali" and cfg.data.dali_device != "cpu":
         import torch
@@ -252,6 +263,9 @@ def open_source(cfg: Config) -> BinarySource:
         cfg.data.last_batch,
         cfg.data.eval_split,
         dali_device,
+        SyntheticMultiHot(cfg.model.num_embeddings_per_feature, cfg.model.hotness_list())
+        if cfg.data.multi_hot == "synthetic"
+        else None,
     )
     source.steps_per_epoch(cfg.train.batch_size, "train")  # too small a split: fail now
     if cfg.eval.batches != 0 and source.split_rows("eval") == 0:

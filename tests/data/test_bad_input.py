@@ -164,8 +164,10 @@ def test_model_must_match_dataset(sample_dataset):
     assert f"model.num_embeddings_per_feature=[{','.join(map(str, m.cardinalities))}]" in str(
         e.value
     )
-    with pytest.raises(ValueError, match="table cat_0: model.hotness is 2"):
-        check_model_matches(m, _cfg("data=criteo_sample", "model.hotness=2").model, "x")
+    multi = _cfg("data=criteo_sample", "model.hotness=2").model
+    with pytest.raises(ValueError, match="table cat_0: model.hotness is 2 .* data.multi_hot="):
+        check_model_matches(m, multi, "x")
+    check_model_matches(m, multi, "x", multi_hot="synthetic")  # expanded from one-hot: fits
 
 
 def test_trainer_rejects_mismatch_before_training(sample_dataset):

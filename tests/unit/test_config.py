@@ -128,3 +128,11 @@ def test_pinned_tables_are_checked_by_name_and_mode():
         validate(_compose("sharding=auto", "sharding.tables={cat_0:rw}"))
     with pytest.raises(ValueError, match="sharding.tables pins .* but sharding=none"):
         validate(_compose("sharding.tables={cat_0:row_wise}"))
+
+
+def test_multi_hot_expansion_is_for_file_datasets():
+    assert validate(_compose("data=criteo_sample", "data.multi_hot=synthetic")).data.multi_hot
+    with pytest.raises(ValueError, match="data.multi_hot=synthetic expands a one-hot dataset"):
+        validate(_compose("data.multi_hot=synthetic"))
+    with pytest.raises(ValueError, match="data.multi_hot='yes' is not one of: none, synthetic"):
+        validate(_compose("data=criteo_sample", "data.multi_hot=yes"))
