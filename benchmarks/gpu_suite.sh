@@ -2,6 +2,7 @@
 # The GPU checks and benchmarks, one section per device-tool call (each fits its 10 minutes).
 # On this machine first:  bash scripts/gpu_wheels.sh    (carry .whl with the call), then
 #   device run:  bash benchmarks/gpu_suite.sh tests|step|lookup|host-kaggle|host-1tb|host-copy|profile
+#   (tests takes optional test paths: bash benchmarks/gpu_suite.sh tests tests/gpu/test_gpu_host.py)
 # Results land in $OUT (the device tool brings them back) as <section>.log and reports .md;
 # copy the reports to benchmarks/results/ and commit them with the numbers in the notes.
 set -uo pipefail
@@ -21,7 +22,10 @@ log="$OUT/$section.log"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   case "$section" in
     tests)
-      python3 -m pytest tests/gpu -q -x -p no:cacheprovider
+      # all of tests/gpu, or the files given after the section name (to split the suite over
+      # two calls if one does not fit its 10 minutes); per-test durations at the end
+      shift
+      python3 -m pytest "${@:-tests/gpu}" -q -p no:cacheprovider --durations=15
       ;;
     step)
       python3 benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536 \
