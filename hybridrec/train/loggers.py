@@ -50,6 +50,8 @@ def init_logging(rank: int = 0, level: int = logging.INFO) -> None:
 class NullLogger:
     """Accepts everything, writes nothing (ranks other than 0)."""
 
+    run_id: str | None = None  # a W&B run's id, kept in checkpoints to continue the run
+
     def log(self, row: dict[str, Any]) -> None:
         pass
 
@@ -175,7 +177,9 @@ class WandbLogger(NullLogger):
         config: dict[str, Any],
         entity: str | None = None,
         tags: list[str] | None = None,
+        run_id: str | None = None,
     ) -> None:
+        """`run_id`: continue that run (a resumed training run, from its checkpoint)."""
         self.mode = wandb_mode(mode)
         self.run: Any = None
         self._step = 0
@@ -200,6 +204,7 @@ class WandbLogger(NullLogger):
                 tags=tags or None,
                 name=os.environ.get("WANDB_NAME") or run_dir.name,
                 settings=_wandb_settings(wandb, self.mode),
+                **({"id": run_id, "resume": "allow"} if run_id else {}),
             )
         except Exception as e:  # W&B must never end a training run
             self.run = None
@@ -212,8 +217,10 @@ class WandbLogger(NullLogger):
             return
         self._call("define_metric", self.run.define_metric, "eval/auc", summary="max")
         if self.run is not None:
+            self.run_id = self.run.id
             where = Path(self.run.dir).parent  # <run dir>/wandb/<offline-run-...>
-            log.info("W&B run %s (%s) in %s", self.run.id, self.mode, where)
+            resumed = " (continued from the checkpoint)" if run_id else ""
+            log.info("W&B run %s%s (%s) in %s", self.run.id, resumed, self.mode, where)
             if self.mode == "offline":
                 log.info("upload it later with: wandb sync %s", where)
 
@@ -253,6 +260,7 @@ class WandbLogger(NullLogger):
 class MultiLogger(NullLogger):
     def __init__(self, loggers: list[NullLogger]) -> None:
         self.loggers = loggers
+        self.run_id = next((lg.run_id for lg in loggers if lg.run_id), None)
 
     def log(self, row: dict[str, Any]) -> None:
         for lg in self.loggers:

@@ -51,6 +51,7 @@ from hybridrec.train.checkpoint import (
     init_from_export,
     load_checkpoint,
     model_signature,
+    read_manifest,
     resolve_resume,
     save_checkpoint,
 )
@@ -67,7 +68,9 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or inf; the message names the step."""
 
 
-def build_loggers(cfg: Config, env: DistEnv, run_dir: Path) -> NullLogger:
+def build_loggers(
+    cfg: Config, env: DistEnv, run_dir: Path, wandb_run_id: str | None = None
+) -> NullLogger:
     if not env.is_main:
         return NullLogger()
     loggers: list[NullLogger] = [JsonlLogger(run_dir / "metrics.jsonl")]
@@ -80,6 +83,7 @@ def build_loggers(cfg: Config, env: DistEnv, run_dir: Path) -> NullLogger:
                 dataclasses.asdict(cfg),
                 cfg.logger.entity,
                 list(cfg.logger.tags),
+                wandb_run_id,
             )
         )
     return MultiLogger(loggers)
@@ -119,7 +123,13 @@ class Trainer:
         self.resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
         if self.resume_from is not None and env.is_main and self.run_dir is not None:
             _truncate_metrics(self.run_dir / "metrics.jsonl", checkpoint_step(self.resume_from))
-        self.logger = build_loggers(cfg, env, self.run_dir) if self.run_dir else NullLogger()
+        wandb_run_id = None  # a resumed run continues its W&B run, not a new one
+        if self.resume_from is not None and env.is_main:
+            extra = read_manifest(self.resume_from, verify=False).get("extra", {})
+            wandb_run_id = extra.get("wandb_run_id")
+        self.logger = (
+            build_loggers(cfg, env, self.run_dir, wandb_run_id) if self.run_dir else NullLogger()
+        )
         self.history: list[dict[str, Any]] = []
         self.timer = PhaseTimer(env.device)
         self.model.embeddings.timer = self.timer
@@ -358,9 +368,10 @@ class Trainer:
             return None
         self.check_inputs()  # never checkpoint poisoned weights
         self.check_finite()
-        state = TrainState(
-            self.step, self.step, {"skipped": self.skipped, "stream": self._stream()}
-        )
+        extra = {"skipped": self.skipped, "stream": self._stream()}
+        if self.logger.run_id:
+            extra["wandb_run_id"] = self.logger.run_id
+        state = TrainState(self.step, self.step, extra)
         return save_checkpoint(
             Path(ck.dir),
             state,

@@ -233,3 +233,38 @@ w.close()
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RUN online False" in out.stdout
     assert "could not start, continuing with metrics.jsonl only" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_wandb_run(tmp_path):
+    """The checkpoint keeps the W&B run id: the resumed job (a new run dir here, as after a
+    resubmitted preempted job) logs into the same W&B run, not a new one."""
+    ck = tmp_path / "ck"
+    ids = []
+    for steps, name in ((6, "first"), (9, "second")):
+        run_dir = tmp_path / name
+        args = [
+            "logger=wandb",
+            f"train.steps={steps}",
+            "train.log_every=3",
+            "eval.every=0",
+            "eval.batches=1",
+            "train.batch_size=64",
+            "eval.batch_size=64",
+            "device=cpu",
+            f"checkpoint.dir={ck}",
+            "checkpoint.every=3",
+            f"hydra.run.dir={run_dir}",
+        ]
+        out = subprocess.run(
+            [sys.executable, "-m", "hybridrec.main", *args],
+            cwd=tmp_path,
+            env=_env(tmp_path, WANDB_MODE="offline"),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        ids.append(run_record(read_records(offline_run_file(run_dir))).run_id)
+    assert "continued from the checkpoint" in out.stderr
+    assert ids[0] and ids[0] == ids[1]
