@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,7 @@ from hybridrec.planner import (
     estimate_cost,
     format_plan,
     host_memory,
+    human_bytes,
     plan_sharding,
     rank_memory,
 )
@@ -150,6 +152,24 @@ def verify_same_everywhere(cfg: Config, plan: ShardingPlan, env: DistEnv) -> Non
             )
 
 
+def _log_built(emb: torch.nn.Module, env: DistEnv, start: float) -> None:
+    """One line per rank-0 start: the embedding storage just initialised, where, how long
+    (the 1TB model's host tables take a while; say what is happening)."""
+    if not env.is_main:
+        return
+    on_device = sum(b.numel() * b.element_size() for b in emb.buffers())  # incl. caches
+    on_host = 0  # host-resident tables and their optimizer state (plain attributes)
+    for group in getattr(emb, "host_groups", list)():
+        for t in (group.weight, *(getattr(group, f"state_{n}") for n in group.state_names)):
+            on_host += t.numel() * t.element_size()
+    where = f"{human_bytes(on_device)} on {env.device}"
+    if on_host:
+        where += f", {human_bytes(on_host)} in host memory"
+    log.info(
+        "embeddings initialised on this rank: %s, in %.1f s", where, time.perf_counter() - start
+    )
+
+
 def build_model(
     cfg: Config, env: DistEnv, stats: CommStats | None = None
 ) -> tuple[DLRM, ShardingPlan | None]:
@@ -165,9 +185,11 @@ def build_model(
                 f"sharding=none keeps every table in one process, but {env.world_size} ranks "
                 "were started; choose sharding=table_wise|column_wise|row_wise|data_parallel|auto"
             )
+        start = time.perf_counter()
         emb = EmbeddingCollection(
             tables, sparse_opt, cfg.seed, env.device, cfg.train.check_ids, table_dtype(cfg)
         )
+        _log_built(emb, env, start)
         return DLRM(dense, emb), None
     if env.group is None:
         raise ValueError(f"sharding={cfg.sharding.type} needs a process group (init_distributed)")
@@ -181,6 +203,7 @@ def build_model(
             env.world_size,
             plan_report(cfg, plan),
         )
+    start = time.perf_counter()
     emb = ShardedEmbeddingCollection(
         tables,
         plan,
@@ -194,6 +217,7 @@ def build_model(
         cfg.sharding.pin_host,
         cfg.sharding.host_copy,
     )
+    _log_built(emb, env, start)
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.
     no_sync = (
