@@ -31,6 +31,12 @@ Modes:
   device budget even so, the largest tables move to host memory with a device cache, one at a
   time, until the rest fits next to their caches (`_plan_auto_host`).
 
+Pins (`pins`, config `sharding.tables`): a table pinned to table_wise, column_wise, row_wise,
+data_parallel or host is planned that way first (row ranges and replicas where their mode
+puts them, whole tables and column slices placed greedily around those); the mode then plans
+the other tables with the pinned ones' memory and lookups as each rank's starting point. Host
+tables, pinned or not, are planned together so a cache_gb budget covers them all.
+
 Host-resident shards (`ShardSpec.cache_rows` > 0) count on the device only their cache: cache
 rows x (width x weight bytes + optimizer state per row + 9 bytes of cache bookkeeping) plus 8
 bytes per shard row (its cache slot and use count) and the usual buffers; the table and its
