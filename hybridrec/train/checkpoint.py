@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrec.distributed.env import DistEnv
+from hybridrec.model.inference import MODEL_CONFIG_KEY
 from hybridrec.types import ShardingPlan, TableConfig
 
 log = logging.getLogger("hybridrec")
@@ -435,12 +436,15 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
         out[f"embeddings.{t['name']}.weight"] = full
     dense = torch.load(path / "dense.pt", map_location="cpu", weights_only=False)
     out.update({f"dense.{k}": v for k, v in dense["model"].items()})
+    model_cfg = manifest.get("extra", {}).get("model")
+    if model_cfg is not None:  # so hybridrec.model.load_export needs nothing else
+        out[MODEL_CONFIG_KEY] = json.dumps(model_cfg)  # type: ignore[assignment]
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(out_file.name + ".tmp")
     _write(out, tmp)
     os.replace(tmp, out_file)
-    return {k: list(v.shape) for k, v in out.items()}
+    return {k: list(v.shape) for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
 def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) -> None:

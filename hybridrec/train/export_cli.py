@@ -2,8 +2,9 @@
 
 Names: `embeddings.<table>.weight` [rows, dim] for every table (reassembled from whatever
 shards the checkpoint holds) and the dense modules by module path (`dense.bottom.0.weight`,
-`dense.top.4.bias`, ...). Load it with torch.load; warm-start a run with
-`model.init_from=<file>`. Needs host memory for the whole model.
+`dense.top.4.bias`, ...), and `model_config` (the model section of the config, JSON).
+Score with it: `hybridrec.model.load_export(<file>)` gives a plain PyTorch module; or
+warm-start a run with `model.init_from=<file>`. Needs host memory for the whole model.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
+    print(f"score with: hybridrec.model.load_export({str(args.file)!r}).predict(dense, ids)")
     return 0
 
 

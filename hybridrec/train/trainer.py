@@ -368,7 +368,11 @@ class Trainer:
             return None
         self.check_inputs()  # never checkpoint poisoned weights
         self.check_finite()
-        extra = {"skipped": self.skipped, "stream": self._stream()}
+        extra = {
+            "skipped": self.skipped,
+            "stream": self._stream(),
+            "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
+        }
         if self.logger.run_id:
             extra["wandb_run_id"] = self.logger.run_id
         state = TrainState(self.step, self.step, extra)

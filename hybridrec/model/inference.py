@@ -1,0 +1,84 @@
+"""A trained model for scoring, from a `hybridrec-export` file: plain PyTorch, no trainer.
+
+    model = load_export("model.pt")              # the model config travels in the file
+    p = model.predict(dense, ids)                # click probabilities [B]
+
+One `nn.EmbeddingBag` per table (sum or mean pooling, as trained) in front of the trained
+dense part (`DenseArch`): the same function the trainer computes, without its sharding,
+fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
+float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
+tables' hotness, each table's ids in its columns. Move it with `.to(device)`; it is an
+ordinary module (torch.compile, torch.export and TorchScript tracing apply).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hybridrec.config import ModelConfig
+from hybridrec.model.dlrm import DenseArch
+from hybridrec.types import hot_offsets
+
+MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
+
+
+class InferenceDLRM(nn.Module):
+    """DLRM for scoring: per-table EmbeddingBags + the dense part; logits [B] fp32."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tables = list(cfg.tables())
+        self.offsets = hot_offsets(self.tables)
+        self.embeddings = nn.ModuleDict(
+            {t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value) for t in self.tables}
+        )
+        self.dense = DenseArch(cfg)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        pooled = torch.stack(
+            [
+                self.embeddings[t.name](ids[:, self.offsets[i] : self.offsets[i + 1]])
+                for i, t in enumerate(self.tables)
+            ],
+            dim=1,
+        )
+        return self.dense(dense, pooled).float()
+
+    @torch.no_grad()
+    def predict(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Click probabilities [B] (sigmoid of the logits), in eval mode."""
+        self.eval()
+        return torch.sigmoid(self(dense, ids))
+
+
+def load_export(path: str | Path, cfg: ModelConfig | None = None) -> InferenceDLRM:
+    """The model in a hybridrec-export file. `cfg`: the model config, needed only for files
+    written before exports carried it; shapes are checked either way."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such exported model (write one with hybridrec-export)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if cfg is None:
+        if MODEL_CONFIG_KEY not in state:
+            raise ValueError(
+                f"{path} carries no model config (exported by an older hybridrec); pass the "
+                "model config: load_export(path, cfg.model)"
+            )
+        cfg = ModelConfig(**json.loads(state[MODEL_CONFIG_KEY]))
+    model = InferenceDLRM(cfg)
+    weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    diffs = [
+        f"{k}: file {list(weights[k].shape) if k in weights else 'missing'}, model {shape}"
+        for k, shape in expected.items()
+        if k not in weights or list(weights[k].shape) != shape
+    ]
+    if diffs:
+        raise ValueError(f"{path} does not fit model {cfg.name}:\n  " + "\n  ".join(diffs))
+    model.load_state_dict(weights, strict=True)
+    return model.eval()
