@@ -56,3 +56,13 @@ def test_old_exports_need_the_config_and_shapes_are_checked(tmp_path):
         load_export(out, other)
     with pytest.raises(FileNotFoundError, match="no such exported model"):
         load_export(tmp_path / "nope.pt")
+
+
+def test_inference_model_exports_with_torch_export_and_tracing():
+    """What the module docstring promises: an ordinary module for serving toolchains."""
+    model = InferenceDLRM(make_cfg("none", "sgd", 1).model).eval()
+    dense, ids = torch.randn(8, 13), torch.randint(0, 3, (8, 8))
+    want = model(dense, ids)
+    exported = torch.export.export(model, (dense, ids))
+    torch.testing.assert_close(exported.module()(dense, ids), want)
+    torch.testing.assert_close(torch.jit.trace(model, (dense, ids))(dense, ids), want)
