@@ -130,6 +130,8 @@ class ShardingConfig:
     # tables whose sharding is fixed, {table: table_wise|column_wise|row_wise|data_parallel|
     # host}; `type` plans the others around them
     tables: dict[str, str] | None = None
+    # pooled embeddings and their gradients in the all-to-alls: fp32 (exact) | bf16 | fp16
+    comm_dtype: str = "fp32"
 
 
 @dataclass
@@ -439,6 +441,7 @@ def _check(c: Config, world_size: int) -> None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
     _choice("sharding.host_copy", c.sharding.host_copy, ("auto", "kernel", "staged"))
     _check_pins(c)
+    _choice("sharding.comm_dtype", c.sharding.comm_dtype, tuple(TABLE_DTYPES))
     if c.sharding.host_gb is not None:
         _positive("sharding.host_gb", c.sharding.host_gb)
     if not 0.0 <= c.data.label_noise < 0.5:

@@ -113,6 +113,7 @@ def plan_report(cfg: Config, plan: ShardingPlan) -> str:
         cfg.train.batch_size,
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
         weight_bytes=table_dtype(cfg).itemsize,
+        comm_bytes=getattr(torch, TABLE_DTYPES[cfg.sharding.comm_dtype]).itemsize,
     )
     return format_plan(plan, cost, tables)
 
@@ -216,6 +217,7 @@ def build_model(
         table_dtype(cfg),
         cfg.sharding.pin_host,
         cfg.sharding.host_copy,
+        getattr(torch, TABLE_DTYPES[cfg.sharding.comm_dtype]),
     )
     _log_built(emb, env, start)
     ids = [env.device.index] if env.device.type == "cuda" else None

@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bytes per embedding weight: 4 fp32, 2 fp16/bf16 (default 4)",
     )
     p.add_argument(
+        "--comm-dtype",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="pooled embeddings and their gradients in the all-to-alls (sharding.comm_dtype; "
+        "default fp32)",
+    )
+    p.add_argument(
         "--cache-fraction",
         type=float,
         default=0.05,
@@ -195,7 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # PlannerError included: it carries every rank's numbers
         print(f"hybridrec-plan: error: {e}", file=sys.stderr)
         return 2
-    cost = estimate_cost(plan, tables, topology, args.batch_size, optimizer, args.weight_bytes)
+    comm_bytes = 4 if args.comm_dtype == "fp32" else 2
+    cost = estimate_cost(
+        plan, tables, topology, args.batch_size, optimizer, args.weight_bytes, comm_bytes
+    )
     print(
         f"model {name}: {len(tables)} tables, {args.world_size} ranks, "
         f"global batch {args.batch_size}, mode {args.mode}, optimizer {args.optimizer}, "

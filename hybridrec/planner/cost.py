@@ -3,7 +3,8 @@
 The byte counts follow the exchange protocol of `hybridrec.sparse` exactly (a test compares
 them to what the all-to-alls really send). Notation: B = global batch, W = world size,
 B_l = B / W samples per rank, ids and lengths are int64 (8 bytes), pooled embeddings fp32
-(4 bytes). A rank never counts what it sends to itself.
+(4 bytes; `comm_bytes` = 2 with sharding.comm_dtype bf16/fp16). A rank never counts what it
+sends to itself.
 
 Forward, per step:
 
@@ -163,8 +164,10 @@ def estimate_cost(
     batch_size: int,
     optimizer: OptimizerFootprint = NO_OPTIMIZER_STATE,
     weight_bytes: int = 4,
+    comm_bytes: int = EMB_BYTES,
 ) -> PlanCost:
-    """Bytes and estimated seconds per rank for one training step of `plan` (see module doc)."""
+    """Bytes and estimated seconds per rank for one training step of `plan` (see module doc).
+    `comm_bytes`: bytes per pooled value (and gradient) in the output dist (sharding.comm_dtype)."""
     world = plan.world_size
     if topology.world_size != world:
         raise ValueError(f"plan is for {world} ranks, topology for {topology.world_size}")
@@ -197,11 +200,11 @@ def estimate_cost(
             elif tp.sharding is ShardingType.ROW_WISE:
                 share = s.num_rows / t.num_rows
                 ids.to[s.rank] += b_local * ID_BYTES + b_local * t.hotness * share * ID_BYTES
-                emb.frm[s.rank] += b_local * s.width * EMB_BYTES
+                emb.frm[s.rank] += b_local * s.width * comm_bytes
                 rows = batch_size * t.hotness * share
             else:
                 ids.to[s.rank] += b_local * t.hotness * ID_BYTES
-                emb.frm[s.rank] += b_local * s.width * EMB_BYTES
+                emb.frm[s.rank] += b_local * s.width * comm_bytes
                 rows = batch_size * t.hotness
             lookups[s.rank] += rows
             fwd_bytes[s.rank] += rows * s.width * weight_bytes

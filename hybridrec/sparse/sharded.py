@@ -93,10 +93,14 @@ class ShardedEmbeddingCollection(nn.Module):
         dtype: torch.dtype = torch.float32,
         pin_host: bool = True,
         host_copy: str = "auto",
+        comm_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
         self.group, self.stats = group, stats
+        # pooled embeddings and their gradients travel in this dtype (fp32: exact; bf16 or
+        # fp16 halve the output dist's bytes, rounding what crosses; sums stay fp32)
+        self.comm_dtype = comm_dtype
         self.timer: PhaseTimer = NULL_TIMER  # the trainer sets its own
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device(device)
@@ -515,7 +519,8 @@ class ShardedEmbeddingCollection(nn.Module):
 
 
 class _Exchange(torch.autograd.Function):
-    """Forward: the output-dist all-to-all of `send`; `replicated` passes through.
+    """Forward: the output-dist all-to-all of `send` (in the collection's comm_dtype, back to
+    fp32 on arrival); `replicated` passes through.
 
     Backward, in this order on every rank: (1) the all-to-all in reverse, returning each
     unit's gradients to its owner; (2) column shards share row statistics (row-wise Adagrad
@@ -524,21 +529,23 @@ class _Exchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, send, replicated, coll, b_local, out_splits, in_splits):  # type: ignore[override]  # noqa: ANN001, E501
         ctx.coll, ctx.b_local, ctx.splits = coll, b_local, (out_splits, in_splits)
-        recv = all_to_all(send, out_splits, in_splits, coll.group, coll.stats, "output_dist")
-        return recv, replicated.view_as(replicated)
+        recv = all_to_all(
+            send.to(coll.comm_dtype), out_splits, in_splits, coll.group, coll.stats, "output_dist"
+        )
+        return recv.float(), replicated.view_as(replicated)
 
     @staticmethod
     def backward(ctx, grad_recv, grad_replicated):  # type: ignore[override]  # noqa: ANN001
         coll: ShardedEmbeddingCollection = ctx.coll
         out_splits, in_splits = ctx.splits
         grad_send = all_to_all(
-            grad_recv.contiguous(),
+            grad_recv.to(coll.comm_dtype).contiguous(),
             in_splits,
             out_splits,
             coll.group,
             coll.stats,
             "output_dist.backward",
-        )
+        ).float()
         if coll.exchange_row_stats:
             coll._share_row_stats(grad_send, ctx.b_local)
         if coll.dp_tables:

@@ -223,3 +223,31 @@ def test_bf16_tables_match_reference_within_one_rounding(world):
 def reference_initial(cfg: Config) -> dict:
     torch.set_num_threads(1)
     return snapshot(Trainer(cfg, init_distributed("cpu")))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bf16_comms_stay_within_rounding_of_the_reference(world):
+    """sharding.comm_dtype=bf16 rounds the pooled embeddings and their gradients that cross
+    ranks (half the bytes; opt-in). Not exact, so the bound is relative to what training
+    did: every weight within 5% of the largest update from the initial weights (a lost or
+    doubled update is 100% of one), losses within 1e-3."""
+    configs = []
+    for mode in ("row_wise", "column_wise"):
+        for sparse in ("sgd", "rowwise_adagrad"):
+            cfg = make_cfg(mode, sparse, world)
+            cfg.sharding.comm_dtype = "bf16"
+            configs.append((f"{mode}/{sparse}", cfg))
+    results = spawn(world, run_all, configs)
+    for name, cfg in configs:
+        sparse = name.split("/")[1]
+        ref = reference(make_cfg("none", sparse, 1))
+        initial = assemble(cfg, [reference_initial(make_cfg("none", sparse, 1))])
+        per_rank = [res[name] for res in results]
+        torch.testing.assert_close(
+            torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=1e-4
+        )
+        got, want = assemble(cfg, per_rank), assemble(cfg, [ref])
+        for table, entries in want.items():
+            update = (entries["weight"] - initial[table]["weight"]).abs().max()
+            diff = (got[table]["weight"] - entries["weight"]).abs().max()
+            assert update > 0 and diff <= 0.05 * update, (name, table, float(diff), float(update))

@@ -22,12 +22,13 @@ pytestmark = pytest.mark.slow
 MODES = ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"]
 
 
-def one_step(env, modes):
+def one_step(env, modes, comm_dtype="fp32"):
     from hybridrec.data import build_source
 
     out = {}
     for mode in modes:
         cfg = make_cfg(mode, "sgd", env.world_size)
+        cfg.sharding.comm_dtype = comm_dtype
         stats = CommStats()
         model, plan = build_model(cfg, env, stats)
         batch = build_source(cfg).batch(0, cfg.train.batch_size)
@@ -40,6 +41,7 @@ def one_step(env, modes):
             Topology(env.world_size, 1 << 40),
             cfg.train.batch_size,
             OptimizerFootprint.for_optimizer("sgd"),
+            comm_bytes=4 if comm_dtype == "fp32" else 2,
         )
         out[mode] = (dict(stats.sent), dict(stats.recv), cost.ranks[env.rank], plan)
     return out
@@ -77,3 +79,16 @@ def test_bytes_exchanged_equal_cost_model():
             total_sent = sum(r[mode][0]["input_dist"] for r in results)
             total_recv = sum(r[mode][1]["input_dist"] for r in results)
             assert total_sent == total_recv > 0
+
+
+def test_bf16_comms_halve_the_output_dist_and_the_cost_model_knows():
+    fp32 = spawn(3, one_step, ["table_wise", "row_wise"])
+    bf16 = spawn(3, one_step, ["table_wise", "row_wise"], "bf16")
+    for mode in ("table_wise", "row_wise"):
+        for rank in range(3):
+            sent32, _, _, _ = fp32[rank][mode]
+            sent16, recv16, cost, _ = bf16[rank][mode]
+            assert sent16["output_dist"] * 2 == sent32["output_dist"] > 0
+            assert sent16["output_dist.backward"] * 2 == sent32["output_dist.backward"]
+            assert sent16["output_dist"] == cost.emb_sent_bytes
+            assert recv16["output_dist"] == cost.emb_recv_bytes
