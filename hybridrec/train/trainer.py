@@ -306,7 +306,7 @@ class Trainer:
                 for k, v in self._stream().items()
                 if saved is not None and k in saved and saved[k] != v
             ]
-            if changed:
+            if changed and self.env.is_main and not self.cfg.eval.only:  # eval.only: no stream
                 log.warning(
                     "resuming with a different training stream (%s): training continues at "
                     "global batch %d of the new stream, not where the saved run stopped, so "
