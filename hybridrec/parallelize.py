@@ -56,6 +56,11 @@ def table_dtype(cfg: Config) -> torch.dtype:
     return getattr(torch, TABLE_DTYPES[cfg.model.table_dtype])
 
 
+def comm_dtype(cfg: Config) -> torch.dtype:
+    """The dtype of pooled embeddings in the all-to-alls (`sharding.comm_dtype`)."""
+    return getattr(torch, TABLE_DTYPES[cfg.sharding.comm_dtype])
+
+
 def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
     """The planner's placement of cfg's tables on `world_size` ranks (pure, deterministic).
 
@@ -113,7 +118,7 @@ def plan_report(cfg: Config, plan: ShardingPlan) -> str:
         cfg.train.batch_size,
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
         weight_bytes=table_dtype(cfg).itemsize,
-        comm_bytes=getattr(torch, TABLE_DTYPES[cfg.sharding.comm_dtype]).itemsize,
+        comm_bytes=comm_dtype(cfg).itemsize,
     )
     return format_plan(plan, cost, tables)
 
@@ -161,7 +166,7 @@ def _log_built(emb: torch.nn.Module, env: DistEnv, start: float) -> None:
     on_device = sum(b.numel() * b.element_size() for b in emb.buffers())  # incl. caches
     on_host = 0  # host-resident tables and their optimizer state (plain attributes)
     for group in getattr(emb, "host_groups", list)():
-        for t in (group.weight, *(getattr(group, f"state_{n}") for n in group.state_names)):
+        for t in (group.weight, *group.state().values()):
             on_host += t.numel() * t.element_size()
     where = f"{human_bytes(on_device)} on {env.device}"
     if on_host:
@@ -217,7 +222,7 @@ def build_model(
         table_dtype(cfg),
         cfg.sharding.pin_host,
         cfg.sharding.host_copy,
-        getattr(torch, TABLE_DTYPES[cfg.sharding.comm_dtype]),
+        comm_dtype(cfg),
     )
     _log_built(emb, env, start)
     ids = [env.device.index] if env.device.type == "cuda" else None

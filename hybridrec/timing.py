@@ -30,11 +30,8 @@ class PhaseTimer:
         if not self.enabled:
             yield
             return
-        if self.annotate:
-            with torch.profiler.record_function(name):
-                yield from self._timed(name)
-            return
-        yield from self._timed(name)
+        with self.region(name):
+            yield from self._timed(name)
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:

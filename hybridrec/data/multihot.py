@@ -22,8 +22,6 @@ from collections.abc import Sequence
 
 import torch
 
-MASK64 = (1 << 64) - 1
-
 
 def _signed(c: int) -> int:
     """An unsigned 64-bit constant as the int64 with the same bits (torch has no uint64 ops)."""

@@ -879,7 +879,7 @@ def plan_sharding(
     _check_pins(pins, names)
     by_name = {t.name: t for t in tables}
     ctx = _Context(world, topology.hbm_bytes_per_rank, batch_size, optimizer, weight_bytes)
-    on_device = [t for t in tables if pins.get(t.name, "host") != "host"]
+    on_device = [t for t in tables if t.name in pins and pins[t.name] != "host"]
     host = [
         t for t in tables if pins.get(t.name) == "host" or (mode == "host" and t.name not in pins)
     ]

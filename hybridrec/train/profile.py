@@ -42,19 +42,13 @@ def host_syncs(events: list) -> dict[str, int]:  # noqa: ANN001
 
     `events`: torch.profiler FunctionEvents (name, thread, time_range.start/.end)."""
     steps = [(e.thread, e.time_range.start, e.time_range.end) for e in events if e.name == STEP]
-    return dict(
-        sorted(
-            Counter(
-                e.name
-                for e in events
-                if e.name in SYNC_CALLS
-                and any(
-                    t == e.thread and a <= e.time_range.start and e.time_range.end <= b
-                    for t, a, b in steps
-                )
-            ).items()
-        )
-    )
+
+    def in_a_step(e) -> bool:  # noqa: ANN001
+        r = e.time_range
+        return any(t == e.thread and a <= r.start and r.end <= b for t, a, b in steps)
+
+    found = Counter(e.name for e in events if e.name in SYNC_CALLS and in_a_step(e))
+    return dict(sorted(found.items()))
 
 
 class StepProfiler:
