@@ -49,6 +49,20 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _train_offline(tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """`hybridrec-train <args>` in a subprocess with W&B offline; it must succeed."""
+    out = subprocess.run(
+        [sys.executable, "-m", "hybridrec.main", *args],
+        cwd=tmp_path,
+        env=_env(tmp_path, WANDB_MODE="offline"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 # -- mode selection (no wandb import, no network) -----------------------------------------------
 
 
@@ -138,15 +152,7 @@ def test_offline_run_logs_what_metrics_jsonl_holds(tmp_path):
         "device=cpu",
         f"hydra.run.dir={run_dir}",
     ]
-    out = subprocess.run(
-        [sys.executable, "-m", "hybridrec.main", *args],
-        cwd=tmp_path,
-        env=_env(tmp_path, WANDB_MODE="offline"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _train_offline(tmp_path, args)
     assert "(offline)" in out.stderr and "wandb sync" in out.stderr
 
     rows = _jsonl(run_dir / "metrics.jsonl")
@@ -256,15 +262,7 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path):
             "checkpoint.every=3",
             f"hydra.run.dir={run_dir}",
         ]
-        out = subprocess.run(
-            [sys.executable, "-m", "hybridrec.main", *args],
-            cwd=tmp_path,
-            env=_env(tmp_path, WANDB_MODE="offline"),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+        out = _train_offline(tmp_path, args)
         ids.append(run_record(read_records(offline_run_file(run_dir))).run_id)
     assert "continued from the checkpoint" in out.stderr
     assert ids[0] and ids[0] == ids[1]
