@@ -10,29 +10,60 @@ import torch
 from torch import nn
 
 
+class _PairwiseDots(torch.autograd.Function):
+    """x [B, F, F_D] -> the strictly-lower-triangle dot products [B, P], P = F(F-1)/2.
+
+    Autograd through `bmm(x, x^T)[:, rows, cols]` costs two bmms, a full-size add and an
+    accumulating index_put (sort-based on CUDA). The Gram matrix is symmetric, so here the
+    backward scatters the pair gradients into both triangles with plain copies and does one
+    bmm: grad_x = (G + G^T) x. Mathematically equal; floating-point sums may round apart.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, flat: torch.Tensor, flat_t: torch.Tensor) -> torch.Tensor:
+        b, f, _ = x.shape
+        ctx.save_for_backward(x, flat, flat_t)
+        return torch.bmm(x, x.transpose(1, 2)).view(b, f * f).index_select(1, flat)
+
+    @staticmethod
+    def backward(ctx, grad_BP: torch.Tensor):  # noqa: ANN205
+        x, flat, flat_t = ctx.saved_tensors
+        b, f, _ = x.shape
+        g = grad_BP.new_zeros(b, f * f)
+        g.index_copy_(1, flat, grad_BP)
+        g.index_copy_(1, flat_t, grad_BP)  # disjoint from `flat`: the diagonal stays 0
+        return torch.bmm(g.view(b, f, f), x), None, None
+
+
 class DotInteraction(nn.Module):
     """Pairwise dot products of F vectors, strictly lower triangle, after the dense vector.
 
     bottom [B, D], pooled [B, T, D] -> [B, D + F(F-1)/2] with F = T + 1. The vectors are
     ordered [bottom, table 0, ..., table T-1]; pair (i, j), i > j, appears in row-major order
-    of the lower triangle.
+    of the lower triangle. Under autocast the vectors are cast once, before the Gram matrix
+    (as autocast's bmm would), and the backward hands the pooled gradient back in fp32.
     """
 
     def __init__(self, num_tables: int) -> None:
         super().__init__()
         f = num_tables + 1
         rows, cols = torch.tril_indices(f, f, offset=-1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        self.register_buffer("flat", rows * f + cols, persistent=False)
+        self.register_buffer("flat_t", cols * f + rows, persistent=False)
         self.num_pairs = rows.numel()
 
     def output_dim(self, dim: int) -> int:
         return dim + self.num_pairs
 
     def forward(self, bottom: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        x_BFD = torch.cat([bottom.unsqueeze(1), pooled], dim=1)
-        z_BFF = torch.bmm(x_BFD, x_BFD.transpose(1, 2))
-        return torch.cat([bottom, z_BFF[:, self.rows, self.cols]], dim=1)
+        device = pooled.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+        else:
+            dtype = torch.promote_types(bottom.dtype, pooled.dtype)
+        x_BFD = torch.cat([bottom.unsqueeze(1).to(dtype), pooled.to(dtype)], dim=1)
+        dots_BP = _PairwiseDots.apply(x_BFD, self.flat, self.flat_t)
+        return torch.cat([bottom.to(dtype), dots_BP], dim=1)
 
 
 class LowRankCrossNet(nn.Module):

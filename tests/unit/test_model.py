@@ -24,6 +24,44 @@ def test_dot_interaction_matches_pairwise_formula():
     torch.testing.assert_close(out, expected)
 
 
+def test_dot_interaction_backward_matches_autograd_of_the_formula():
+    """The one-bmm symmetric backward gives autograd's gradients (float64: exact to 1e-12)."""
+    torch.manual_seed(0)
+    B, T, D = 6, 5, 4
+    bottom = torch.randn(B, D, dtype=torch.float64, requires_grad=True)
+    pooled = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
+    out = DotInteraction(T)(bottom, pooled)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), [bottom, pooled])
+
+    b2, p2 = bottom.detach().requires_grad_(), pooled.detach().requires_grad_()
+    x = torch.cat([b2.unsqueeze(1), p2], dim=1)
+    rows, cols = torch.tril_indices(T + 1, T + 1, offset=-1)
+    ref = torch.cat([b2, torch.bmm(x, x.transpose(1, 2))[:, rows, cols]], dim=1)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    ref_grads = torch.autograd.grad((ref * w).sum(), [b2, p2])
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_dot_interaction_under_autocast_casts_once_and_returns_fp32_grads():
+    """As autocast's bmm would: bf16 dots, and the fp32 pooled input gets an fp32 gradient."""
+    torch.manual_seed(0)
+    B, T, D = 8, 3, 16
+    bottom = torch.randn(B, D).bfloat16().requires_grad_()  # an autocast linear's output
+    pooled = torch.randn(B, T, D, requires_grad=True)  # the embeddings' fp32 output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = DotInteraction(T)(bottom, pooled)
+        x = torch.cat([bottom.unsqueeze(1).float(), pooled], dim=1)
+        rows, cols = torch.tril_indices(T + 1, T + 1, offset=-1)
+        ref = torch.bmm(x, x.transpose(1, 2))[:, rows, cols]
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out[:, D:], ref, rtol=0, atol=0)
+    out.float().sum().backward()
+    assert pooled.grad.dtype == torch.float32 and bottom.grad.dtype == torch.bfloat16
+    assert pooled.grad.abs().sum() > 0
+
+
 def test_low_rank_cross_net_matches_formula():
     torch.manual_seed(0)
     net = LowRankCrossNet(in_features=6, num_layers=3, rank=2)
