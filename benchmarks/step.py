@@ -96,8 +96,12 @@ def run_dense_only(cfg: Config, batches: list[Batch], device: torch.device, args
     opt = build_dense_optimizer(dense.parameters(), cfg.optim.dense, device)
     tables = len(cfg.model.num_embeddings_per_feature)
     shape = (args.batch_size, tables, cfg.model.embedding_dim)
-    pooled = [torch.randn(shape, device=device, requires_grad=True) for _ in batches]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    cuda = device.type == "cuda"
+    # what the lookup hands over: bf16 under autocast for DLRM's dot interaction (see
+    # hybridrec.sparse.collection), fp32 otherwise
+    dtype = torch.bfloat16 if cuda and cfg.model.arch == "dlrm" else torch.float32
+    pooled = [torch.randn(shape, device=device, dtype=dtype).requires_grad_() for _ in batches]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
 
     def step(i: int) -> None:
         b, p = batches[i % len(batches)], pooled[i % len(batches)]

@@ -5,7 +5,11 @@ share one interface, so the model never knows which one it holds:
 
     forward(ids [B, H] int64) -> pooled [B, T, D] fp32
 
-and the sparse optimizer runs inside the backward (see hybridrec.sparse.fused).
+and the sparse optimizer runs inside the backward (see hybridrec.sparse.fused). With
+`autocast_output` (set when the dense part's first use of the pooled embeddings casts them
+to the autocast dtype, as DLRM's dot interaction does) the pooled tensor comes out in the
+autocast dtype under autocast: the same bits, without writing the fp32 tensor, reading it
+back to cast it, and the same again for its gradient.
 Tables are grouped by width; each group is one FusedEmbedding with one lookup. When one group
 holds every table (equal widths, as in DLRM), its bags are numbered sample-major so its
 output already is [B, T, D]: no stack in the forward, no cat in the backward.
@@ -153,6 +157,7 @@ class EmbeddingCollection(nn.Module):
             }
         )
         self.sample_major = self._sample_major_layout()
+        self.autocast_output = False
 
     def shard_views(self) -> list[tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]]:
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
@@ -163,8 +168,14 @@ class EmbeddingCollection(nn.Module):
         if self.checker is not None:
             self.checker.raise_recorded()
 
+    def out_dtype(self, device: torch.device) -> torch.dtype:
+        """fp32, or the autocast dtype under autocast with `autocast_output`."""
+        if self.autocast_output and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return torch.float32
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B, H] int64 -> pooled [B, T, D] fp32."""
+        """ids [B, H] int64 -> pooled [B, T, D] fp32 (see `out_dtype`)."""
         if self.checker is not None:
             if self.checker.deferred(ids):
                 ids = self.checker.sanitize(ids)
@@ -177,7 +188,7 @@ class EmbeddingCollection(nn.Module):
         out: list[torch.Tensor | None] = [None] * len(self.tables)
         with self.timer.phase("lookup"):
             self._lookup(ids, B, out)
-        return torch.stack(out, dim=1)  # type: ignore[arg-type]
+        return torch.stack(out, dim=1).to(self.out_dtype(ids.device))  # type: ignore[arg-type]
 
     def _sample_major_layout(self) -> dict[str, torch.Tensor | None] | None:
         """When one group holds every table in order (same widths: every DLRM), the lookup
@@ -211,7 +222,8 @@ class EmbeddingCollection(nn.Module):
         scale = layout["scale"]
         if scale is not None:
             scale = scale.expand(B, -1).reshape(-1)
-        return group.lookup(rows, bags, scale, B * T).view(B, T, group.width)
+        pooled = group.lookup(rows, bags, scale, B * T, self.out_dtype(ids.device))
+        return pooled.view(B, T, group.width)
 
     def _lookup(self, ids: torch.Tensor, B: int, out: list[torch.Tensor | None]) -> None:
         for key, group in self.groups.items():

@@ -80,8 +80,10 @@ def _pool(
     bags: torch.Tensor,
     scale: torch.Tensor | None,
     num_bags: int,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """pooled [num_bags, D] fp32: pooled[bags[i]] += scale[i] * weight[rows[i]].
+    """pooled [num_bags, D]: pooled[bags[i]] += scale[i] * weight[rows[i]], summed in fp32,
+    returned in out_dtype (rounded once: the bits of the fp32 sum's .to(out_dtype)).
 
     `bags` must be non-decreasing (every producer in hybridrec lays ids out bag by bag). fp32
     tables use torch's embedding_bag kernel (2-3x faster than gather + index_add_ on CPU).
@@ -91,7 +93,17 @@ def _pool(
     if triton_ops.available(weight):
         ends = torch.arange(num_bags + 1, device=bags.device, dtype=bags.dtype)
         offsets = torch.searchsorted(bags, ends)
-        return triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags)
+        return triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags, out_dtype)
+    return _pool_fp32(weight, rows, bags, scale, num_bags).to(out_dtype)
+
+
+def _pool_fp32(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | None,
+    num_bags: int,
+) -> torch.Tensor:
     if weight.dtype == torch.float32:
         if bags.is_cuda:
             starts = torch.arange(num_bags, device=bags.device, dtype=bags.dtype)
@@ -128,7 +140,7 @@ def dedupe(
 
     With Triton: a sort and one segment-sum kernel (deterministic, no atomics)."""
     if triton_ops.available(grad_pooled):
-        return triton_ops.segment_grads(grad_pooled.float(), rows, bags, _scale_tensor(scale, rows))
+        return triton_ops.segment_grads(grad_pooled, rows, bags, _scale_tensor(scale, rows))
     grad_rows = grad_pooled.float().index_select(0, bags)
     if isinstance(scale, torch.Tensor):
         grad_rows = grad_rows * scale.unsqueeze(1)
@@ -151,16 +163,17 @@ class _GroupLookup(torch.autograd.Function):
         bags: torch.Tensor,
         scale: torch.Tensor | None,
         num_bags: int,
+        out_dtype: torch.dtype,
     ) -> torch.Tensor:
         ctx.group = group
         ctx.save_for_backward(rows, bags, scale)
-        return group.pool(rows, bags, scale, num_bags)
+        return group.pool(rows, bags, scale, num_bags, out_dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple:  # type: ignore[override]
         rows, bags, scale = ctx.saved_tensors
         ctx.group.apply_gradient(rows, bags, scale, grad_pooled)
-        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None
+        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None, None
 
 
 class FusedEmbedding(nn.Module):
@@ -261,20 +274,31 @@ class FusedEmbedding(nn.Module):
         return list(torch.split(self.lookup(rows_t, bags_t, scale_t, sum(sizes)), sizes))
 
     def lookup(
-        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+        self,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        num_bags: int,
+        out_dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
-        """pooled [num_bags, D] fp32 of group rows `rows` [N] (bags [N] non-decreasing, in
-        any bag order the caller likes); training applies the optimizer in the backward."""
+        """pooled [num_bags, D] (out_dtype, summed in fp32) of group rows `rows` [N] (bags [N]
+        non-decreasing, in any bag order the caller likes); training applies the optimizer
+        in the backward, which takes the gradient in out_dtype and sums it in fp32."""
         if torch.is_grad_enabled() and self.optimizer is not None:
             anchor = torch.zeros(0, device=self.row_offsets.device, requires_grad=True)
-            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags)
-        return self.pool(rows, bags, scale, num_bags)
+            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags, out_dtype)
+        return self.pool(rows, bags, scale, num_bags, out_dtype)
 
     def pool(
-        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+        self,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        num_bags: int,
+        out_dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
-        """pooled [num_bags, D] fp32 of group rows `rows` [N] (see `_pool`)."""
-        return _pool(self.weight, rows, bags, scale, num_bags)
+        """pooled [num_bags, D] of group rows `rows` [N] (see `_pool`)."""
+        return _pool(self.weight, rows, bags, scale, num_bags, out_dtype)
 
     sync_free = True  # may update through Triton's padded dedupe (HostCachedEmbedding: no)
 
@@ -298,7 +322,7 @@ class FusedEmbedding(nn.Module):
                 # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
                 # device, and the update kernels read it: no host sync in the step
                 rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
-                    grad_pooled.float(), rows, bags, _scale_tensor(scale, rows)
+                    grad_pooled, rows, bags, _scale_tensor(scale, rows)
                 )
                 self.update_rows(rows_pad, grads_pad, count)
                 return

@@ -304,7 +304,12 @@ class HostCachedEmbedding(FusedEmbedding):
         return super().forward(inputs)
 
     def pool(
-        self, rows: torch.Tensor, bags: torch.Tensor, scale: torch.Tensor | None, num_bags: int
+        self,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        num_bags: int,
+        out_dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         start = time.perf_counter()
         slots_per_id, slots = self._admit(rows)
@@ -312,7 +317,7 @@ class HostCachedEmbedding(FusedEmbedding):
             self._protected = slots  # their backward is pending: never evict them before it
         with self._lock:
             self.stats.wait_s += time.perf_counter() - start
-        return _pool(self.cache_weight, slots_per_id, bags, scale, num_bags)
+        return _pool(self.cache_weight, slots_per_id, bags, scale, num_bags, out_dtype)
 
     def _update_target(
         self, unique_rows: torch.Tensor

@@ -108,10 +108,12 @@ def _pool_kernel(
     out_ptr,
     D,
     HAS_SCALE: tl.constexpr,
+    OUT_BF16: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """out[bag, cols] = sum over the bag's ids of scale * weight[row, cols], in fp32."""
+    """out[bag, cols] = sum over the bag's ids of scale * weight[row, cols], summed in fp32
+    and rounded once to out's dtype."""
     bag = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
@@ -131,7 +133,14 @@ def _pool_kernel(
             s = tl.load(scale_ptr + idx, mask=id_mask, other=0.0)
             vals = vals * s[:, None]
         acc += tl.reduce(vals, 0, tl.standard._sum_combine)
-    tl.store(out_ptr + bag * D + cols, acc, mask=col_mask)
+    if OUT_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
+        bits = acc.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(acc != acc, 0x7FC0, bits)  # NaN stays a quiet NaN
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + bag * D + cols, out, mask=col_mask)
 
 
 def _segment_chunk_kernel(
@@ -462,9 +471,11 @@ def pooled_lookup(
     offsets: torch.Tensor,
     scale: torch.Tensor | None,
     num_bags: int,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """pooled [num_bags, D] fp32: pooled[b] = sum_{i in offsets[b]:offsets[b+1]} scale[i] *
-    weight[rows[i]].
+    """pooled [num_bags, D] in out_dtype: pooled[b] = sum_{i in offsets[b]:offsets[b+1]}
+    scale[i] * weight[rows[i]], summed in fp32 and rounded once (to nearest even) when
+    out_dtype is bf16/fp16: the bits of the fp32 result's .to(out_dtype).
 
     weight [R, D] fp32/bf16/fp16 contiguous; rows [N] int64; offsets [num_bags + 1] int64,
     non-decreasing, offsets[0] = 0, offsets[-1] = N (empty bags give zero rows); scale [N]
@@ -478,7 +489,8 @@ def pooled_lookup(
         scale = _check_vector("scale", scale, rows.numel())
     _check_device(weight, rows=rows, offsets=offsets, scale=scale)
     width = weight.shape[1]
-    out = torch.empty(num_bags, width, dtype=torch.float32, device=weight.device)
+    _require(out_dtype in WEIGHT_DTYPES, f"out_dtype must be fp32/bf16/fp16, got {out_dtype}")
+    out = torch.empty(num_bags, width, dtype=out_dtype, device=weight.device)
     if num_bags == 0 or width == 0:
         return out
     block_d = _block_d(width)
@@ -492,6 +504,7 @@ def pooled_lookup(
         out,
         width,
         HAS_SCALE=scale is not None,
+        OUT_BF16=out_dtype == torch.bfloat16,
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         **_opts(block_n * block_d),

@@ -52,3 +52,24 @@ def test_cuda_graphs_dense_trains_like_eager():
     torch.testing.assert_close(
         torch.tensor(losses["graphs"]), torch.tensor(losses["none"]), rtol=1e-4, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("compile_mode", ["none", "dense"])
+def test_bf16_pooled_handoff_trains_bit_for_bit(compile_mode):
+    """Under bf16 autocast the lookup hands DLRM's dot interaction bf16 pooled embeddings
+    (and takes a bf16 gradient): the same losses, tables and dense weights, bit for bit, as
+    fp32 pooled embeddings that the interaction casts itself."""
+    results = {}
+    for handoff in (False, True):
+        cfg = make_cfg("none", "rowwise_adagrad", 1)
+        cfg.device, cfg.train.kernels, cfg.train.compile = "cuda", "triton", compile_mode
+        trainer = Trainer(cfg, DistEnv(device=torch.device("cuda")))
+        trainer.model.embeddings.autocast_output = handoff
+        losses = [trainer.train_step(trainer.train_batch(s)) for s in range(4)]
+        views = trainer.model.embeddings.shard_views()
+        state = [t.clone() for _, w, st in views for t in (w, *st.values())]
+        dense = [p.detach().clone() for p in trainer.model.dense.parameters()]
+        results[handoff] = (torch.stack(losses), state + dense)
+    assert torch.equal(results[True][0], results[False][0])
+    for a, b in zip(results[True][1], results[False][1], strict=True):
+        assert torch.equal(a, b)

@@ -80,6 +80,15 @@ def test_pooled_lookup_on_gpu(dtype, with_scale, hotness):
     )
 
 
+@pytest.mark.parametrize("hotness", [1, 4])
+def test_pooled_lookup_bf16_output_on_gpu(hotness):
+    """bf16 output (DLRM under autocast): the fp32 sum rounded once, .to(bf16)'s bits."""
+    weight, rows, _, offsets, num_bags, _ = _case(torch.float32, hotness)
+    full = triton_ops.pooled_lookup(weight, rows, offsets, None, num_bags)
+    half = triton_ops.pooled_lookup(weight, rows, offsets, None, num_bags, torch.bfloat16)
+    assert torch.equal(half.view(torch.int16), full.to(torch.bfloat16).view(torch.int16))
+
+
 def _dedupe64(rows, bags, scale, grad, absolute=False):
     """dedupe in float64 (of |terms| with absolute=True): (unique rows, sums)."""
     terms = grad.double().index_select(0, bags)

@@ -218,6 +218,45 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
         triton_ops.set_kernels("auto")
 
 
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
+def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monkeypatch):
+    """DLRM under bf16 autocast: the lookup handing over bf16 pooled embeddings (and taking a
+    bf16 gradient) trains exactly like fp32 pooled embeddings that the dot interaction casts:
+    same losses, same tables and optimizer state, same dense weights (CPU autocast here)."""
+    from hybridrec.distributed import DistEnv
+    from hybridrec.sparse import triton_ops
+    from hybridrec.train.trainer import Trainer
+    from tests.distributed.test_equivalence import make_cfg
+
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = make_cfg("none", opt, 1, pooling="mean")  # multi-hot: hotness [1, 2, 1, 3, 1]
+    cfg.train.kernels = kernels
+
+    def run(autocast_output: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
+        trainer.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+        trainer.model.embeddings.autocast_output = autocast_output
+        with trainer.autocast:
+            pooled = trainer.model.embeddings(trainer.train_batch(0).ids)
+        assert pooled.dtype == (torch.bfloat16 if autocast_output else torch.float32)
+        losses = [trainer.train_step(trainer.train_batch(s)) for s in range(3)]
+        views = trainer.model.embeddings.shard_views()
+        state = [t.clone() for _, w, st in views for t in (w, *st.values())]
+        return losses, state + [p.detach().clone() for p in trainer.model.dense.parameters()]
+
+    try:
+        ref_losses, ref_state = run(False)
+        losses, state = run(True)
+    finally:
+        triton_ops.set_kernels("auto")
+    assert torch.equal(torch.stack(losses), torch.stack(ref_losses))
+    for a, b in zip(state, ref_state, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_tables_of_several_widths_keep_the_per_table_path():
     tables = [TableConfig("a", 10, 8), TableConfig("b", 10, 4)]
     assert EmbeddingCollection(tables, SparseSGD(0.1)).sample_major is None
@@ -256,3 +295,19 @@ def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
     with pytest.raises(IdOutOfRangeError, match="id 1000000 at sample 7"):
         trainer.save()
     assert list_checkpoints(tmp_path) == []
+
+
+def test_bf16_handoff_only_for_the_dot_interaction():
+    """DCNv2 uses the fp32 pooled embeddings in elementwise ops: no bf16 hand-off there."""
+    from hybridrec.distributed import DistEnv
+    from hybridrec.parallelize import build_model
+    from tests.distributed.test_equivalence import make_cfg
+
+    cfg = make_cfg("none", "sgd", 1)
+    model, _ = build_model(cfg, DistEnv(device=torch.device("cpu")))
+    assert model.embeddings.autocast_output
+    cfg.model.arch = "dcnv2"
+    model, _ = build_model(cfg, DistEnv(device=torch.device("cpu")))
+    assert not model.embeddings.autocast_output
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.embeddings(torch.zeros(2, 8, dtype=torch.int64)).dtype == torch.float32

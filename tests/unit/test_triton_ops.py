@@ -106,6 +106,17 @@ def test_pooled_lookup_matches_torch(width, dtype, with_scale):
     assert torch.equal(got[empty], torch.zeros(len(empty), width))
 
 
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_pooled_lookup_rounds_once_to_out_dtype(width, out_dtype):
+    """A bf16/fp16 output is the fp32 sum rounded once to nearest even: .to()'s bits."""
+    weight, rows, _, offsets, scale = _lookup_case(width, torch.float32)
+    full = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
+    half = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS), out_dtype)
+    assert half.dtype == out_dtype
+    assert torch.equal(half.view(torch.int16), full.to(out_dtype).view(torch.int16))
+
+
 def test_pooled_lookup_no_ids_and_no_bags():
     weight = torch.randn(5, 4)
     none = torch.zeros(0, dtype=torch.int64)
