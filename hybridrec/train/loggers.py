@@ -83,6 +83,25 @@ class JsonlLogger(NullLogger):
         self._f.close()
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A line that is not a JSON object (a rank killed while
+    writing it) is skipped with a warning naming the file and line."""
+    rows = []
+    with path.open() as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if not isinstance(row, dict):
+                log.warning("%s:%d is not a JSON object; skipped", path, n)
+                continue
+            rows.append(row)
+    return rows
+
+
 # -- Weights & Biases ----------------------------------------------------------------------
 
 

@@ -40,6 +40,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.train.loggers import read_metrics
+
 if TYPE_CHECKING:
     from hybridrec.config import Config
 
@@ -208,13 +210,7 @@ def launch_ranks(cfg: Config, run_dir: Path) -> None:
 
 def final_metrics(metrics_path: Path) -> dict[str, float | None]:
     """Last train loss, last eval AUC and median train samples/s from a metrics.jsonl."""
-    rows: list[dict[str, Any]] = []
-    if metrics_path.is_file():
-        for line in metrics_path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a killed rank
+    rows = read_metrics(metrics_path) if metrics_path.is_file() else []
     train = [r for r in rows if r.get("split") == "train"]
     evals = [r for r in rows if r.get("split") == "eval" and r.get("auc") is not None]
     rates = [r["samples_per_sec"] for r in train if r.get("samples_per_sec") is not None]

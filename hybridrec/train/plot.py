@@ -1,0 +1,228 @@
+"""`hybridrec-plot`: learning curves of runs and sweeps, from their metrics.jsonl, in one PNG.
+
+    hybridrec-plot outputs/2026-11-23/10-00-00                  # one run
+    hybridrec-plot multirun/2026-11-23/10-00-00 -o sweep.png   # every job of a sweep
+    hybridrec-plot runA runB --metrics loss,eval/auc --smooth 20
+
+One panel per metric, one line per run, against the training step. A sweep's jobs are
+labelled by the overrides that differ between them (from their job.json). The plotted points
+also go to a CSV beside the PNG (run, metric, step, value), for other tools. Needs
+matplotlib (`pip install 'hybridrec[plot]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridrec.train.loggers import read_metrics
+
+log = logging.getLogger("hybridrec")
+
+METRICS_FILE = "metrics.jsonl"
+DEFAULT_METRICS = ("train/loss", "eval/auc", "eval/logloss", "train/samples_per_sec")
+# a bare key means the split it is logged under
+_SPLIT_OF = {"auc": "eval", "logloss": "eval", "accuracy": "eval"}
+
+
+class PlotError(ValueError):
+    """Bad input to hybridrec-plot: the message names the path, line or metric."""
+
+
+@dataclass
+class Run:
+    label: str
+    path: Path  # its metrics.jsonl
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _sweep_jobs(sweep: Path) -> list[Run]:
+    """A sweep directory's jobs (subdirectories with a metrics.jsonl), labelled by the
+    overrides that differ between jobs (job.json), else by the directory name."""
+    jobs = sorted(
+        (d for d in sweep.iterdir() if (d / METRICS_FILE).is_file()),
+        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name),
+    )
+    overrides: dict[Path, list[str]] = {}
+    for d in jobs:
+        info = d / "job.json"
+        if info.is_file():
+            try:
+                overrides[d] = list(json.loads(info.read_text()).get("overrides", []))
+            except (json.JSONDecodeError, AttributeError):
+                log.warning("%s is not a job record; labelling the job by its directory", info)
+    common = set.intersection(*(set(o) for o in overrides.values())) if overrides else set()
+    runs = []
+    for d in jobs:
+        varying = [o for o in overrides.get(d, []) if o not in common]
+        label = " ".join(varying) if varying else d.name
+        runs.append(Run(label, d / METRICS_FILE))
+    return runs
+
+
+def find_runs(paths: Sequence[Path]) -> list[Run]:
+    """Each path is a run directory, a metrics.jsonl, or a sweep directory (its jobs)."""
+    runs: list[Run] = []
+    for p in paths:
+        if p.is_file():
+            runs.append(Run(p.parent.name or str(p), p))
+        elif (p / METRICS_FILE).is_file():
+            runs.append(Run(p.name, p / METRICS_FILE))
+        elif p.is_dir() and (jobs := _sweep_jobs(p)):
+            for job in jobs:  # several paths: say which sweep a job belongs to
+                job.label = f"{p.name}: {job.label}" if len(paths) > 1 else job.label
+            runs.extend(jobs)
+        elif p.exists():
+            raise PlotError(
+                f"{p}: no {METRICS_FILE} in it nor in any subdirectory (is it a run directory, "
+                "e.g. outputs/<date>/<time>, or a sweep directory, multirun/<date>/<time>?)"
+            )
+        else:
+            raise PlotError(f"{p}: no such file or directory")
+    labels = [r.label for r in runs]
+    for r in runs:  # two runs named alike (e.g. the same time on two dates): use the path
+        if labels.count(r.label) > 1:
+            r.label = str(r.path.parent)
+    for r in runs:
+        r.rows = read_metrics(r.path)
+    return runs
+
+
+def parse_metric(spec: str) -> tuple[str, str]:
+    """'train/loss' -> ('train', 'loss'); a bare key takes the split it is logged under."""
+    split, sep, key = spec.partition("/")
+    if sep and split in ("train", "eval"):
+        return split, key
+    return _SPLIT_OF.get(spec, "train"), spec
+
+
+def series(rows: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` in the `split` rows that have a number for it."""
+    steps, values = [], []
+    for r in rows:
+        v = r.get(key)
+        if r.get("split") == split and isinstance(v, (int, float)) and "step" in r:
+            steps.append(int(r["step"]))
+            values.append(float(v))
+    return steps, values
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over `window` points (1: unchanged)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot(
+    runs: list[Run],
+    metrics: Sequence[str],
+    out: Path,
+    smooth_window: int = 1,
+    title: str | None = None,
+) -> list[str]:
+    """Draw one panel per metric that some run logged; write `out` (PNG) and its CSV beside
+    it. Returns the metrics drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise PlotError(
+            "hybridrec-plot needs matplotlib: pip install 'hybridrec[plot]' (or matplotlib)"
+        ) from e
+    data: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for m in metrics:
+        per_run = {r.label: series(r.rows, *parse_metric(m)) for r in runs}
+        data[m] = {label: xy for label, xy in per_run.items() if xy[0]}
+    drawn = [m for m in metrics if data[m]]
+    if not drawn:
+        keys = sorted({f"{r.get('split')}/{k}" for run in runs for r in run.rows for k in r})
+        raise PlotError(
+            f"none of the metrics {', '.join(metrics)} is in "
+            f"{', '.join(str(r.path) for r in runs)}; logged: {', '.join(keys) or 'nothing'}"
+        )
+    cols = 1 if len(drawn) == 1 else 2
+    rows_n = (len(drawn) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(6.5 * cols, 3.8 * rows_n), squeeze=False)
+    for ax, m in zip(axes.flat, drawn, strict=False):
+        split, _ = parse_metric(m)
+        for label, (steps, values) in data[m].items():
+            y = smooth(values, smooth_window) if split == "train" else values
+            ax.plot(steps, y, label=label, marker="o" if split == "eval" else None, markersize=3)
+        smoothed = f" (mean of {smooth_window})" if split == "train" and smooth_window > 1 else ""
+        ax.set_title(m + smoothed)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(drawn) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    with out.with_suffix(".csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "metric", "step", "value"])
+        for m in drawn:
+            for label, (steps, values) in data[m].items():
+                w.writerows([label, m, s, v] for s, v in zip(steps, values, strict=True))
+    return drawn
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="hybridrec-plot",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", type=Path, help="run dirs, sweep dirs or metrics.jsonl")
+    p.add_argument("-o", "--out", type=Path, default=Path("curves.png"), help="PNG to write")
+    p.add_argument(
+        "--metrics",
+        default=",".join(DEFAULT_METRICS),
+        help="comma-separated, split/key or key (default: %(default)s); any logged key works, "
+        "e.g. time_ms/lookup, cache/hit_rate, lr/sparse",
+    )
+    p.add_argument(
+        "--smooth", type=int, default=1, help="moving average over N train points (default 1)"
+    )
+    p.add_argument("--title", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.smooth < 1:
+        p.error(f"--smooth must be >= 1, got {args.smooth}")
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    if not metrics:
+        p.error("--metrics is empty")
+    try:
+        runs = find_runs(args.paths)
+        drawn = plot(runs, metrics, args.out, args.smooth, args.title)
+    except (PlotError, OSError) as e:
+        print(f"hybridrec-plot: {e}", file=sys.stderr)
+        return 2
+    skipped = [m for m in metrics if m not in drawn]
+    print(
+        f"wrote {args.out} and {args.out.with_suffix('.csv')}: {len(runs)} run(s), "
+        f"{', '.join(drawn)}" + (f" (not logged: {', '.join(skipped)})" if skipped else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""hybridrec-plot: reads what the trainer writes, labels sweep jobs, draws, and names bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from hybridrec.config import Config  # noqa: E402
+from hybridrec.distributed import DistEnv  # noqa: E402
+from hybridrec.train.plot import main, parse_metric, smooth  # noqa: E402
+from hybridrec.train.trainer import Trainer  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _job(sweep: Path, n: int, overrides: list[str], rows: list[dict]) -> None:
+    d = sweep / str(n)
+    d.mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"job": n, "overrides": overrides}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _rows(scale: float) -> list[dict]:
+    rows = [
+        {"step": s, "split": "train", "loss": scale / s, "samples_per_sec": 1e5}
+        for s in (10, 20, 30)
+    ]
+    return rows + [{"step": 30, "split": "eval", "auc": 0.7 + scale / 100, "logloss": 0.5}]
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_real_run_is_plotted(tmp_path, capsys):
+    """The trainer's own metrics.jsonl: its train and eval rows become the default panels."""
+    cfg = Config()
+    cfg.device, cfg.train.steps, cfg.train.log_every = "cpu", 30, 10
+    cfg.eval.every, cfg.eval.batches = 15, 2
+    Trainer(cfg, DistEnv(), run_dir=tmp_path / "run").fit()
+    out = tmp_path / "curves.png"
+    assert main([str(tmp_path / "run"), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    got = _csv(out.with_suffix(".csv"))
+    loss_steps = [int(r["step"]) for r in got if r["metric"] == "train/loss"]
+    auc_steps = [int(r["step"]) for r in got if r["metric"] == "eval/auc"]
+    assert loss_steps == [10, 20, 30] and auc_steps == [15, 30]
+    assert {r["run"] for r in got} == {"run"}
+    assert "train/loss, eval/auc, eval/logloss, train/samples_per_sec" in capsys.readouterr().out
+
+
+def test_sweep_jobs_are_labelled_by_the_overrides_that_differ(tmp_path):
+    sweep = tmp_path / "sweep"
+    _job(sweep, 0, ["sharding=row_wise", "train.steps=30"], _rows(1.0))
+    _job(sweep, 1, ["sharding=table_wise", "train.steps=30"], _rows(2.0))
+    (sweep / "summary.md").write_text("not a job")
+    out = tmp_path / "s.png"
+    assert main([str(sweep), "-o", str(out), "--metrics", "loss,auc", "--smooth", "2"]) == 0
+    got = _csv(out.with_suffix(".csv"))
+    assert {r["run"] for r in got} == {"sharding=row_wise", "sharding=table_wise"}
+    tw_loss = [
+        float(r["value"])
+        for r in got
+        if r["run"] == "sharding=table_wise" and r["metric"] == "loss"
+    ]
+    assert tw_loss == pytest.approx([2 / 10, 2 / 20, 2 / 30])  # the CSV keeps raw values
+    auc = [r for r in got if r["metric"] == "auc"]
+    assert [float(r["value"]) for r in auc] == pytest.approx([0.71, 0.72])
+
+
+def test_several_paths_name_their_runs_apart(tmp_path):
+    for day in ("a", "b"):
+        _job(tmp_path / day / "sweep", 0, ["seed=1"], _rows(1.0))
+        _job(tmp_path / day / "sweep", 1, ["seed=2"], _rows(1.0))
+    out = tmp_path / "two.png"
+    assert main([str(tmp_path / "a" / "sweep"), str(tmp_path / "b" / "sweep"), "-o", str(out)]) == 0
+    runs = {r["run"] for r in _csv(out.with_suffix(".csv"))}
+    assert len(runs) == 4  # the same sweep name twice: the jobs' paths tell them apart
+
+
+def test_a_cut_line_is_skipped_with_its_file_and_line(tmp_path, caplog):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps(r) for r in _rows(1.0)]
+    (run / "metrics.jsonl").write_text("\n".join(lines[:2] + ['{"step": 40, "spl'] + lines[2:]))
+    with caplog.at_level(logging.WARNING, logger="hybridrec"):
+        assert main([str(run), "-o", str(tmp_path / "c.png")]) == 0
+    assert f"{run / 'metrics.jsonl'}:3 is not a JSON object" in caplog.text
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    assert main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")]) == 2
+    assert "missing: no such file or directory" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty), "-o", str(tmp_path / "x.png")]) == 2
+    assert f"{empty}: no metrics.jsonl" in capsys.readouterr().err
+    _job(tmp_path / "sw", 0, [], _rows(1.0))
+    assert (
+        main([str(tmp_path / "sw"), "--metrics", "eval/nope", "-o", str(tmp_path / "x.png")]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "none of the metrics eval/nope" in err and "train/loss" in err and "eval/auc" in err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "sw"), "--smooth", "0"])
+
+
+def test_metric_names_and_smoothing():
+    assert parse_metric("auc") == ("eval", "auc")
+    assert parse_metric("loss") == ("train", "loss")
+    assert parse_metric("time_ms/lookup") == ("train", "time_ms/lookup")
+    assert parse_metric("eval/accuracy") == ("eval", "accuracy")
+    assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert smooth([1.0, 3.0], 1) == [1.0, 3.0]
