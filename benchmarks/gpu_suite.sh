@@ -29,7 +29,7 @@ log="$OUT/$section.log"
       ;;
     step)
       python3 benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536 \
-        --plain-adam --kernels triton,torch --per-table-layout --graphs --out "$OUT/step_h100.md"
+        --plain-adam --kernels triton,torch --per-table-layout --fp32-handoff --graphs --out "$OUT/step_h100.md"
       ;;
     lookup)
       python3 benchmarks/lookup_update.py --device cuda --optimizer all --out "$OUT/lookup_update_h100.md"

@@ -124,11 +124,14 @@ def run_hybridrec(
     device: torch.device,
     args,  # noqa: ANN001
     per_table: bool = False,
+    fp32_handoff: bool = False,
 ) -> dict:
     reset_device(device)
     trainer = Trainer(cfg, DistEnv(device=device))
     if per_table:  # the lookup's older layout: per-table outputs stacked (and cat'ed back)
         trainer.model.embeddings.sample_major = None
+    if fp32_handoff:  # pooled embeddings in fp32 even under autocast (the dense part casts)
+        trainer.model.embeddings.autocast_output = False
 
     def step(i: int) -> None:
         if i == args.warmup:
@@ -188,6 +191,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also time SGD with the lookup's per-table output layout (stack + cat copies) "
         "instead of the sample-major one",
+    )
+    p.add_argument(
+        "--fp32-handoff",
+        action="store_true",
+        help="also time SGD with the pooled embeddings handed to the dense part in fp32 (cast "
+        "there) instead of in the autocast dtype (the same bits)",
     )
     p.add_argument(
         "--kernels",
@@ -258,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.per_table_layout:
             cfg = make_cfg(args, "sgd", kernels)
             add("hybridrec, sgd, per-table layout", run_hybridrec(cfg, batches, device, args, True))
+        if args.fp32_handoff:
+            cfg = make_cfg(args, "sgd", kernels)
+            res = run_hybridrec(cfg, batches, device, args, fp32_handoff=True)
+            add("hybridrec, sgd, fp32 pooled hand-off", res)
         if args.graphs:
             cfg = make_cfg(args, "sgd", kernels)
             cfg.train.compile = "graphs"

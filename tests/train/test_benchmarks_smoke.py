@@ -33,6 +33,7 @@ def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch
             "--optimizers=sgd,adam",
             "--plain-adam",
             "--per-table-layout",
+            "--fp32-handoff",
             f"--out={out}",
         ]
     )
@@ -43,6 +44,7 @@ def test_step_benchmark_writes_rows_and_the_time_breakdown(tmp_path, monkeypatch
         "dense part alone",
         "hybridrec, adam",
         "hybridrec, sgd, per-table layout",
+        "hybridrec, sgd, fp32 pooled hand-off",
     )
     for row in rows:
         assert row in text
