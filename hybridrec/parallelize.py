@@ -45,7 +45,7 @@ from hybridrec.planner import (
 )
 from hybridrec.sparse import EmbeddingCollection, triton_ops
 from hybridrec.sparse.host import check_host_memory
-from hybridrec.sparse.sharded import ShardedEmbeddingCollection
+from hybridrec.sparse.sharded import ShardedEmbeddingCollection, whole_values
 from hybridrec.types import ShardingPlan
 
 log = logging.getLogger("hybridrec")
@@ -107,10 +107,14 @@ def check_memory(cfg: Config, plan: ShardingPlan, env: DistEnv) -> None:
             )
 
 
-def plan_report(cfg: Config, plan: ShardingPlan) -> str:
-    """The readable plan table printed at start."""
+def plan_report(cfg: Config, plan: ShardingPlan, device: torch.device | None = None) -> str:
+    """The readable plan table printed at start (exchanged bytes as they will be on
+    `device`: see `bf16_wire`)."""
     tables = cfg.model.tables()
     topology = Topology(plan.world_size, int(cfg.sharding.hbm_gb * 2**30))
+    comm_bytes = comm_dtype(cfg).itemsize
+    if device is not None and bf16_wire(cfg, plan, device):
+        comm_bytes = 2
     cost = estimate_cost(
         plan,
         tables,
@@ -118,9 +122,20 @@ def plan_report(cfg: Config, plan: ShardingPlan) -> str:
         cfg.train.batch_size,
         OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
         weight_bytes=table_dtype(cfg).itemsize,
-        comm_bytes=comm_dtype(cfg).itemsize,
+        comm_bytes=comm_bytes,
     )
     return format_plan(plan, cost, tables)
+
+
+def bf16_wire(cfg: Config, plan: ShardingPlan, device: torch.device) -> bool:
+    """Whether the output dist will carry bf16 exactly (ShardedEmbeddingCollection.
+    handoff_dtype): DLRM under bf16 autocast (CUDA) with no table split by rows."""
+    return (
+        _handoff_in_autocast_dtype(cfg)
+        and device.type == "cuda"
+        and cfg.train.autocast == "bf16"
+        and whole_values(plan)
+    )
 
 
 def _flat(cfg: Config) -> dict[str, str]:
@@ -176,6 +191,13 @@ def _log_built(emb: torch.nn.Module, env: DistEnv, start: float) -> None:
     )
 
 
+def _handoff_in_autocast_dtype(cfg: Config) -> bool:
+    """Whether the embeddings may hand the pooled embeddings over in the autocast dtype
+    under autocast: for DLRM, whose dot interaction casts them to it before any other use
+    (same bits, half the bytes; DCNv2 uses them in fp32 elementwise ops)."""
+    return cfg.model.arch == "dlrm"
+
+
 def build_model(
     cfg: Config, env: DistEnv, stats: CommStats | None = None
 ) -> tuple[DLRM, ShardingPlan | None]:
@@ -195,9 +217,7 @@ def build_model(
         emb = EmbeddingCollection(
             tables, sparse_opt, cfg.seed, env.device, cfg.train.check_ids, table_dtype(cfg)
         )
-        # the dot interaction casts the pooled embeddings to the autocast dtype before any
-        # other use: the lookup can hand them over in that dtype (same bits, half the bytes)
-        emb.autocast_output = cfg.model.arch == "dlrm"
+        emb.autocast_output = _handoff_in_autocast_dtype(cfg)
         _log_built(emb, env, start)
         return DLRM(dense, emb), None
     if env.group is None:
@@ -210,8 +230,13 @@ def build_model(
             "sharding plan (%s, %d ranks):\n%s",
             cfg.sharding.type,
             env.world_size,
-            plan_report(cfg, plan),
+            plan_report(cfg, plan, env.device),
         )
+        if bf16_wire(cfg, plan, env.device):
+            log.info(
+                "output dist in bf16 both ways: exact for DLRM under bf16 autocast (the dot "
+                "interaction rounds to bf16 anyway), half the bytes of fp32"
+            )
     start = time.perf_counter()
     emb = ShardedEmbeddingCollection(
         tables,
@@ -227,6 +252,7 @@ def build_model(
         cfg.sharding.host_copy,
         comm_dtype(cfg),
     )
+    emb.autocast_output = _handoff_in_autocast_dtype(cfg)
     _log_built(emb, env, start)
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.

@@ -133,6 +133,10 @@ class ShardedEmbeddingCollection(nn.Module):
         self.table_kind = {i: plan.tables[i].sharding for i in range(len(self.tables))}
         self.plan = plan
         self.has_row_wise = any(u.row_wise for units in self.units_on for u in units)
+        # Every exchanged value is a whole pooled value (no row-wise partial sums to add):
+        # then the bf16 hand-off (see `handoff_dtype`) can cross ranks in bf16, exactly.
+        self.whole_values = whole_values(plan)
+        self.autocast_output = False  # set for DLRM by hybridrec.parallelize
         self.width_on = [sum(u.shard.width for u in units) for units in self.units_on]
 
         # This rank's units, one fused group per width and placement ("w<width>" in device
@@ -278,6 +282,18 @@ class ShardedEmbeddingCollection(nn.Module):
             inputs.append(LookupInput(unit_ids, bags, batch, pooling_scale(u.table)))
         return inputs
 
+    def handoff_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The autocast dtype when the pooled embeddings go to the dense part in it: under
+        autocast, with `autocast_output` (DLRM: the dot interaction casts them first) and
+        whole values on the wire (no row-wise partial sums still to add). The output dist
+        then carries that dtype both ways: half the bytes of fp32, exactly. Forward, the
+        values are rounded where the interaction would round them anyway; backward, the
+        gradients are the interaction's, already in that dtype, and the 1/W scale is applied
+        in fp32 after the exchange instead of before it: the same products. None: fp32."""
+        if self.autocast_output and self.whole_values and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return None
+
     def _lookup(self, inputs: list[LookupInput]) -> list[torch.Tensor]:
         """One fused lookup per width group; returns [B, w_u] per local unit."""
         out: list[torch.Tensor | None] = [None] * len(inputs)
@@ -290,7 +306,11 @@ class ShardedEmbeddingCollection(nn.Module):
         return out  # type: ignore[return-value]
 
     def _output_dist(
-        self, pooled: list[torch.Tensor], replicated: torch.Tensor, b_local: int
+        self,
+        pooled: list[torch.Tensor],
+        replicated: torch.Tensor,
+        b_local: int,
+        handoff: torch.dtype | None = None,
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Local units' [B, w_u] -> every unit's [B_l, w_u] for this rank's samples.
 
@@ -305,7 +325,9 @@ class ShardedEmbeddingCollection(nn.Module):
             send = send.detach().requires_grad_()  # this rank must still join the backward
         in_splits = [b_local * self.width_on[self.rank]] * world
         out_splits = [b_local * w for w in self.width_on]
-        recv, replicated = _Exchange.apply(send, replicated, self, b_local, out_splits, in_splits)
+        recv, replicated = _Exchange.apply(
+            send, replicated, self, b_local, out_splits, in_splits, handoff
+        )
         units = []
         for q, chunk in enumerate(torch.split(recv, out_splits)):
             sizes = [b_local * u.shard.width for u in self.units_on[q]]
@@ -495,12 +517,15 @@ class ShardedEmbeddingCollection(nn.Module):
             with self.timer.phase("input_dist"):
                 inputs = self._input_dist(ids)
         self._inputs = inputs if self.exchange_row_stats else []
+        handoff = self.handoff_dtype(ids.device)
         with self.timer.phase("lookup"):
             pooled = self._lookup(inputs)
         with self.timer.phase("data_parallel"):
             replicated = self._replicated_lookup(ids)
+            if handoff is not None:
+                replicated = replicated.to(handoff)
         with self.timer.phase("output_dist"):
-            received, replicated = self._output_dist(pooled, replicated, b_local)
+            received, replicated = self._output_dist(pooled, replicated, b_local, handoff)
         dp_position = {i: n for n, i in enumerate(self.dp_tables)}
         per_table = []
         for i in range(len(self.tables)):
@@ -515,42 +540,57 @@ class ShardedEmbeddingCollection(nn.Module):
                 for p in pieces[1:]:
                     total = total + p
                 per_table.append(total)
+        if handoff is not None:  # _Exchange's backward scales by 1/W, in fp32
+            return torch.stack(per_table, dim=1)
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
 
 
 class _Exchange(torch.autograd.Function):
-    """Forward: the output-dist all-to-all of `send` (in the collection's comm_dtype, back to
-    fp32 on arrival); `replicated` passes through.
+    """Forward: the output-dist all-to-all of fp32 `send` (in the collection's comm_dtype,
+    back to fp32 on arrival; with a `handoff` dtype, in it and kept in it); `replicated`
+    passes through.
 
     Backward, in this order on every rank: (1) the all-to-all in reverse, returning each
-    unit's gradients to its owner; (2) column shards share row statistics (row-wise Adagrad
-    only); (3) replicated tables all-reduce their row gradients and update."""
+    unit's gradients to its owner (with a handoff dtype: in it, then scaled by 1/W in fp32);
+    (2) column shards share row statistics (row-wise Adagrad only); (3) replicated tables
+    all-reduce their row gradients and update."""
 
     @staticmethod
-    def forward(ctx, send, replicated, coll, b_local, out_splits, in_splits):  # type: ignore[override]  # noqa: ANN001, E501
+    def forward(ctx, send, replicated, coll, b_local, out_splits, in_splits, handoff):  # type: ignore[override]  # noqa: ANN001, E501
         ctx.coll, ctx.b_local, ctx.splits = coll, b_local, (out_splits, in_splits)
+        ctx.wire = handoff or coll.comm_dtype
+        ctx.scale = 1.0 / coll.world if handoff is not None else 1.0
         recv = all_to_all(
-            send.to(coll.comm_dtype), out_splits, in_splits, coll.group, coll.stats, "output_dist"
+            send.to(ctx.wire), out_splits, in_splits, coll.group, coll.stats, "output_dist"
         )
-        return recv.float(), replicated.view_as(replicated)
+        return (recv if handoff is not None else recv.float()), replicated.view_as(replicated)
 
     @staticmethod
     def backward(ctx, grad_recv, grad_replicated):  # type: ignore[override]  # noqa: ANN001
         coll: ShardedEmbeddingCollection = ctx.coll
         out_splits, in_splits = ctx.splits
         grad_send = all_to_all(
-            grad_recv.to(coll.comm_dtype).contiguous(),
+            grad_recv.to(ctx.wire).contiguous(),
             in_splits,
             out_splits,
             coll.group,
             coll.stats,
             "output_dist.backward",
         ).float()
+        if ctx.scale != 1.0:  # the handoff's 1/W: the product ScaleGrad forms in fp32
+            grad_send = grad_send * ctx.scale
+            grad_replicated = grad_replicated.float() * ctx.scale
         if coll.exchange_row_stats:
             coll._share_row_stats(grad_send, ctx.b_local)
         if coll.dp_tables:
-            coll._sync_replicas(grad_replicated)
-        return grad_send, None, None, None, None, None
+            coll._sync_replicas(grad_replicated.float())
+        return grad_send, None, None, None, None, None, None
+
+
+def whole_values(plan: ShardingPlan) -> bool:
+    """Whether every value the output dist carries is a whole pooled value: no table is
+    split by rows (whose partial sums must be added in fp32 before any rounding)."""
+    return all(len(tp.shards) == 1 or tp.sharding != ShardingType.ROW_WISE for tp in plan.tables)
 
 
 def _check_plan(tables: list[TableConfig], plan: ShardingPlan, world: int) -> None:

@@ -1,0 +1,103 @@
+"""The bf16 hand-off across ranks: under bf16 autocast, DLRM's sharded output dist carries the
+pooled embeddings and their gradients in bf16, and training is bit-for-bit what it is with
+fp32 on the wire, at half the bytes.
+
+Why exact: the dot interaction rounds the pooled embeddings to bf16 before any other use, so
+rounding them before the exchange instead changes nothing; their gradients come out of the
+interaction in bf16; and the 1/W gradient scale, which the fp32 path applies before the
+backward exchange, is applied after it, in fp32: the same products. Only whole pooled values
+may cross in bf16: row-wise partial sums must be added in fp32 first, so plans that split a
+table by rows keep fp32 on the wire (checked here too).
+
+CPU autocast on gloo ranks stands in for CUDA autocast on NCCL (same dtypes and rounding).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.distributed import DistEnv
+from hybridrec.distributed.comm import CommStats
+from hybridrec.train.trainer import Trainer
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import make_cfg, snapshot
+
+pytestmark = pytest.mark.slow
+STEPS = 3
+
+
+def _train(env: DistEnv, mode: str, sparse: str, handoff: bool) -> dict:
+    cfg = make_cfg(mode, sparse, env.world_size)
+    trainer = Trainer(cfg, env)
+    trainer.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    emb = trainer.model.embeddings
+    emb.autocast_output, emb.stats = handoff, CommStats()
+    with trainer.autocast:
+        wire = emb.handoff_dtype(torch.device("cpu"))
+    losses = [trainer.global_mean(trainer.train_step(trainer.train_batch(s))) for s in range(STEPS)]
+    sent = emb.stats.sent["output_dist"] + emb.stats.sent["output_dist.backward"]
+    return {
+        "losses": losses,
+        "wire": wire,
+        "whole": emb.whole_values,
+        "sent": sent,
+        **snapshot(trainer),
+    }
+
+
+def _both(env: DistEnv, mode: str, sparse: str) -> dict:
+    torch.set_num_threads(1)
+    return {h: _train(env, mode, sparse, h) for h in (False, True)}
+
+
+@pytest.mark.parametrize(
+    ("mode", "sparse", "world"),
+    [
+        ("table_wise", "sgd", 3),
+        ("column_wise", "rowwise_adagrad", 2),  # column shards share row statistics
+        ("column_wise", "rowwise_adagrad", 3),  # 1/3 is not a power of two
+        ("data_parallel", "adam", 3),  # replicated tables only: their gradients are scaled too
+        ("auto", "sgd", 3),  # a mixed plan
+        ("row_wise", "sgd", 2),  # partial sums: fp32 on the wire
+    ],
+)
+def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(mode, sparse, world):
+    for rank, res in enumerate(spawn(world, _both, mode, sparse)):
+        fp32, half = res[False], res[True]
+        label = f"{mode} {sparse} rank {rank}/{world}"
+        assert fp32["wire"] is None
+        whole = half["whole"]
+        assert half["wire"] == (torch.bfloat16 if whole else None), label
+        if mode != "auto":  # auto's plan decides (here: replicated, whole and column-split)
+            assert whole == (mode != "row_wise"), label
+        if fp32["sent"]:
+            assert half["sent"] * (2 if whole else 1) == fp32["sent"], label
+        assert half["losses"] == fp32["losses"], label
+        for (spec, w, st), (_, w2, st2) in zip(half["shards"], fp32["shards"], strict=True):
+            assert torch.equal(w, w2), f"{label}: {spec}"
+            for k in st:
+                assert torch.equal(st[k], st2[k]), f"{label}: {spec} {k}"
+        for k, v in half["dense"].items():
+            assert torch.equal(v, fp32["dense"][k]), f"{label}: dense {k}"
+
+
+def test_the_plan_table_counts_the_bf16_wire_where_it_will_be_used():
+    """On CUDA under bf16 autocast a DLRM plan without row splits exchanges bf16: the plan
+    table's output-dist bytes halve; on the CPU, for DCNv2 or with row splits they do not."""
+    from hybridrec.parallelize import bf16_wire, make_plan, plan_report
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
+    cfg = make_cfg("table_wise", "sgd", 2)
+    plan = make_plan(cfg, 2)
+    assert bf16_wire(cfg, plan, cuda) and not bf16_wire(cfg, plan, cpu)
+    assert plan_report(cfg, plan, cuda) != plan_report(cfg, plan, cpu)
+    cfg.sharding.comm_dtype = "bf16"  # the lossy option counts the same bytes
+    assert plan_report(cfg, plan, cpu) == plan_report(cfg, make_plan(cfg, 2), cuda)
+    cfg = make_cfg("row_wise", "sgd", 2)
+    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
+    cfg = make_cfg("table_wise", "sgd", 2)
+    cfg.train.autocast = "none"
+    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
+    cfg.train.autocast, cfg.model.arch = "bf16", "dcnv2"
+    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
