@@ -12,9 +12,10 @@ Every table shard that is not data-parallel is a *unit* served by its owner rank
    concatenate in source-rank order, which is global-sample order.
 2. lookup: the owner pools its units over the global batch, one fused lookup per width
    (hybridrec.sparse.fused), giving [B, w_u] per unit.
-3. output dist (one differentiable all_to_all_single of fp32): each unit's rows for rank p's
-   samples go back to rank p, which rebuilds each table: the table-wise unit as is,
-   column-wise slices concatenated in column order, row-wise partial sums added.
+3. output dist (one differentiable all_to_all_single of fp32, or of bf16 where that is
+   exact: `handoff_dtype`): each unit's rows for rank p's samples go back to rank p, which
+   rebuilds each table: the table-wise unit as is, column-wise slices concatenated in
+   column order, row-wise partial sums added.
 4. data-parallel tables are replicated: each rank pools its own samples, with no exchange
    in forward; in backward every rank deduplicates its rows' gradients and one all-reduce
    sums them (with a per-row "touched" count) so every replica applies the reference's
