@@ -2,15 +2,16 @@
 
 The byte counts follow the exchange protocol of `hybridrec.sparse` exactly (a test compares
 them to what the all-to-alls really send). Notation: B = global batch, W = world size,
-B_l = B / W samples per rank, ids and lengths are int64 (8 bytes), pooled embeddings fp32
-(4 bytes; `comm_bytes` = 2 with sharding.comm_dtype bf16/fp16). A rank never counts what it
-sends to itself.
+B_l = B / W samples per rank, ids and lengths cross as int32 (I = 4 bytes; 8 when a table
+has more than 2**31 - 1 rows: `id_wire_bytes`), pooled embeddings as fp32 (4 bytes;
+`comm_bytes` = 2 with sharding.comm_dtype bf16/fp16, or under bf16 autocast for DLRM). A rank
+never counts what it sends to itself.
 
 Forward, per step:
 
 - input dist (ids): for every table-wise or column-wise shard u of table t on rank q, each
-  rank p != q sends q the ids of its B_l samples: B_l * hotness_t * 8 bytes. For every
-  row-wise shard u on q, each p != q sends B_l lengths (8 bytes each) plus the ids that fall in
+  rank p != q sends q the ids of its B_l samples: B_l * hotness_t * I bytes. For every
+  row-wise shard u on q, each p != q sends B_l lengths (I bytes each) plus the ids that fall in
   u's row range, B_l * hotness_t * u.num_rows / t.num_rows of them *in expectation* (ids
   assumed uniform over the rows; real traffic follows the data). A plan with any row-wise table
   adds one exchange of counts: every rank sends one int64 to every other rank.
@@ -49,6 +50,7 @@ from hybridrec.planner.planner import (
     OptimizerFootprint,
     Topology,
     human_bytes,
+    id_wire_bytes,
     rank_memory,
     replica_sync,
 )
@@ -180,6 +182,7 @@ def estimate_cost(
     if missing:
         raise ValueError(f"plan tables missing from `tables`: {missing}")
     b_local = batch_size // world
+    id_bytes = id_wire_bytes(tables)
 
     ids, emb = _Exchange(world), _Exchange(world)
     dp_reduce = [0.0] * world  # bytes sent to sync replicated tables' gradients
@@ -199,11 +202,11 @@ def estimate_cost(
                 rows = b_local * t.hotness
             elif tp.sharding is ShardingType.ROW_WISE:
                 share = s.num_rows / t.num_rows
-                ids.to[s.rank] += b_local * ID_BYTES + b_local * t.hotness * share * ID_BYTES
+                ids.to[s.rank] += b_local * id_bytes + b_local * t.hotness * share * id_bytes
                 emb.frm[s.rank] += b_local * s.width * comm_bytes
                 rows = batch_size * t.hotness * share
             else:
-                ids.to[s.rank] += b_local * t.hotness * ID_BYTES
+                ids.to[s.rank] += b_local * t.hotness * id_bytes
                 emb.frm[s.rank] += b_local * s.width * comm_bytes
                 rows = batch_size * t.hotness
             lookups[s.rank] += rows

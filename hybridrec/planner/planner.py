@@ -61,7 +61,16 @@ from hybridrec.types import (
 
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
-ID_BYTES = 8  # ids and lengths travel as int64
+ID_BYTES = 8  # ids in memory, and row ids in the replicated tables' gradient sync: int64
+INT32_IDS = 2**31 - 1  # tables up to this many rows send ids through the input dist as int32
+
+
+def id_wire_bytes(tables: Sequence[TableConfig]) -> int:
+    """Bytes per id (and per length) in the input dist: 4 (int32, half of int64, exact)
+    when every table's ids fit int32, else 8."""
+    return 4 if all(t.num_rows <= INT32_IDS for t in tables) else 8
+
+
 EMB_BYTES = 4  # pooled embeddings and their gradients travel as fp32
 GIB = 1 << 30
 BALANCE_TOLERANCE = 0.10  # auto stops splitting once the fullest rank is within 10% of the mean

@@ -5,11 +5,12 @@ over ranks by a ShardingPlan.
 
 Every table shard that is not data-parallel is a *unit* served by its owner rank. One step:
 
-1. input dist (one all_to_all_single of int64): each rank sends, to the owner of each unit,
-   its samples' ids for that unit's table: all of them for table-wise and column-wise units;
-   for row-wise units only the ids inside the unit's row range (shifted to the shard), plus
-   per-sample counts, after a small all-to-all of the payload sizes. Receiving ranks
-   concatenate in source-rank order, which is global-sample order.
+1. input dist (one all_to_all_single of int32, or int64 if a table has more than 2**31 - 1
+   rows): each rank sends, to the owner of each unit, its samples' ids for that unit's
+   table: all of them for table-wise and column-wise units; for row-wise units only the ids
+   inside the unit's row range (shifted to the shard), plus per-sample counts, after a small
+   all-to-all of the payload sizes. Receiving ranks concatenate in source-rank order, which
+   is global-sample order.
 2. lookup: the owner pools its units over the global batch, one fused lookup per width
    (hybridrec.sparse.fused), giving [B, w_u] per unit.
 3. output dist (one differentiable all_to_all_single of fp32, or of bf16 where that is
@@ -54,7 +55,7 @@ from hybridrec.distributed.comm import (
     all_to_all,
     any_rank,
 )
-from hybridrec.planner.planner import replica_sync
+from hybridrec.planner.planner import id_wire_bytes, replica_sync
 from hybridrec.sparse.collection import IdChecker, IdOutOfRangeError, pooling_scale
 from hybridrec.sparse.fused import (
     FusedEmbedding,
@@ -110,6 +111,9 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError("all tables of a collection must share one embedding dim")
         self.offsets = hot_offsets(self.tables)
         self.checker = IdChecker(self.tables) if check_ids else None
+        # ids cross the input dist as int32 where they fit (half the bytes, exact); checked
+        # ids are in range (on CUDA bad ones were read as 0 before), so none can wrap
+        self.id_dtype = torch.int32 if id_wire_bytes(self.tables) == 4 else torch.int64
 
         self.units_on: list[list[_Unit]] = [[] for _ in range(self.world)]
         self.table_units: dict[int, list[int]] = {}  # table -> positions in the received list
@@ -251,9 +255,14 @@ class ShardedEmbeddingCollection(nn.Module):
         else:
             out_splits = [sum(static_sizes)] * world
         recv = all_to_all(
-            torch.cat(chunks), out_splits, in_splits, self.group, self.stats, "input_dist"
+            torch.cat(chunks).to(self.id_dtype),
+            out_splits,
+            in_splits,
+            self.group,
+            self.stats,
+            "input_dist",
         )
-        return self._parse_ids(recv, out_splits, static_sizes, b_local)
+        return self._parse_ids(recv.long(), out_splits, static_sizes, b_local)
 
     def _parse_ids(
         self, recv: torch.Tensor, out_splits: list[int], static_sizes: list[int], b_local: int

@@ -28,7 +28,7 @@ from hybridrec.planner import (
     row_ranges,
 )
 from hybridrec.planner.cli import _load_tables, main
-from hybridrec.planner.planner import BALANCE_TOLERANCE, CACHE_META_BYTES
+from hybridrec.planner.planner import BALANCE_TOLERANCE, CACHE_META_BYTES, id_wire_bytes
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 GIB = 1 << 30
@@ -320,10 +320,10 @@ def test_cost_bytes_table_column_and_data_parallel():
     plan, tables = hand_plan()
     cost = estimate_cost(plan, tables, Topology(2, GIB), 8)
     r0, r1 = cost.ranks
-    # ids: a (rank 0) gets 4*2*8 = 64 from rank 1; b slices swap 4*1*8 = 32 each way;
-    # c is replicated: each rank looks up its own samples, no ids move.
-    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (32, 64 + 32)
-    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (64 + 32, 32)
+    # ids (int32 on the wire): a (rank 0) gets 4*2*4 = 32 from rank 1; b slices swap
+    # 4*1*4 = 16 each way; c is replicated: each rank looks up its own samples, no ids move.
+    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (16, 32 + 16)
+    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (32 + 16, 16)
     # pooled outputs: 4 samples x width 4 x 4 bytes = 64 per shard to the other rank
     assert (r0.emb_sent_bytes, r0.emb_recv_bytes) == (128, 64)
     assert (r1.emb_sent_bytes, r1.emb_recv_bytes) == (64, 128)
@@ -339,7 +339,7 @@ def test_cost_bytes_table_column_and_data_parallel():
     assert r0.num_shards == 3 and r1.num_shards == 2
     assert cost.table_bytes == 160 + 192 + 48
     # seconds: bytes / bandwidth, one node
-    assert r0.input_dist_s == pytest.approx(96 / 300e9)
+    assert r0.input_dist_s == pytest.approx(48 / 300e9)
     assert r0.lookup_s == pytest.approx((16 * 4 + 8 * 4 + 12 * 4) * 4 / 2.98e12)
     assert r0.total_s == pytest.approx(
         r0.input_dist_s + r0.lookup_s + r0.output_dist_s + r0.backward_s
@@ -362,8 +362,9 @@ def test_cost_row_wise_uses_the_expected_share_and_one_count_exchange():
     topo = Topology(2, GIB)
     plan = plan_sharding(tables, topo, "row_wise", 8)
     r0, r1 = estimate_cost(plan, tables, topo, 8).ranks
-    # each shard holds half the rows: 4 lengths + 4*2*0.5 ids, 8 bytes each, plus 1 count
-    assert r0.ids_sent_bytes == r0.ids_recv_bytes == 32 + 32 + 8
+    # each shard holds half the rows: 4 lengths + 4*2*0.5 ids, 4 bytes each (int32), plus 1
+    # count (int64)
+    assert r0.ids_sent_bytes == r0.ids_recv_bytes == 16 + 16 + 8
     assert r0.emb_sent_bytes == r0.emb_recv_bytes == 4 * 4 * 4
     assert r0.lookups_per_step == r1.lookups_per_step == 8
 
@@ -373,11 +374,24 @@ def test_cost_splits_traffic_between_nodes():
     topo = Topology(4, GIB, ranks_per_node=2, intra_node_bw=100.0, inter_node_bw=10.0)
     plan = ShardingPlan(4, (TablePlan("a", "table_wise", (ShardSpec("a", 0, 0, 100, 0, 8),)),))
     ranks = estimate_cost(plan, tables, topo, 16).ranks
-    ids = 4 * 8  # B_l * hotness * 8 from every other rank to rank 0
+    ids = 4 * 4  # B_l * hotness * 4 (int32) from every other rank to rank 0
     assert ranks[0].ids_recv_bytes == 3 * ids
     assert ranks[0].input_dist_s == pytest.approx(max(ids / 100.0, 2 * ids / 10.0))
     assert ranks[1].input_dist_s == pytest.approx(ids / 100.0)  # same node as rank 0
     assert ranks[2].input_dist_s == pytest.approx(ids / 10.0)  # other node
+
+
+def test_ids_cross_as_int64_only_for_tables_past_int32():
+    small, huge = TableConfig("s", 2**31 - 1, 8), TableConfig("h", 2**31, 8)
+    assert id_wire_bytes([small]) == 4 and id_wire_bytes([small, huge]) == 8
+    topo = Topology(2, 1 << 50)
+    for tables, per_id in (([small], 4), ([small, huge], 8)):
+        specs = [(ShardSpec(t.name, 1, 0, t.num_rows, 0, 8),) for t in tables]
+        plan = ShardingPlan(
+            2, tuple(TablePlan(t.name, "table_wise", s) for t, s in zip(tables, specs))
+        )
+        r0 = estimate_cost(plan, tables, topo, 8).ranks[0]
+        assert r0.ids_sent_bytes == len(tables) * 4 * per_id  # B_l = 4 ids per table to rank 1
 
 
 def test_cost_memory_matches_the_planner_budget_check():
