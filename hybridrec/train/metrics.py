@@ -1,4 +1,6 @@
-"""Evaluation metrics over a whole split: exact ROC AUC, log loss, accuracy."""
+"""Evaluation metrics over a whole split: exact ROC AUC, log loss, accuracy, normalized
+entropy and calibration (the last two as in recommender practice, e.g. TorchRec's NE and
+calibration metrics)."""
 
 from __future__ import annotations
 
@@ -37,9 +39,31 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return ((logits.cpu() > 0).float() == labels.cpu().float()).double().mean().item()
 
 
+def normalized_entropy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Log loss divided by the entropy of the base rate p = mean(labels): 1.0 is a model that
+    always predicts p, lower is better. Comparable across datasets with different click
+    rates, where raw log loss is not. NaN if every label is equal (no entropy to beat)."""
+    p = labels.double().mean().item()
+    if p <= 0.0 or p >= 1.0:
+        return math.nan
+    base = -(p * math.log(p) + (1.0 - p) * math.log(1.0 - p))
+    return log_loss(logits, labels) / base
+
+
+def calibration(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Predicted clicks over actual clicks, sum(sigmoid(logits)) / sum(labels): 1.0 is
+    calibrated, above 1 over-predicts. NaN without positive labels."""
+    positives = labels.double().sum().item()
+    if positives == 0.0:
+        return math.nan
+    return torch.sigmoid(logits.detach().double().cpu()).sum().item() / positives
+
+
 def eval_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     return {
         "auc": roc_auc(logits, labels),
         "logloss": log_loss(logits, labels),
         "accuracy": accuracy(logits, labels),
+        "ne": normalized_entropy(logits, labels),
+        "calibration": calibration(logits, labels),
     }

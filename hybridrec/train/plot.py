@@ -29,7 +29,7 @@ log = logging.getLogger("hybridrec")
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_METRICS = ("train/loss", "eval/auc", "eval/logloss", "train/samples_per_sec")
 # a bare key means the split it is logged under
-_SPLIT_OF = {"auc": "eval", "logloss": "eval", "accuracy": "eval"}
+_SPLIT_OF = {k: "eval" for k in ("auc", "logloss", "accuracy", "ne", "calibration")}
 
 
 class PlotError(ValueError):

@@ -4,7 +4,8 @@ Per step each rank takes its slice of global batch `step`, runs forward (embeddi
 dense part under bf16 autocast on GPU), backward (which also updates the embedding rows,
 see hybridrec.sparse.fused) and one dense optimizer step. Every `train.log_every` steps rank 0
 logs the global mean loss, samples/s, per-phase timings and memory; every `eval.every` steps
-and at the end it logs exact AUC, log loss and accuracy over the held-out split, gathered
+and at the end it logs exact AUC, log loss, normalized entropy, calibration and accuracy over
+the held-out split, gathered
 from all ranks. With `checkpoint.dir` set it saves every `checkpoint.every` steps and at the
 end, and resumes from the newest complete checkpoint (`checkpoint.resume=auto`), so a job
 restarted by torchrun continues the same stream and ends with the same weights.
@@ -337,10 +338,13 @@ class Trainer:
 
     def _log_eval(self, metrics: dict[str, float]) -> None:
         log.info(
-            "eval @ step %d  auc %.4f  logloss %.4f  accuracy %.4f  (%d samples of split %r)",
+            "eval @ step %d  auc %.4f  logloss %.4f  ne %.4f  calibration %.3f  accuracy %.4f  "
+            "(%d samples of split %r)",
             self.step,
             metrics["auc"],
             metrics["logloss"],
+            metrics["ne"],
+            metrics["calibration"],
             metrics["accuracy"],
             metrics["eval_samples"],
             self.cfg.data.eval_split,

@@ -5,7 +5,14 @@ import math
 
 import torch
 
-from hybridrec.train.metrics import accuracy, log_loss, roc_auc
+from hybridrec.train.metrics import (
+    accuracy,
+    calibration,
+    eval_metrics,
+    log_loss,
+    normalized_entropy,
+    roc_auc,
+)
 
 
 def _brute_auc(scores, labels):
@@ -38,3 +45,24 @@ def test_logloss_and_accuracy():
         rel_tol=1e-12,
     )
     assert math.isclose(accuracy(logits, labels), 1 / 3)
+
+
+def test_normalized_entropy_is_one_for_the_base_rate_and_lower_for_a_better_model():
+    labels = torch.tensor([1.0, 0.0, 0.0, 0.0])  # base rate 1/4
+    base_logit = math.log(0.25 / 0.75)
+    assert math.isclose(normalized_entropy(torch.full((4,), base_logit), labels), 1.0)
+    better = torch.tensor([1.0, -2.0, -2.0, -2.0])
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert math.isclose(normalized_entropy(better, labels), log_loss(better, labels) / entropy)
+    assert normalized_entropy(better, labels) < 1.0
+    assert math.isnan(normalized_entropy(better, torch.ones(4)))
+
+
+def test_calibration_is_predicted_over_actual_clicks():
+    labels = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    logits = torch.tensor([0.0, 0.0, 0.0, 0.0])  # predicts 0.5 each: 2 clicks of 2
+    assert math.isclose(calibration(logits, labels), 1.0)
+    three = torch.full((4,), math.log(3.0), dtype=torch.float64)  # predicts 0.75 each
+    assert math.isclose(calibration(three, labels), 1.5)
+    assert math.isnan(calibration(logits, torch.zeros(4)))
+    assert set(eval_metrics(logits, labels)) == {"auc", "logloss", "accuracy", "ne", "calibration"}
