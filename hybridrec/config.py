@@ -175,6 +175,7 @@ class OptimConfig:
 @dataclass
 class TrainLoopConfig:
     steps: int = 300
+    epochs: float | None = None  # passes over the train split (file data): sets `steps`
     batch_size: int = 256  # the global batch, split evenly over ranks
     log_every: int = 20
     check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
@@ -412,6 +413,13 @@ def _check(c: Config, world_size: int) -> None:
         _positive("model.dcn_layers", m.dcn_layers)
         _positive("model.dcn_rank", m.dcn_rank)
     _positive("train.steps", c.train.steps)
+    if c.train.epochs is not None:
+        _positive("train.epochs", c.train.epochs)
+        if c.data.name == "synthetic":
+            raise ValueError(
+                f"train.epochs={c.train.epochs}: data=synthetic is endless (no epochs); "
+                "set train.steps, or use a file dataset (data=criteo, data=criteo_sample)"
+            )
     _positive("train.batch_size", c.train.batch_size)
     _positive("train.log_every", c.train.log_every)
     _positive("train.profile_steps", c.train.profile_steps, allow_zero=True)

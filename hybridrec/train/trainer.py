@@ -39,6 +39,7 @@ from tqdm import tqdm
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.device import DevicePrefetcher
+from hybridrec.data.loader import BatchSource
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import LRSchedule, build_dense_optimizer
@@ -90,6 +91,22 @@ def build_loggers(
     return MultiLogger(loggers)
 
 
+def steps_for_epochs(epochs: float, source: BatchSource, batch_size: int) -> int:
+    """`train.epochs` as steps: epochs x (train rows // global batch), rounded up."""
+    per_epoch = source.steps_per_epoch(batch_size, "train")
+    if per_epoch is None:  # validate() refuses synthetic data; another endless source
+        raise ValueError(f"train.epochs={epochs}: this dataset is endless; set train.steps")
+    steps = max(1, math.ceil(epochs * per_epoch - 1e-9))
+    log.info(
+        "train.epochs=%g: %d steps (one epoch = %d steps of %d samples)",
+        epochs,
+        steps,
+        per_epoch,
+        batch_size,
+    )
+    return steps
+
+
 class Trainer:
     """Owns the model, its optimizers and the data stream for one run."""
 
@@ -97,6 +114,8 @@ class Trainer:
         self.cfg, self.env = cfg, env
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.source = build_source(cfg)
+        if cfg.train.epochs is not None:
+            cfg.train.steps = steps_for_epochs(cfg.train.epochs, self.source, cfg.train.batch_size)
         self.model, self.plan = build_model(cfg, env)
         self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
         self.dense_opt = build_dense_optimizer(

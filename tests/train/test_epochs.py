@@ -1,0 +1,45 @@
+"""train.epochs: passes over a file dataset's train split, turned into steps at start."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hybridrec.config import CONF_DIR, validate
+from hybridrec.distributed import DistEnv
+from hybridrec.train.trainer import Trainer
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=["device=cpu", *overrides]))
+
+
+def test_epochs_become_steps_over_the_train_split(tmp_path):
+    cfg = _cfg(
+        "data=criteo_sample",
+        "model=criteo_sample",
+        "train.batch_size=32",
+        "train.epochs=1.5",
+        "train.steps=1000",  # epochs win
+        "train.log_every=1",
+        "eval.every=0",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
+    trainer = Trainer(cfg, DistEnv(), tmp_path / "run")
+    per_epoch = trainer.source.steps_per_epoch(32, "train")
+    assert per_epoch >= 2
+    assert cfg.train.steps == math.ceil(1.5 * per_epoch)
+    trainer.fit()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if r["split"] == "train") == cfg.train.steps
+
+
+def test_epochs_are_refused_where_they_mean_nothing():
+    with pytest.raises(ValueError, match=r"train.epochs=1.0: data=synthetic is endless"):
+        _cfg("train.epochs=1")
+    with pytest.raises(ValueError, match=r"train.epochs must be > 0, got 0"):
+        _cfg("data=criteo_sample", "model=criteo_sample", "train.epochs=0")
