@@ -75,7 +75,7 @@ def test_cli_help_and_short_run(tmp_path):
 def test_cli_bad_value_is_a_clear_error(tmp_path):
     out = _run_cli("optim.sparse.name=adamw", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     typo = _run_cli("train.stpes=3", cwd=tmp_path)
-    assert typo.returncode == 2 and "keys under 'train': steps, batch_size" in typo.stderr
+    assert typo.returncode == 2 and "keys under 'train': steps, epochs, batch_size" in typo.stderr
     assert out.returncode != 0
     assert "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam" in out.stderr
 
