@@ -536,6 +536,7 @@ class Trainer:
                 self.timer,
             )
             profiler.after_step(self.step)  # a window starting at step 0 (or the resumed one)
+        first, start = self.step, time.perf_counter()
         with PreemptionGuard(enabled=bool(cfg.checkpoint.dir)) as guard:
             try:
                 result = self._run_steps(loader, bar, profiler, guard)
@@ -546,7 +547,26 @@ class Trainer:
                 if bar is not None:
                     bar.close()
         self.logger.close()
+        if env.is_main and self.step > first:
+            self._log_summary(result, self.step - first, time.perf_counter() - start)
         return result
+
+    def _log_summary(self, result: dict[str, Any], steps: int, wall_s: float) -> None:
+        """One closing line: what was trained, the last eval, and where the results are."""
+        parts = [
+            f"done: {steps} steps in {wall_s:.1f} s "
+            f"({steps * self.cfg.train.batch_size / wall_s:,.0f} samples/s with eval and saves)"
+        ]
+        ev = result.get("eval") or {}
+        if ev:
+            parts.append(f"eval auc {ev['auc']:.4f} ne {ev['ne']:.4f}")
+        if self.run_dir is not None:
+            parts.append(
+                f"metrics {self.run_dir / 'metrics.jsonl'} (hybridrec-plot {self.run_dir})"
+            )
+        if self.cfg.checkpoint.dir:
+            parts.append(f"checkpoints in {self.cfg.checkpoint.dir}")
+        log.info("; ".join(parts))
 
     def _run_steps(
         self,

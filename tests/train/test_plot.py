@@ -39,12 +39,16 @@ def _csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_a_real_run_is_plotted(tmp_path, capsys):
-    """The trainer's own metrics.jsonl: its train and eval rows become the default panels."""
+def test_a_real_run_is_plotted(tmp_path, capsys, caplog):
+    """The trainer's own metrics.jsonl: its train and eval rows become the default panels;
+    the run's closing log line says where they are and how to plot them."""
     cfg = Config()
     cfg.device, cfg.train.steps, cfg.train.log_every = "cpu", 30, 10
     cfg.eval.every, cfg.eval.batches = 15, 2
-    Trainer(cfg, DistEnv(), run_dir=tmp_path / "run").fit()
+    with caplog.at_level(logging.INFO, logger="hybridrec"):
+        Trainer(cfg, DistEnv(), run_dir=tmp_path / "run").fit()
+    done = [r.message for r in caplog.records if r.message.startswith("done: 30 steps in ")]
+    assert done and f"(hybridrec-plot {tmp_path / 'run'})" in done[0] and "eval auc" in done[0]
     out = tmp_path / "curves.png"
     assert main([str(tmp_path / "run"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
