@@ -98,3 +98,22 @@ def test_dense_arch_has_no_embedding_parameters():
     assert sum(b.numel() for b in model.embeddings.buffers()) >= sum(
         t.num_rows * t.dim for t in cfg.tables()
     )
+
+
+def test_the_benchmark_baselines_textbook_interaction_is_the_same_function():
+    """benchmarks/baseline.py's plain DLRM uses the reference's interaction: same forward
+    bits as hybridrec's, gradients equal to float round-off."""
+    from benchmarks.baseline import TextbookDotInteraction
+
+    torch.manual_seed(0)
+    bottom, pooled = (
+        torch.randn(16, 8, requires_grad=True),
+        torch.randn(16, 5, 8, requires_grad=True),
+    )
+    ours, ref = DotInteraction(5)(bottom, pooled), TextbookDotInteraction(5)(bottom, pooled)
+    assert torch.equal(ours, ref)
+    w = torch.randn_like(ours)
+    g1 = torch.autograd.grad((ours * w).sum(), [bottom, pooled])
+    g2 = torch.autograd.grad((ref * w).sum(), [bottom, pooled])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
