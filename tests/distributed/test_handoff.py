@@ -60,6 +60,7 @@ def _both(env: DistEnv, mode: str, sparse: str) -> dict:
         ("data_parallel", "adam", 3),  # replicated tables only: their gradients are scaled too
         ("auto", "sgd", 3),  # a mixed plan
         ("row_wise", "sgd", 2),  # partial sums: fp32 on the wire
+        ("host", "rowwise_adagrad", 1),  # one rank, host tables behind a device cache
     ],
 )
 def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(mode, sparse, world):
@@ -70,7 +71,7 @@ def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(mode, sparse, world):
         whole = half["whole"]
         assert half["wire"] == (torch.bfloat16 if whole else None), label
         if mode != "auto":  # auto's plan decides (here: replicated, whole and column-split)
-            assert whole == (mode != "row_wise"), label
+            assert whole == (mode != "row_wise"), label  # host on one rank: whole tables
         if fp32["sent"]:
             assert half["sent"] * (2 if whole else 1) == fp32["sent"], label
         assert half["losses"] == fp32["losses"], label
