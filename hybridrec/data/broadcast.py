@@ -4,10 +4,12 @@ Rank 0 of the group reads and packs each global batch in a background thread, `p
 batches ahead (the packed buffer pinned for NCCL, so its copy to the GPU is asynchronous),
 and broadcasts it in two phases, as Megatron does:
 
-1. a header, int64 [6]: status (OK, END of a finite split, ERROR reading), step, B (rows),
-   F (dense columns), H (ids per row), payload bytes;
-2. one flat uint8 payload: ids [B, H] int64, then dense [B, F] float32, then labels [B]
-   float32 (int64 first keeps every view aligned).
+1. a header, int64 [7]: status (OK, END of a finite split, ERROR reading), step, B (rows),
+   F (dense columns), H (ids per row), bytes per id (4 or 8), payload bytes;
+2. one flat uint8 payload: ids [B, H] as int32 when every id of the batch fits (always, for
+   tables under 2**31 rows: 40% less to send for Criteo than int64; an id that does not fit,
+   bad data, makes the batch go as int64 so its range check still sees it), then dense
+   [B, F] float32, then labels [B] float32 (ids first keeps every view aligned).
 
 Every rank then keeps rows [r*B/W, (r+1)*B/W). The tensors live on the device the group's
 backend needs (CUDA for NCCL, CPU for gloo), so this works on CPU-only machines. Broadcasts
@@ -32,7 +34,8 @@ from hybridrec.data.loader import BatchSource, Prefetcher, epoch_limit, pin_defa
 from hybridrec.types import Batch
 
 OK, END, ERROR = 0, 1, 2
-HEADER = 6
+HEADER = 7
+_INT32 = torch.iinfo(torch.int32)
 
 
 def comm_device(group: dist.ProcessGroup) -> torch.device:
@@ -42,19 +45,24 @@ def comm_device(group: dist.ProcessGroup) -> torch.device:
     return torch.device("cpu")
 
 
-def pack(batch: Batch) -> torch.Tensor:
-    """Batch -> one flat uint8 tensor: ids, dense, labels (see the module docstring)."""
-    parts = [
-        batch.ids.to(torch.int64),
-        batch.dense.to(torch.float32),
-        batch.labels.to(torch.float32),
-    ]
-    return torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+def pack(batch: Batch) -> tuple[torch.Tensor, int]:
+    """Batch -> (one flat uint8 tensor: ids, dense, labels; bytes per id), as the module
+    docstring says."""
+    ids = batch.ids
+    fits = ids.numel() == 0 or (int(ids.min()) >= _INT32.min and int(ids.max()) <= _INT32.max)
+    id_dtype = torch.int32 if fits else torch.int64
+    parts = [ids.to(id_dtype), batch.dense.to(torch.float32), batch.labels.to(torch.float32)]
+    payload = torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+    return payload, id_dtype.itemsize
 
 
-def unpack(payload: torch.Tensor, rows: int, dense_cols: int, id_cols: int) -> Batch:
-    n_ids, n_dense = rows * id_cols * 8, rows * dense_cols * 4
-    ids = payload[:n_ids].view(torch.int64).view(rows, id_cols)
+def unpack(
+    payload: torch.Tensor, rows: int, dense_cols: int, id_cols: int, id_bytes: int = 8
+) -> Batch:
+    """The payload's tensors as views (ids in their wire dtype: int32 or int64)."""
+    id_dtype = torch.int32 if id_bytes == 4 else torch.int64
+    n_ids, n_dense = rows * id_cols * id_bytes, rows * dense_cols * 4
+    ids = payload[:n_ids].view(id_dtype).view(rows, id_cols)
     dense = payload[n_ids : n_ids + n_dense].view(torch.float32).view(rows, dense_cols)
     labels = payload[n_ids + n_dense : n_ids + n_dense + rows * 4].view(torch.float32)
     return Batch(dense, ids, labels)
@@ -95,18 +103,19 @@ class BroadcastLoader:
         batch = self.source.batch(step, self.batch_size, self.split)
         if not self.distributed:
             return pinned(batch, self.pin)
-        payload = pack(batch)
+        payload, id_bytes = pack(batch)
         if self.pin and self.device.type == "cuda":
             payload = payload.pin_memory()  # so the copy to the GPU for NCCL is asynchronous
-        return batch, payload
+        return batch, payload, id_bytes
 
     def __iter__(self) -> Iterator[Batch]:
         return self
 
     def _header(
-        self, status: int, step: int, shape: tuple[int, int, int], nbytes: int
+        self, status: int, step: int, shape: tuple[int, int, int], id_bytes: int, nbytes: int
     ) -> torch.Tensor:
-        return torch.tensor([status, step, *shape, nbytes], dtype=torch.int64, device=self.device)
+        values = [status, step, *shape, id_bytes, nbytes]
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
 
     def __next__(self) -> Batch:
         if not self.distributed:
@@ -127,25 +136,26 @@ class BroadcastLoader:
         status, step, value = self._prefetch.get()
         if status != "ok":
             code = END if status == "end" else ERROR
-            dist.broadcast(self._header(code, step, (0, 0, 0), 0), self.src, group=self.group)
+            header = self._header(code, step, (0, 0, 0), 0, 0)
+            dist.broadcast(header, self.src, group=self.group)
             if status == "end":
                 raise StopIteration
             raise value  # type: ignore[misc]
-        batch, host = value  # type: ignore[misc]
+        batch, host, id_bytes = value  # type: ignore[misc]
         shape = (batch.size, batch.dense.shape[1], batch.ids.shape[1])
         payload = host.to(self.device, non_blocking=True)
-        dist.broadcast(self._header(OK, step, shape, payload.numel()), self.src, group=self.group)
+        header = self._header(OK, step, shape, id_bytes, payload.numel())
+        dist.broadcast(header, self.src, group=self.group)
         dist.broadcast(payload, self.src, group=self.group)
         self.position = step + 1
         if self.device.type == "cuda":  # rank 0's slice is on the GPU already
-            mine = self._slice(unpack(payload, *shape))
-            return Batch(mine.dense.clone(), mine.ids.clone(), mine.labels.clone())
+            return self._own(self._slice(unpack(payload, *shape, id_bytes)))
         return self._slice(batch)
 
     def _receive(self) -> Batch:
         header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
         dist.broadcast(header, self.src, group=self.group)
-        status, step, rows, dense_cols, id_cols, nbytes = header.tolist()
+        status, step, rows, dense_cols, id_cols, id_bytes, nbytes = header.tolist()
         if status == END:
             raise StopIteration
         if status == ERROR:
@@ -161,9 +171,13 @@ class BroadcastLoader:
         payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         dist.broadcast(payload, self.src, group=self.group)
         self.position = step + 1
-        mine = self._slice(unpack(payload, rows, dense_cols, id_cols))
-        # own storage per tensor (not dtype views of one buffer): frees the rest of the payload
-        return Batch(mine.dense.clone(), mine.ids.clone(), mine.labels.clone())
+        return self._own(self._slice(unpack(payload, rows, dense_cols, id_cols, id_bytes)))
+
+    @staticmethod
+    def _own(views: Batch) -> Batch:
+        """Own storage per tensor (not dtype views of one buffer: frees the rest of the
+        payload), ids back to int64."""
+        return Batch(views.dense.clone(), views.ids.to(torch.int64), views.labels.clone())
 
     def _slice(self, batch: Batch) -> Batch:
         n = batch.size // self.world

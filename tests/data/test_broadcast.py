@@ -123,14 +123,20 @@ def test_rank0_errors_and_timeouts_reach_every_rank(sample_dataset):
     assert "Timed out" in r1["timeout_msg"], r1["timeout_msg"]
 
 
-def test_pack_unpack_round_trip():
+@pytest.mark.parametrize(("high", "id_bytes"), [(1 << 31, 4), (1 << 40, 8)])
+def test_pack_unpack_round_trip(high, id_bytes):
+    """Ids go as int32 when the batch's fit (40% fewer bytes for Criteo), else as int64:
+    an out-of-range id is never wrapped into a valid-looking one."""
     from hybridrec.types import Batch
 
-    b = Batch(torch.randn(6, 13), torch.randint(0, 1 << 40, (6, 26)), torch.rand(6).round())
-    p = pack(b)
-    assert p.dtype == torch.uint8 and p.numel() == 6 * (26 * 8 + 13 * 4 + 4)
-    u = unpack(p, 6, 13, 26)
-    assert torch.equal(u.ids, b.ids) and torch.equal(u.dense, b.dense)
+    ids = torch.randint(0, high, (6, 26))
+    ids[0, 0] = high - 1
+    b = Batch(torch.randn(6, 13), ids, torch.rand(6).round())
+    p, got_bytes = pack(b)
+    assert got_bytes == id_bytes
+    assert p.dtype == torch.uint8 and p.numel() == 6 * (26 * id_bytes + 13 * 4 + 4)
+    u = unpack(p, 6, 13, 26, id_bytes)
+    assert torch.equal(u.ids.long(), b.ids) and torch.equal(u.dense, b.dense)
     assert torch.equal(u.labels, b.labels)
 
 

@@ -39,7 +39,8 @@ def test_model_configs(name):
 
 def test_unknown_key_names_key_and_allowed_keys():
     with pytest.raises(
-        ValueError, match=r"unknown config key 'train.stpes'; keys under 'train': steps, epochs, batch_size"
+        ValueError,
+        match=r"unknown config key 'train.stpes'; keys under 'train': steps, epochs, batch_size",
     ):
         validate(_compose("+train.stpes=3"))
     with pytest.raises(
