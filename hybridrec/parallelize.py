@@ -5,8 +5,9 @@
   with a device cache of hot rows (hybridrec.sparse.host), through the same sharded path.
 - any other sharding type: the planner places tables on ranks, every rank builds only its
   shards (hybridrec.sparse.sharded.ShardedEmbeddingCollection), and the dense part is wrapped
-  in DistributedDataParallel. Embedding weights are buffers updated inside the backward, so
-  DDP and the dense optimizer never see them.
+  in DistributedDataParallel (on more than one rank: one rank, e.g. sharding=host on one
+  GPU, has nothing to average). Embedding weights are buffers updated inside the backward,
+  so DDP and the dense optimizer never see them.
 
 Gradient-scaling convention (the one place it is written down): every rank's loss is the
 mean over its local batch of B/W samples. DDP averages dense gradients over the W ranks, which
@@ -254,6 +255,8 @@ def build_model(
     )
     emb.autocast_output = _handoff_in_autocast_dtype(cfg)
     _log_built(emb, env, start)
+    if env.world_size == 1:  # nothing to average: DDP would only copy gradients around
+        return DLRM(dense, emb), plan
     ids = [env.device.index] if env.device.type == "cuda" else None
     # The dense part's only buffers are constant index tensors: no need to sync them per step.
     no_sync = (

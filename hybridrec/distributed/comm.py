@@ -54,7 +54,12 @@ def all_to_all(
     stats: CommStats | None = None,
     name: str = "all_to_all",
 ) -> torch.Tensor:
-    """Plain (no autograd) all_to_all_single with uneven row splits along dim 0."""
+    """Plain (no autograd) all_to_all_single with uneven row splits along dim 0.
+
+    On a one-rank group the exchange is the identity: `x` itself comes back, no copy (callers
+    never write into what they receive)."""
+    if dist.get_world_size(group) == 1:
+        return x
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
     if stats is not None:

@@ -550,7 +550,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 for p in pieces[1:]:
                     total = total + p
                 per_table.append(total)
-        if handoff is not None:  # _Exchange's backward scales by 1/W, in fp32
+        if handoff is not None or self.world == 1:  # 1/W: in _Exchange's backward, or 1
             return torch.stack(per_table, dim=1)
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
 

@@ -10,6 +10,7 @@ model uses a uniform expectation); the output dist and the count exchange are st
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridrec.distributed.comm import CommStats
 from hybridrec.model import loss_fn
@@ -92,3 +93,21 @@ def test_bf16_comms_halve_the_output_dist_and_the_cost_model_knows():
             assert sent16["output_dist.backward"] * 2 == sent32["output_dist.backward"]
             assert sent16["output_dist"] == cost.emb_sent_bytes
             assert recv16["output_dist"] == cost.emb_recv_bytes
+
+
+def _one_rank(env):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hybridrec.distributed.comm import all_to_all
+
+    cfg = make_cfg("table_wise", "sgd", 1)
+    model, _ = build_model(cfg, env)
+    x = torch.arange(6.0)
+    return isinstance(model.dense, DistributedDataParallel), all_to_all(x, [6], [6], env.group) is x
+
+
+def test_one_rank_runs_the_sharded_path_without_ddp_or_copies():
+    """sharding=host on one GPU runs the sharded path on a one-rank group: its exchanges are
+    identities (no copy) and the dense part is not wrapped in DDP (nothing to average)."""
+    [(ddp, same)] = spawn(1, _one_rank)
+    assert not ddp and same
