@@ -89,8 +89,11 @@ def all_gather_rows(
     stats: CommStats | None = None,
     name: str = "all_gather",
 ) -> torch.Tensor:
-    """[n, *] on every rank (same n) -> [W * n, *], rank p's rows at block p."""
+    """[n, *] on every rank (same n) -> [W * n, *], rank p's rows at block p (`x` itself on
+    a one-rank group)."""
     world = dist.get_world_size(group)
+    if world == 1:
+        return x
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous(), group=group)
     if stats is not None:
@@ -106,7 +109,9 @@ def all_reduce_sum(
     name: str = "all_reduce",
 ) -> torch.Tensor:
     """In-place sum over ranks. Counted as a ring all-reduce moves data: 2 (W-1)/W x bytes
-    sent and received per rank."""
+    sent and received per rank. Nothing to do on a one-rank group."""
+    if dist.get_world_size(group) == 1:
+        return x
     dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
     if stats is not None:
         world = dist.get_world_size(group)

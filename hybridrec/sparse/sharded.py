@@ -385,7 +385,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
             ids = b_local * sum(self.tables[i].hotness for i in idx)
             how, _ = replica_sync(group.num_rows, group.width, ids, self.world)
-            if how == "all_reduce":
+            if self.world == 1:  # the only replica: its own rows and sums
+                rows_all, grads_all = unique_rows, grads
+            elif how == "all_reduce":
                 total = torch.zeros(group.num_rows, group.width + 1, device=grads.device)
                 total[unique_rows, : group.width] = grads
                 total[unique_rows, group.width] = 1.0
