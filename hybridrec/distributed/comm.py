@@ -122,6 +122,8 @@ def all_reduce_sum(
 
 def any_rank(flag: bool, group: dist.ProcessGroup, device: torch.device) -> bool:
     """True on every rank if `flag` is True on any rank (lets all ranks fail together)."""
+    if dist.get_world_size(group) == 1:
+        return flag
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())
