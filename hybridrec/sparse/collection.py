@@ -18,6 +18,7 @@ output already is [B, T, D]: no stack in the forward, no cat in the backward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -123,6 +124,56 @@ class IdChecker:
         raise self._error(col, value, where, "; those ids were read as 0 and the run stops here")
 
 
+@dataclass
+class SampleMajorLayout:
+    """Per column of ids [B, H]: the row offset of its table in the group, its table index,
+    its pooling scale (None when all are 1); and the number of tables T."""
+
+    num_tables: int
+    row_offset: torch.Tensor
+    table: torch.Tensor
+    scale: torch.Tensor | None
+
+
+def sample_major_layout(tables: Sequence[TableConfig], group: FusedEmbedding) -> SampleMajorLayout:
+    """When one group holds every table, in order, a lookup can number its bags sample-major,
+    bag (b, t) = b * T + t, following the ids' own [B, H] layout; its output [B * T, D] is
+    then pooled [B, T, D] as it is, and the gradient arrives the same way: no per-table
+    split, stack or cat in either pass (each would copy the whole [B, T, D] tensor). Each
+    row's ids still come in sample order, so sums and updates match the per-table path bit
+    for bit."""
+    device = group.row_offsets.device
+    cols = [(i, t) for i, t in enumerate(tables) for _ in range(t.hotness)]
+    scales = [pooling_scale(t) for _, t in cols]
+    return SampleMajorLayout(
+        len(tables),
+        torch.tensor([group.offsets_list[i] for i, _ in cols], device=device),
+        torch.tensor([i for i, _ in cols], device=device),
+        None
+        if all(s == 1.0 for s in scales)
+        else torch.tensor(scales, dtype=torch.float32, device=device),
+    )
+
+
+def sample_major_rows(ids: torch.Tensor, layout: SampleMajorLayout) -> torch.Tensor:
+    """ids [B, H] -> the group rows [B * H] they read, in the layout's order."""
+    return (ids + layout.row_offset).reshape(-1)
+
+
+def lookup_sample_major(
+    ids: torch.Tensor, layout: SampleMajorLayout, group: FusedEmbedding, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`."""
+    B, T = ids.shape[0], layout.num_tables
+    first = torch.arange(B, device=ids.device).unsqueeze(1) * T
+    bags = (first + layout.table).reshape(-1)
+    scale = layout.scale
+    if scale is not None:
+        scale = scale.expand(B, -1).reshape(-1)
+    pooled = group.lookup(sample_major_rows(ids, layout), bags, scale, B * T, out_dtype)
+    return pooled.view(B, T, group.width)
+
+
 class EmbeddingCollection(nn.Module):
     """All T tables on one process, grouped by width into fused lookups."""
 
@@ -190,40 +241,17 @@ class EmbeddingCollection(nn.Module):
             self._lookup(ids, B, out)
         return torch.stack(out, dim=1).to(self.out_dtype(ids.device))  # type: ignore[arg-type]
 
-    def _sample_major_layout(self) -> dict[str, torch.Tensor | None] | None:
-        """When one group holds every table in order (same widths: every DLRM), the lookup
-        can number its bags sample-major, bag (b, t) = b * T + t, following the ids' own
-        [B, H] layout; its output [B * T, D] is then pooled [B, T, D] as it is, and the
-        gradient arrives the same way: no per-table split, stack or cat in either pass
-        (each would copy the whole [B, T, D] tensor). Per column of ids: the row offset of
-        its table in the group, its table index, its pooling scale (None when all 1)."""
+    def _sample_major_layout(self) -> SampleMajorLayout | None:
+        """One group holding every table in order (same widths: every DLRM): see
+        `sample_major_layout`."""
         if list(self.group_tables.values()) != [list(range(len(self.tables)))]:
             return None
-        group: FusedEmbedding = next(iter(self.groups.values()))
-        device = group.row_offsets.device
-        cols = [(i, t) for i, t in enumerate(self.tables) for _ in range(t.hotness)]
-        scales = [pooling_scale(t) for _, t in cols]
-        return {
-            "row_offset": torch.tensor([group.offsets_list[i] for i, _ in cols], device=device),
-            "table": torch.tensor([i for i, _ in cols], device=device),
-            "scale": None
-            if all(s == 1.0 for s in scales)
-            else torch.tensor(scales, dtype=torch.float32, device=device),
-        }
+        return sample_major_layout(self.tables, next(iter(self.groups.values())))
 
     def _lookup_sample_major(self, ids: torch.Tensor) -> torch.Tensor:
-        layout = self.sample_major
-        assert layout is not None
+        assert self.sample_major is not None
         group: FusedEmbedding = next(iter(self.groups.values()))
-        B, T = ids.shape[0], len(self.tables)
-        rows = (ids + layout["row_offset"]).reshape(-1)
-        first = torch.arange(B, device=ids.device).unsqueeze(1) * T
-        bags = (first + layout["table"]).reshape(-1)
-        scale = layout["scale"]
-        if scale is not None:
-            scale = scale.expand(B, -1).reshape(-1)
-        pooled = group.lookup(rows, bags, scale, B * T, self.out_dtype(ids.device))
-        return pooled.view(B, T, group.width)
+        return lookup_sample_major(ids, self.sample_major, group, self.out_dtype(ids.device))
 
     def _lookup(self, ids: torch.Tensor, B: int, out: list[torch.Tensor | None]) -> None:
         for key, group in self.groups.items():

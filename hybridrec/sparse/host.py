@@ -52,7 +52,7 @@ import torch
 
 from hybridrec.planner.planner import CACHE_META_BYTES, SLOT_BYTES
 from hybridrec.sparse import host_copy
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
+from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer, _pool
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
 from hybridrec.types import ShardSpec, TableConfig
@@ -298,10 +298,17 @@ class HostCachedEmbedding(FusedEmbedding):
         return {n: getattr(self, f"cache_state_{n}") for n in self.state_names}
 
     # -- lookups and updates ---------------------------------------------------------------
-    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
+    def lookup(
+        self,
+        rows: torch.Tensor,
+        bags: torch.Tensor,
+        scale: torch.Tensor | None,
+        num_bags: int,
+        out_dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
         # pool() runs inside an autograd Function, where grad mode is off: note it here
         self._training_lookup = torch.is_grad_enabled() and self.optimizer is not None
-        return super().forward(inputs)
+        return super().lookup(rows, bags, scale, num_bags, out_dtype)
 
     def pool(
         self,

@@ -56,7 +56,15 @@ from hybridrec.distributed.comm import (
     any_rank,
 )
 from hybridrec.planner.planner import id_wire_bytes, replica_sync
-from hybridrec.sparse.collection import IdChecker, IdOutOfRangeError, pooling_scale
+from hybridrec.sparse.collection import (
+    IdChecker,
+    IdOutOfRangeError,
+    SampleMajorLayout,
+    lookup_sample_major,
+    pooling_scale,
+    sample_major_layout,
+    sample_major_rows,
+)
 from hybridrec.sparse.fused import (
     FusedEmbedding,
     LookupInput,
@@ -191,6 +199,27 @@ class ShardedEmbeddingCollection(nn.Module):
         )
         self._inputs: list[LookupInput] = []
         self._dp_inputs: dict[str, list[LookupInput]] = {}
+        self.one_rank = self._one_rank_layout()
+
+    def _one_rank_layout(self) -> SampleMajorLayout | None:
+        """One rank whose one group holds every table whole, in table order (sharding=host on
+        one GPU, or any mode at W=1 without replicated tables): the lookup then runs
+        sample-major like the local collection's, with no exchange, split, stack or cat
+        (hybridrec.sparse.collection.sample_major_layout). None otherwise."""
+        if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
+            return None
+        [(key, ks)] = self.group_units.items()
+        units = [self.local_units[k] for k in ks]
+        whole = all(
+            u.shard.row_start == 0
+            and u.shard.row_end == u.table.num_rows
+            and u.shard.col_start == 0
+            and u.shard.width == u.table.dim
+            for u in units
+        )
+        if not whole or [u.table_index for u in units] != list(range(len(self.tables))):
+            return None
+        return sample_major_layout(self.tables, self.groups[key])
 
     def plan_shards(self, table_index: int) -> tuple[ShardSpec, ...]:
         return self.plan.tables[table_index].shards
@@ -511,6 +540,12 @@ class ShardedEmbeddingCollection(nn.Module):
         # one phase for all of it (outside the forward, so not counted in its phases)
         with self.timer.phase("host_prefetch"):
             clean = self._check_ids(ids)
+            if self.one_rank is not None:
+                self._prefetched = (ids, clean, [])
+                [group] = self.groups.values()
+                assert isinstance(group, HostCachedEmbedding)
+                group.prefetch(sample_major_rows(clean, self.one_rank))
+                return
             inputs = self._input_dist(clean)
             self._prefetched = (ids, clean, inputs)
             for key, group in self.groups.items():
@@ -522,6 +557,10 @@ class ShardedEmbeddingCollection(nn.Module):
         """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (this rank's samples)."""
         b_local = ids.shape[0]
         prefetched, self._prefetched = self._prefetched, None
+        if self.one_rank is not None:
+            if prefetched is not None and prefetched[0] is ids:  # checked by prefetch()
+                return self._one_rank_forward(prefetched[1], checked=True)
+            return self._one_rank_forward(ids, checked=False)
         if prefetched is not None and prefetched[0] is ids:
             _, ids, inputs = prefetched  # checked and distributed by prefetch()
         else:
@@ -555,6 +594,16 @@ class ShardedEmbeddingCollection(nn.Module):
         if handoff is not None or self.world == 1:  # 1/W: in _Exchange's backward, or 1
             return torch.stack(per_table, dim=1)
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
+
+    def _one_rank_forward(self, ids: torch.Tensor, checked: bool) -> torch.Tensor:
+        """The one-rank layout's forward: sample-major, as the local collection's (1/W = 1)."""
+        assert self.one_rank is not None
+        if not checked:
+            ids = self._check_ids(ids)
+        [group] = self.groups.values()
+        with self.timer.phase("lookup"):
+            out_dtype = self.handoff_dtype(ids.device) or torch.float32
+            return lookup_sample_major(ids, self.one_rank, group, out_dtype)
 
 
 class _Exchange(torch.autograd.Function):

@@ -1,0 +1,83 @@
+"""One rank on the sharded path (sharding=host on one GPU, or any mode at W=1): when one
+group holds every table whole, the collection looks up sample-major like the local one, with
+no exchange, split, stack or cat. It must train bit for bit like the general sharded path it
+replaces: same losses, rows, optimizer state, dense weights and cache counters, with host
+caches that evict every step, with and without prefetching the next batch's rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridrec.distributed import DistEnv
+from hybridrec.train.trainer import Trainer
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import snapshot
+from tests.distributed.test_host_equivalence import STEPS, host_cfg
+
+pytestmark = pytest.mark.slow
+
+
+def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefetch: bool):
+    cfg = host_cfg(mode, sparse, 1)
+    cfg.model.pooling = pooling
+    trainer = Trainer(cfg, env)
+    emb = trainer.model.embeddings
+    assert emb.one_rank is not None  # this plan qualifies
+    if not fast:
+        emb.one_rank = None  # the general path: input dist, per-unit lookups, output dist
+    batches = [trainer.train_batch(s) for s in range(STEPS)]
+    losses = []
+    for s, batch in enumerate(batches):
+        upcoming = batches[s + 1] if prefetch and s + 1 < STEPS else None
+        losses.append(trainer.train_step(batch, upcoming))
+    stats = emb.cache_stats()
+    counters = None
+    if stats is not None:
+        counters = (stats.hits, stats.rows_requested, stats.rows_loaded, stats.rows_written)
+    return {"losses": torch.stack(losses), "counters": counters, **snapshot(trainer)}
+
+
+def _both(env: DistEnv, mode: str, sparse: str, pooling: str, prefetch: bool) -> dict:
+    torch.set_num_threads(1)
+    return {fast: _train(env, mode, sparse, pooling, fast, prefetch) for fast in (True, False)}
+
+
+@pytest.mark.parametrize(
+    ("mode", "sparse", "pooling", "prefetch"),
+    [
+        ("host", "rowwise_adagrad", "sum", True),
+        ("host", "adam", "mean", False),
+        ("table_wise", "sgd", "mean", False),
+    ],
+)
+def test_one_rank_layout_trains_like_the_general_path(mode, sparse, pooling, prefetch):
+    [res] = spawn(1, _both, mode, sparse, pooling, prefetch)
+    fast, general = res[True], res[False]
+    assert torch.equal(fast["losses"], general["losses"])
+    assert fast["counters"] == general["counters"]
+    if mode == "host":
+        assert fast["counters"][3] > 0  # the caches evicted (wrote rows back)
+    for (spec, w, st), (_, w2, st2) in zip(fast["shards"], general["shards"], strict=True):
+        assert torch.equal(w, w2), spec
+        for k in st:
+            assert torch.equal(st[k], st2[k]), (spec, k)
+    for k, v in fast["dense"].items():
+        assert torch.equal(v, general["dense"][k]), k
+
+
+def _layouts(env: DistEnv) -> dict:
+    from tests.distributed.test_equivalence import make_cfg
+
+    out = {}
+    for mode in ("table_wise", "data_parallel", "auto"):
+        emb = Trainer(make_cfg(mode, "sgd", env.world_size), env).model.embeddings
+        out[mode] = emb.one_rank is not None
+    return out
+
+
+def test_only_plans_with_one_whole_group_take_it():
+    [one] = spawn(1, _layouts)
+    assert one == {"table_wise": True, "data_parallel": False, "auto": False}  # auto: 1 DP
+    two = spawn(2, _layouts)
+    assert all(not any(r.values()) for r in two)
