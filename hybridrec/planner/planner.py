@@ -921,15 +921,18 @@ def plan_sharding(
             }
         )
     elif mode == "auto" and free:
+        # one rank: a replica is the table whole on that rank, so place it like the others
+        # (one fused group, no replica sync)
+        dp_max = data_parallel_max_bytes if world > 1 else -1
         host_plans = _plan_host(host, ctx, cache or CachePolicy()) if host else {}
         try:
             with_host = base.plus(_Base.of(host_plans.values(), by_name, ctx))
-            plans.update(_plan_auto(free, ctx, data_parallel_max_bytes, with_host))
+            plans.update(_plan_auto(free, ctx, dp_max, with_host))
             plans.update(host_plans)
         except PlannerError:
             if cache is None:
                 raise
-            plans.update(_plan_auto_host(free, ctx, data_parallel_max_bytes, cache, base, host))
+            plans.update(_plan_auto_host(free, ctx, dp_max, cache, base, host))
     for t in tables:
         if pins.get(t.name) == "host":
             tp = plans[t.name]

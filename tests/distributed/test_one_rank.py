@@ -78,6 +78,7 @@ def _layouts(env: DistEnv) -> dict:
 
 def test_only_plans_with_one_whole_group_take_it():
     [one] = spawn(1, _layouts)
-    assert one == {"table_wise": True, "data_parallel": False, "auto": False}  # auto: 1 DP
+    # auto replicates nothing on one rank (a replica is the whole table there)
+    assert one == {"table_wise": True, "data_parallel": False, "auto": True}
     two = spawn(2, _layouts)
     assert all(not any(r.values()) for r in two)
