@@ -35,6 +35,10 @@ order on all ranks; one node makes that order explicit rather than a property of
 scheduling. Each owner's fused group then updates its rows with the gradients of the whole
 global batch. The output is scaled by 1/W in backward (gradient-scaling convention:
 hybridrec.parallelize).
+
+One rank (sharding=host on one GPU, any mode at W=1) has nothing to exchange: collectives on
+a one-rank group return their input, and when one group holds every table whole and in
+order, the forward is the local collection's sample-major lookup (`one_rank`).
 """
 
 from __future__ import annotations
