@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridrec.train.loggers import read_metrics
+from hybridrec.train.sweep import common_overrides, job_records
 
 log = logging.getLogger("hybridrec")
 
@@ -44,27 +44,17 @@ class Run:
 
 
 def _sweep_jobs(sweep: Path) -> list[Run]:
-    """A sweep directory's jobs (subdirectories with a metrics.jsonl), labelled by the
-    overrides that differ between jobs (job.json), else by the directory name."""
-    jobs = sorted(
-        (d for d in sweep.iterdir() if (d / METRICS_FILE).is_file()),
-        key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else 0, d.name),
-    )
-    overrides: dict[Path, list[str]] = {}
-    for d in jobs:
-        info = d / "job.json"
-        if info.is_file():
-            try:
-                overrides[d] = list(json.loads(info.read_text()).get("overrides", []))
-            except (json.JSONDecodeError, AttributeError):
-                log.warning("%s is not a job record; labelling the job by its directory", info)
-    common = set.intersection(*(set(o) for o in overrides.values())) if overrides else set()
-    runs = []
-    for d in jobs:
-        varying = [o for o in overrides.get(d, []) if o not in common]
-        label = " ".join(varying) if varying else d.name
-        runs.append(Run(label, d / METRICS_FILE))
-    return runs
+    """A sweep directory's jobs that logged metrics, labelled by the overrides that tell
+    them apart (as the sweep summary does), else by their directory."""
+    jobs = [j for j in job_records(sweep) if (sweep / j["dir"] / METRICS_FILE).is_file()]
+    common = common_overrides(jobs)
+    return [
+        Run(
+            " ".join(o for o in j["overrides"] if o not in common) or j["dir"],
+            sweep / j["dir"] / METRICS_FILE,
+        )
+        for j in jobs
+    ]
 
 
 def find_runs(paths: Sequence[Path]) -> list[Run]:

@@ -278,21 +278,41 @@ class SweepSummary(Callback):
             print(summary, flush=True)
 
 
-def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One record per job directory of a sweep (those with job.json or .hydra/)."""
+def job_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One record per job directory of a sweep (those with job.json or .hydra/): its job.json
+    (job, overrides, status, error, wall_s) and `dir`, in job order."""
     jobs = []
     for d in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
         info_path, overrides_path = d / "job.json", d / ".hydra" / "overrides.yaml"
+        info = None
         if info_path.is_file():
-            info = json.loads(info_path.read_text())
-        elif overrides_path.is_file():  # the job died before Hydra could report it
+            try:
+                info = json.loads(info_path.read_text())
+            except json.JSONDecodeError:
+                log.warning("%s is not a job record; using the job's Hydra overrides", info_path)
+        if info is None and overrides_path.is_file():  # the job died before Hydra reported it
             overrides = OmegaConf.to_container(OmegaConf.load(overrides_path))
             info = {"job": None, "overrides": overrides, "status": "unknown", "error": None}
-        else:
-            continue
-        jobs.append({**info, "dir": d.name, **final_metrics(d / "metrics.jsonl")})
-    jobs.sort(key=lambda j: (j["job"] is None, j["job"] or 0, j["dir"]))
+        if info is not None:
+            jobs.append({**info, "dir": d.name})
+    jobs.sort(key=lambda j: (j.get("job") is None, j.get("job") or 0, j["dir"]))
     return jobs
+
+
+def collect_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
+    """`job_records` with each job's final metrics."""
+    return [
+        {**j, **final_metrics(sweep_dir / j["dir"] / "metrics.jsonl")}
+        for j in job_records(sweep_dir)
+    ]
+
+
+def common_overrides(jobs: list[dict[str, Any]]) -> list[str]:
+    """The overrides every job of a sweep shares (none for a single job: its own are what
+    describe it); the rest tell the jobs apart."""
+    if len(jobs) < 2:
+        return []
+    return [o for o in jobs[0]["overrides"] if all(o in j["overrides"] for j in jobs)]
 
 
 def _fmt(value: Any, digits: int) -> str:
@@ -330,9 +350,7 @@ def write_summary(sweep_dir: Path) -> str | None:
     jobs = collect_jobs(sweep_dir)
     if not jobs:
         return None
-    common = [o for o in jobs[0]["overrides"] if all(o in j["overrides"] for j in jobs)]
-    if len(jobs) == 1:
-        common = []
+    common = common_overrides(jobs)
     table = summary_markdown(jobs, common)
     (sweep_dir / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
     payload = {"sweep_dir": str(sweep_dir.resolve()), "common_overrides": common, "jobs": jobs}
