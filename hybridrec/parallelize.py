@@ -130,9 +130,11 @@ def plan_report(cfg: Config, plan: ShardingPlan, device: torch.device | None = N
 
 def bf16_wire(cfg: Config, plan: ShardingPlan, device: torch.device) -> bool:
     """Whether the output dist will carry bf16 exactly (ShardedEmbeddingCollection.
-    handoff_dtype): DLRM under bf16 autocast (CUDA) with no table split by rows."""
+    handoff_dtype): DLRM under bf16 autocast (CUDA) with no table split by rows, on more than
+    one rank (one rank exchanges nothing)."""
     return (
-        _handoff_in_autocast_dtype(cfg)
+        plan.world_size > 1
+        and _handoff_in_autocast_dtype(cfg)
         and device.type == "cuda"
         and cfg.train.autocast == "bf16"
         and whole_values(plan)

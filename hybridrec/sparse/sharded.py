@@ -180,7 +180,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.group_units = by_key  # group key -> its local units, in group order
         # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
         self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
-        self._prefetched: tuple[torch.Tensor, torch.Tensor, list[LookupInput]] | None = None
+        # (ids, checked ids, their input dist: None on the one-rank path) from prefetch()
+        self._prefetched: tuple[torch.Tensor, torch.Tensor, list[LookupInput] | None] | None = None
         # Replicated tables: the full table on every rank, grouped by width the same way.
         dp_by_width: dict[int, list[int]] = {}
         for i in self.dp_tables:
@@ -417,10 +418,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 grad_pooled = torch.cat([grad[:, position[i]] for i in idx])
                 unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
             ids = b_local * sum(self.tables[i].hotness for i in idx)
-            how, _ = replica_sync(group.num_rows, group.width, ids, self.world)
             if self.world == 1:  # the only replica: its own rows and sums
                 rows_all, grads_all = unique_rows, grads
-            elif how == "all_reduce":
+            elif replica_sync(group.num_rows, group.width, ids, self.world)[0] == "all_reduce":
                 total = torch.zeros(group.num_rows, group.width + 1, device=grads.device)
                 total[unique_rows, : group.width] = grads
                 total[unique_rows, group.width] = 1.0
@@ -545,7 +545,7 @@ class ShardedEmbeddingCollection(nn.Module):
         with self.timer.phase("host_prefetch"):
             clean = self._check_ids(ids)
             if self.one_rank is not None:
-                self._prefetched = (ids, clean, [])
+                self._prefetched = (ids, clean, None)
                 [group] = self.groups.values()
                 assert isinstance(group, HostCachedEmbedding)
                 group.prefetch(sample_major_rows(clean, self.one_rank))
@@ -561,14 +561,13 @@ class ShardedEmbeddingCollection(nn.Module):
         """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (this rank's samples)."""
         b_local = ids.shape[0]
         prefetched, self._prefetched = self._prefetched, None
-        if self.one_rank is not None:
-            if prefetched is not None and prefetched[0] is ids:  # checked by prefetch()
-                return self._one_rank_forward(prefetched[1], checked=True)
-            return self._one_rank_forward(ids, checked=False)
         if prefetched is not None and prefetched[0] is ids:
-            _, ids, inputs = prefetched  # checked and distributed by prefetch()
+            _, ids, inputs = prefetched  # checked (and distributed) by prefetch()
         else:
-            ids = self._check_ids(ids)
+            ids, inputs = self._check_ids(ids), None
+        if self.one_rank is not None:
+            return self._one_rank_forward(ids)
+        if inputs is None:
             with self.timer.phase("input_dist"):
                 inputs = self._input_dist(ids)
         self._inputs = inputs if self.exchange_row_stats else []
@@ -599,11 +598,10 @@ class ShardedEmbeddingCollection(nn.Module):
             return torch.stack(per_table, dim=1)
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
 
-    def _one_rank_forward(self, ids: torch.Tensor, checked: bool) -> torch.Tensor:
-        """The one-rank layout's forward: sample-major, as the local collection's (1/W = 1)."""
+    def _one_rank_forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The one-rank layout's forward on checked ids: sample-major, as the local
+        collection's (1/W = 1)."""
         assert self.one_rank is not None
-        if not checked:
-            ids = self._check_ids(ids)
         [group] = self.groups.values()
         with self.timer.phase("lookup"):
             out_dtype = self.handoff_dtype(ids.device) or torch.float32
@@ -642,13 +640,14 @@ class _Exchange(torch.autograd.Function):
             coll.stats,
             "output_dist.backward",
         ).float()
+        grad_replicated = grad_replicated.float()
         if ctx.scale != 1.0:  # the handoff's 1/W: the product ScaleGrad forms in fp32
             grad_send = grad_send * ctx.scale
-            grad_replicated = grad_replicated.float() * ctx.scale
+            grad_replicated = grad_replicated * ctx.scale
         if coll.exchange_row_stats:
             coll._share_row_stats(grad_send, ctx.b_local)
         if coll.dp_tables:
-            coll._sync_replicas(grad_replicated.float())
+            coll._sync_replicas(grad_replicated)
         return grad_send, None, None, None, None, None, None
 
 

@@ -40,6 +40,7 @@ from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.device import DevicePrefetcher
 from hybridrec.data.loader import BatchSource
+from hybridrec.distributed.comm import any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import LRSchedule, build_dense_optimizer
@@ -238,10 +239,9 @@ class Trainer:
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank (a collective: every rank calls it)."""
-        v = torch.tensor(int(flag), device=self.env.device)
-        if self.env.group is not None:
-            dist.all_reduce(v, op=dist.ReduceOp.MAX, group=self.env.group)
-        return bool(v.item())
+        if self.env.group is None:
+            return flag
+        return any_rank(flag, self.env.group, self.env.device)
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         ok = torch.isfinite(loss.detach()).to(torch.int64)
