@@ -49,7 +49,10 @@ def pack(batch: Batch) -> tuple[torch.Tensor, int]:
     """Batch -> (one flat uint8 tensor: ids, dense, labels; bytes per id), as the module
     docstring says."""
     ids = batch.ids
-    fits = ids.numel() == 0 or (int(ids.min()) >= _INT32.min and int(ids.max()) <= _INT32.max)
+    fits = True
+    if ids.numel():
+        low, high = torch.aminmax(ids)  # one pass
+        fits = int(low) >= _INT32.min and int(high) <= _INT32.max
     id_dtype = torch.int32 if fits else torch.int64
     parts = [ids.to(id_dtype), batch.dense.to(torch.float32), batch.labels.to(torch.float32)]
     payload = torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
