@@ -543,7 +543,7 @@ class ShardedEmbeddingCollection(nn.Module):
             return
         # one phase for all of it (outside the forward, so not counted in its phases)
         with self.timer.phase("host_prefetch"):
-            clean = self._check_ids(ids)
+            clean = self._check_ids(ids.to(self.device, non_blocking=True))
             if self.one_rank is not None:
                 self._prefetched = (ids, clean, None)
                 [group] = self.groups.values()
@@ -563,8 +563,8 @@ class ShardedEmbeddingCollection(nn.Module):
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is ids:
             _, ids, inputs = prefetched  # checked (and distributed) by prefetch()
-        else:
-            ids, inputs = self._check_ids(ids), None
+        else:  # ids may come from the host (a no-op when they are on the device already)
+            ids, inputs = self._check_ids(ids.to(self.device, non_blocking=True)), None
         if self.one_rank is not None:
             return self._one_rank_forward(ids)
         if inputs is None:

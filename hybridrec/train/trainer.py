@@ -155,6 +155,9 @@ class Trainer:
         self.timer = PhaseTimer(env.device)
         self.model.embeddings.timer = self.timer
         self.has_host = bool(getattr(self.model.embeddings, "has_host", False))
+        # (host batch, its device copy): the upcoming batch whose rows were prefetched, so the
+        # next step trains on the very ids the prefetch saw (and does not copy them again)
+        self._staged: tuple[Batch, Batch] | None = None
         for group in self.model.embeddings.groups.values():
             group.timer = self.timer
         self.signature = model_signature(
@@ -212,12 +215,17 @@ class Trainer:
         self.model.train()
         if self.schedule.enabled:  # the sparse rate must be set before the backward uses it
             self.lr = self.schedule.apply(self.step + 1, self.dense_opt, self._sparse_opts)
-        batch = batch.to(self.env.device, non_blocking=True)
+        staged, self._staged = self._staged, None
+        if staged is not None and staged[0] is batch:
+            batch = staged[1]
+        else:
+            batch = batch.to(self.env.device, non_blocking=True)
         with self.timer.phase("forward"), self.autocast:
             logits = self.model(batch.dense, batch.ids)
         loss = loss_fn(logits, batch.labels)
         if upcoming is not None:
-            self.model.embeddings.prefetch(upcoming.ids)
+            self._staged = (upcoming, upcoming.to(self.env.device, non_blocking=True))
+            self.model.embeddings.prefetch(self._staged[1].ids)
         self.dense_opt.zero_grad(set_to_none=True)
         if self.cfg.train.nonfinite == "skip" and not self._all_finite(loss):
             self.skipped += 1

@@ -43,7 +43,8 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> di
         assert trainer.warm_start_caches() > 0
     batches = [trainer.train_batch(s) for s in range(STEPS)]
     with torch.no_grad():
-        logits = trainer.model(batches[0].dense, batches[0].ids)
+        first = batches[0].to(env.device)
+        logits = trainer.model(first.dense, first.ids)
     losses = []
     for s, batch in enumerate(batches):
         upcoming = batches[s + 1] if prefetch and s + 1 < STEPS else None
