@@ -5,22 +5,19 @@ hybridrec.optim.sparse `SparseSGD`, `RowWiseAdagrad`, `SparseAdam`), with all ma
 and one rounding to the weight's dtype per updated value:
 
 - `pooled_lookup`: one program per (bag, column block) sums the bag's rows in fp32.
-- `segment_grads`: ids sorted by row (stable), one segment per distinct row; each segment is
-  summed in fixed-size chunks (no atomics, so the result is deterministic), and the few rows
-  longer than one chunk (hot rows of skewed ids) sum their chunk partials in a second kernel.
-- `sgd_update`, `rowwise_adagrad_update`, `adam_update`: one program per touched row.
+- `segment_grads`: ids sorted by row (stable), one segment per distinct row. Each program
+  takes a fixed tile of SEGMENT_TILE sorted ids and sums the segments in it with a segmented
+  scan (no atomics: deterministic, and every program does the same work however skewed the
+  ids are); rows whose ids cross tiles (hot rows) leave a piece per tile, which a fix-up kernel
+  adds in tile order.
+- `sgd_update`, `adam_update`: UPDATE_ROWS // D touched rows per program;
+  `rowwise_adagrad_update`: one program per touched row (its mean of g^2 spans the row).
 
-Without host syncs (CUDA graphs, overlap): `segment_grads` learns U from
-torch.unique_consecutive, which waits for the device. `segment_grads_padded` sizes everything
-by N instead: stable sort, segment starts from cumsum and searchsorted, and the same chunk and
-merge kernels over N segment slots (slots past U hold 0 ids; programs past the last chunk or
-long row return at once, reading the totals from device memory). It returns rows and grads
-padded to N and count [1], a device tensor holding U; the updates take `count=` and skip
-entries u >= count in the kernel. The first U entries are segment_grads' results in the same
-chunk layout and summation order, except the ids summed per tile (a constant here, the mean
-ids per row there): equal up to fp32 round-off, bit-identical for the same tile.
-Per-program work is bounded as in segment_grads: a chunk program sums at most SEGMENT_CHUNK
-ids, a merge program the N / SEGMENT_CHUNK partials of one hot row at most.
+Without host syncs (CUDA graphs, overlap): `segment_grads_padded` sizes everything by N:
+stable sort, segment numbers from a cumsum, unique rows written by segment number, and the
+tile and fix-up kernels over N positions. It returns rows and grads padded to N and count
+[1], a device tensor holding U; the updates take `count=` and skip entries u >= count in the
+kernel. `segment_grads` is the same computation cut to U rows (one sync): bit-identical.
 
 Rounding follows torch's CPU ops: fp32 products and sums are rounded separately (launched
 with enable_fp_fusion=False), the weight step w - lr * delta is one fma (as torch's index_add_
@@ -43,7 +40,9 @@ Legend: N = ids, B = bags, R = weight rows, D = width, U = distinct rows touched
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import torch
@@ -56,8 +55,8 @@ except Exception:  # ImportError, or a broken install: fall back to the torch pa
     tl = None
 
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SEGMENT_CHUNK = 512  # ids summed by one program of segment_grads; longer rows are split
-SEGMENT_PADDED_IDS = 8  # ids per tile of segment_grads_padded (the mean per row needs a sync)
+SEGMENT_TILE = 32  # sorted ids per program of segment_grads (rows crossing tiles: fix-up)
+UPDATE_ROWS = 2048  # rows x columns per program of sgd/adam updates (rows = this // block_d)
 MAX_BLOCK_D = 128  # columns per program (wider rows take several column blocks)
 
 
@@ -85,6 +84,18 @@ def set_kernels(mode: str, device: torch.device | None = None) -> None:
                 f"kernels in Triton's CPU interpreter, for tests); the device is {device}"
             )
     _mode = mode
+
+
+@contextlib.contextmanager
+def use_kernels(mode: str) -> Iterator[None]:
+    """set_kernels(mode) inside the block, the previous choice after it (benchmarks and
+    tests that time or compare both paths in one process)."""
+    previous = _mode
+    set_kernels(mode)
+    try:
+        yield
+    finally:
+        set_kernels(previous)
 
 
 def available(t: torch.Tensor) -> bool:
@@ -143,98 +154,117 @@ def _pool_kernel(
     tl.store(out_ptr + bag * D + cols, out, mask=col_mask)
 
 
-def _segment_chunk_kernel(
+if triton is not None:
+
+    @triton.jit
+    def _segmented_add(a, a_starts, b, b_starts):
+        """Combiner of a segmented sum scan: a segment start resets the running sum."""
+        return tl.where(b_starts != 0, b, a + b), a_starts | b_starts
+
+
+def _segment_tile_kernel(
     grad_ptr,
     perm_ptr,
     bags_ptr,
     scale_ptr,
-    chunk_seg_ptr,
-    chunk_end_ptr,
-    seg_end_ptr,
-    counts_ptr,
-    part_first_ptr,
+    seg_ptr,
     out_ptr,
-    part_ptr,
-    U,
+    head_ptr,
+    tail_ptr,
+    start_tile_ptr,
+    N,
     D,
-    CHUNK: tl.constexpr,
     HAS_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    TILE: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Chunk c of segment seg: sum of grad[bags[perm[j]]] * scale[perm[j]] over its ids j.
-
-    A segment of one chunk writes out[seg]; chunk k of a longer one writes
-    part[part_first[seg] + k]. Programs past the last chunk (chunk_end[U - 1]) return at once:
-    the grid is an upper bound known on the host."""
-    c = tl.program_id(0).to(tl.int64)
-    if c >= tl.load(chunk_end_ptr + U - 1):
-        return
+    """Tile p of the sorted ids, positions [p * TILE, p * TILE + TILE): each position's
+    gradient grad[bags[perm[i]]] * scale[perm[i]], summed per segment (seg [N], the distinct
+    row of each position, non-decreasing) by a scan in position order. A segment that lies in
+    the tile is stored to out[seg]. A segment that crosses a tile boundary leaves its piece:
+    in head[p] when it began in an earlier tile, in tail[p] when it begins here and goes on
+    (start_tile[seg] = p); _segment_fixup_kernel adds the pieces."""
+    p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
-    seg = tl.load(chunk_seg_ptr + c)
-    count = tl.load(counts_ptr + seg)
-    n_chunks = (count + CHUNK - 1) // CHUNK
-    k = c - (tl.load(chunk_end_ptr + seg) - n_chunks)  # chunk index within the segment
-    seg_end = tl.load(seg_end_ptr + seg)
-    start = seg_end - count + k * CHUNK
-    end = tl.minimum(start + CHUNK, seg_end)
-    acc = tl.full([BLOCK_D], 0.0, tl.float32)
-    for j in range(start, end, BLOCK_N):
-        idx = j + tl.arange(0, BLOCK_N)
-        id_mask = idx < end
-        p = tl.load(perm_ptr + idx, mask=id_mask, other=0)
-        bag = tl.load(bags_ptr + p, mask=id_mask, other=0)
-        g = tl.load(
-            grad_ptr + bag[:, None] * D + cols[None, :],
-            mask=id_mask[:, None] & col_mask[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        if HAS_SCALE:
-            s = tl.load(scale_ptr + p, mask=id_mask, other=0.0)
-            g = g * s[:, None]
-        acc += tl.reduce(g, 0, tl.standard._sum_combine)
-    if n_chunks == 1:
-        tl.store(out_ptr + seg * D + cols, acc, mask=col_mask)
-    else:
-        dst = tl.load(part_first_ptr + seg) + k
-        tl.store(part_ptr + dst * D + cols, acc, mask=col_mask)
+    first = p * TILE
+    idx = first + tl.arange(0, TILE)
+    inside = idx < N
+    last = tl.minimum(first + TILE, N) - 1
+    seg = tl.load(seg_ptr + idx, mask=inside, other=-1)
+    prev = tl.load(seg_ptr + idx - 1, mask=inside & (idx > 0), other=-1)
+    nxt = tl.load(seg_ptr + idx + 1, mask=idx + 1 < N, other=-1)
+    ends = inside & (seg != nxt)  # the segment's last position (globally)
+    q = tl.load(perm_ptr + idx, mask=inside, other=0)
+    bag = tl.load(bags_ptr + q, mask=inside, other=0)
+    g = tl.load(
+        grad_ptr + bag[:, None] * D + cols[None, :],
+        mask=inside[:, None] & col_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + q, mask=inside, other=0.0)
+        g = g * s[:, None]
+    starts = ((seg != prev) | (idx == first)).to(tl.int32)
+    acc, _ = tl.associative_scan(
+        (g, tl.broadcast_to(starts[:, None], (TILE, BLOCK_D))), 0, _segmented_add
+    )
+    seg0 = tl.load(seg_ptr + first)
+    began_before = (first > 0) & (tl.load(seg_ptr + tl.maximum(first - 1, 0)) == seg0)
+    # positions of a segment begun in an earlier tile (the scalar made a block: the
+    # interpreter cannot mask with block & scalar)
+    cont = (seg == seg0) & (began_before.to(tl.int32) + 0 * idx != 0)
+    at_last = idx == last
+    to_out = ends & ~cont
+    to_head = cont & (ends | at_last)  # one position: that segment's last in this tile
+    to_tail = at_last & ~ends & ~cont
+    m = col_mask[None, :]
+    here = p * D + cols[None, :] + 0 * idx[:, None]
+    tl.store(out_ptr + seg[:, None] * D + cols[None, :], acc, mask=to_out[:, None] & m)
+    tl.store(head_ptr + here, acc, mask=to_head[:, None] & m)
+    tl.store(tail_ptr + here, acc, mask=to_tail[:, None] & m)
+    tl.store(start_tile_ptr + seg, p + 0 * idx, mask=to_tail)
 
 
-def _segment_merge_kernel(
-    part_ptr,
-    long_seg_ptr,
-    counts_ptr,
-    part_first_ptr,
+def _segment_fixup_kernel(
+    seg_ptr,
+    head_ptr,
+    tail_ptr,
+    start_tile_ptr,
     out_ptr,
-    U,
+    N,
     D,
-    CHUNK: tl.constexpr,
+    TILE: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """out[seg] = sum of the chunk partials of the i-th segment longer than one chunk
-    (seg = long_seg[i]; U where there is no i-th one: the program returns at once)."""
-    i = tl.program_id(0).to(tl.int64)
-    seg = tl.load(long_seg_ptr + i)
-    if seg >= U:
+    """For the segment that began before tile p and ends in it (if any): out[seg] =
+    tail[q0] + head[q0 + 1] + ... + head[p], q0 = start_tile[seg], in that order (BLOCK_P
+    pieces summed at a time)."""
+    p = tl.program_id(0).to(tl.int64)
+    first = p * TILE
+    seg0 = tl.load(seg_ptr + first)
+    if first == 0:
         return
+    if tl.load(seg_ptr + first - 1) != seg0:
+        return  # the tile's first segment began in it: stored whole, or left as a tail
+    last = tl.minimum(first + TILE, N) - 1
+    if last + 1 < N:
+        if tl.load(seg_ptr + last + 1) == seg0:
+            return  # it goes on past this tile: a later tile finishes it
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
-    n_chunks = (tl.load(counts_ptr + seg) + CHUNK - 1) // CHUNK
-    first = tl.load(part_first_ptr + seg)
-    last = first + n_chunks
-    acc = tl.full([BLOCK_D], 0.0, tl.float32)
-    for j in range(first, last, BLOCK_P):
-        idx = j + tl.arange(0, BLOCK_P)
-        m = idx < last
-        part = tl.load(
-            part_ptr + idx[:, None] * D + cols[None, :],
-            mask=m[:, None] & col_mask[None, :],
+    q0 = tl.load(start_tile_ptr + seg0)
+    acc = tl.load(tail_ptr + q0 * D + cols, mask=col_mask, other=0.0)
+    for j in range(q0 + 1, p + 1, BLOCK_P):
+        qs = j + tl.arange(0, BLOCK_P)
+        piece = tl.load(
+            head_ptr + qs[:, None] * D + cols[None, :],
+            mask=(qs <= p)[:, None] & col_mask[None, :],
             other=0.0,
         )
-        acc += tl.reduce(part, 0, tl.standard._sum_combine)
-    tl.store(out_ptr + seg * D + cols, acc, mask=col_mask)
+        acc += tl.reduce(piece, 0, tl.standard._sum_combine)
+    tl.store(out_ptr + seg0 * D + cols, acc, mask=col_mask)
 
 
 def _sgd_kernel(
@@ -242,23 +272,28 @@ def _sgd_kernel(
     rows_ptr,
     grads_ptr,
     count_ptr,
+    n_rows,
     lr,
     D,
     HAS_COUNT: tl.constexpr,
     IS_BF16: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """weight[rows[u], cols] -= lr * grads[u, cols] (for u < count[0] if HAS_COUNT)."""
-    u = tl.program_id(0).to(tl.int64)
+    """weight[rows[u], cols] -= lr * grads[u, cols] for BLOCK_R entries u per program
+    (u < count[0] if HAS_COUNT, else u < n_rows)."""
+    us = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     if HAS_COUNT:
-        if u >= tl.load(count_ptr):
-            return
+        n_rows = tl.load(count_ptr)
+    if tl.program_id(0).to(tl.int64) * BLOCK_R >= n_rows:
+        return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = cols < D
-    row = tl.load(rows_ptr + u)
-    w_ptrs = weight_ptr + row * D + cols
+    row_mask = us < n_rows
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    row = tl.load(rows_ptr + us, mask=row_mask, other=0)
+    w_ptrs = weight_ptr + row[:, None] * D + cols[None, :]
     w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
+    g = tl.load(grads_ptr + us[:, None] * D + cols[None, :], mask=mask, other=0.0)
     w = tl.fma(g, -lr, w)  # torch's index_add_(alpha=-lr) / sub_(alpha=lr): one rounding
     if IS_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
         bits = w.to(tl.uint32, bitcast=True)
@@ -329,6 +364,7 @@ def _adam_kernel(
     rows_ptr,
     grads_ptr,
     count_ptr,
+    n_rows,
     step_size,
     one_minus_beta1,
     one_minus_beta2,
@@ -336,19 +372,22 @@ def _adam_kernel(
     D,
     HAS_COUNT: tl.constexpr,
     IS_BF16: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Lazy Adam on row rows[u]: m, v move toward g, g^2; w -= step_size * m / (sqrt(v) + eps)
-    (for u < count[0] if HAS_COUNT)."""
-    u = tl.program_id(0).to(tl.int64)
+    """Lazy Adam on rows rows[u]: m, v move toward g, g^2; w -= step_size * m / (sqrt(v) + eps),
+    for BLOCK_R entries u per program (u < count[0] if HAS_COUNT, else u < n_rows)."""
+    us = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     if HAS_COUNT:
-        if u >= tl.load(count_ptr):
-            return
+        n_rows = tl.load(count_ptr)
+    if tl.program_id(0).to(tl.int64) * BLOCK_R >= n_rows:
+        return
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = cols < D
-    row = tl.load(rows_ptr + u)
-    off = row * D + cols
-    g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
+    row_mask = us < n_rows
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    row = tl.load(rows_ptr + us, mask=row_mask, other=0)
+    off = row[:, None] * D + cols[None, :]
+    g = tl.load(grads_ptr + us[:, None] * D + cols[None, :], mask=mask, other=0.0)
     m = tl.load(m_ptr + off, mask=mask, other=0.0)
     v = tl.load(v_ptr + off, mask=mask, other=0.0)
     m = (g - m) * one_minus_beta1 + m
@@ -378,8 +417,8 @@ def _kernels() -> SimpleNamespace:
     if mode not in _JITTED:
         fns = (
             _pool_kernel,
-            _segment_chunk_kernel,
-            _segment_merge_kernel,
+            _segment_tile_kernel,
+            _segment_fixup_kernel,
             _sgd_kernel,
             _adagrad_kernel,
             _adam_kernel,
@@ -524,7 +563,7 @@ def segment_grads(
     grad_pooled [B, D] fp32 (bf16/fp16 are read as fp32); rows, bags [N] int64 (0 <= bags <
     B); scale [N] fp32 or None. Deterministic: segment sums in a fixed order, no atomics.
     Syncs with the host once (U); segment_grads_padded does not."""
-    return _segment_grads(grad_pooled, rows, bags, scale, SEGMENT_CHUNK)
+    return _segment_grads(grad_pooled, rows, bags, scale, SEGMENT_TILE)
 
 
 def segment_grads_padded(
@@ -537,12 +576,10 @@ def segment_grads_padded(
     host sync, padded to N entries.
 
     Inputs as segment_grads. The first count[0] entries of unique rows and grads are segment_
-    grads' (U = count[0] distinct rows ascending, their summed gradients, in the same fixed
-    order); entries past count[0] are unspecified (not zeroed). count stays on the device: pass
-    it to the updates' `count=`. Same chunks and summation order as segment_grads except the
-    ids summed per tile (SEGMENT_PADDED_IDS here, about N / U there): equal up to fp32
-    round-off (bit-identical for the same tile size). Deterministic, no atomics."""
-    return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_CHUNK)
+    grads' (U = count[0] distinct rows ascending, their summed gradients, bit for bit); entries
+    past count[0] are unspecified (not zeroed). count stays on the device: pass it to the
+    updates' `count=`. Deterministic, no atomics."""
+    return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_TILE)
 
 
 def _check_segment_inputs(
@@ -550,7 +587,7 @@ def _check_segment_inputs(
     rows: torch.Tensor,
     bags: torch.Tensor,
     scale: torch.Tensor | None,
-    chunk: int,
+    tile: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     _require(
         grad_pooled.dim() == 2 and grad_pooled.dtype in WEIGHT_DTYPES,
@@ -563,7 +600,7 @@ def _check_segment_inputs(
     bags = _check_ids("bags", bags, n)
     if scale is not None:
         scale = _check_vector("scale", scale, n)
-    _require(chunk >= 1, f"chunk must be >= 1, got {chunk}")
+    _require(tile >= 1 and tile & (tile - 1) == 0, f"tile must be a power of 2, got {tile}")
     _check_device(grad_pooled, rows=rows, bags=bags, scale=scale)
     return grad_pooled, rows, bags, scale
 
@@ -573,23 +610,12 @@ def _segment_grads(
     rows: torch.Tensor,
     bags: torch.Tensor,
     scale: torch.Tensor | None,
-    chunk: int,
-    block_n: int | None = None,
+    tile: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """segment_grads with `chunk` ids per program and `block_n` ids per tile (default: about
-    the mean ids per distinct row); tests use small chunks."""
-    grad_pooled, rows, bags, scale = _check_segment_inputs(grad_pooled, rows, bags, scale, chunk)
-    device, width, n = grad_pooled.device, grad_pooled.shape[1], rows.numel()
-    sorted_rows, perm = torch.sort(rows, stable=True)
-    unique_rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)  # syncs
-    u = unique_rows.numel()
-    grads = torch.empty(u, width, dtype=torch.float32, device=device)
-    if u == 0 or width == 0:
-        return unique_rows, grads.zero_()
-    if block_n is None:
-        block_n = _block_n(min(n / u, chunk), _block_d(width))
-    _sum_segments(grad_pooled, bags, scale, perm, counts, counts.cumsum(0), grads, chunk, block_n)
-    return unique_rows, grads
+    """segment_grads with `tile` sorted ids per program (tests use small tiles)."""
+    unique_rows, grads, count = _segment_grads_padded(grad_pooled, rows, bags, scale, tile)
+    u = int(count.item())  # syncs
+    return unique_rows[:u], grads[:u]
 
 
 def _segment_grads_padded(
@@ -597,12 +623,15 @@ def _segment_grads_padded(
     rows: torch.Tensor,
     bags: torch.Tensor,
     scale: torch.Tensor | None,
-    chunk: int,
-    block_n: int | None = None,
+    tile: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """segment_grads_padded with `chunk` ids per program and `block_n` ids per tile (default
-    from SEGMENT_PADDED_IDS); tests use small chunks."""
-    grad_pooled, rows, bags, scale = _check_segment_inputs(grad_pooled, rows, bags, scale, chunk)
+    """segment_grads_padded with `tile` sorted ids per program (tests use small tiles).
+
+    Stable sort by row; seg [N] numbers each sorted position's distinct row (a cumsum of
+    row changes); a tile kernel sums each segment's gradients within a tile of positions in
+    position order, and a fix-up kernel adds the pieces of segments that cross tiles (hot
+    rows) in tile order. Every grid is sized from N: nothing waits for the device."""
+    grad_pooled, rows, bags, scale = _check_segment_inputs(grad_pooled, rows, bags, scale, tile)
     device, width, n = grad_pooled.device, grad_pooled.shape[1], rows.numel()
     grads = torch.empty(n, width, dtype=torch.float32, device=device)
     if n == 0:
@@ -610,90 +639,49 @@ def _segment_grads_padded(
     sorted_rows, perm = torch.sort(rows, stable=True)
     is_start = torch.ones(n, dtype=torch.bool, device=device)
     is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
-    seg = is_start.cumsum(0) - 1  # segment of each sorted id, non-decreasing
+    seg = is_start.cumsum(0) - 1  # distinct row of each sorted position, non-decreasing
     count = seg[-1:] + 1
-    # seg_start[k]: first sorted position of segment k for k < count, N from count on
-    seg_start = torch.searchsorted(seg, torch.arange(n + 1, device=device))
-    unique_rows = sorted_rows.index_select(0, seg_start[:n].clamp(max=n - 1))
+    # every position of a segment writes the same row id: duplicates agree
+    unique_rows = torch.empty_like(sorted_rows).index_put_((seg,), sorted_rows)
     if width:
-        if block_n is None:
-            block_n = _block_n(min(SEGMENT_PADDED_IDS, chunk), _block_d(width))
-        counts = seg_start.diff()  # ids per segment, 0 from count on
-        _sum_segments(grad_pooled, bags, scale, perm, counts, seg_start[1:], grads, chunk, block_n)
-    return unique_rows, grads, count
-
-
-def _sum_segments(
-    grad_pooled: torch.Tensor,
-    bags: torch.Tensor,
-    scale: torch.Tensor | None,
-    perm: torch.Tensor,
-    counts: torch.Tensor,
-    seg_end: torch.Tensor,
-    out: torch.Tensor,
-    chunk: int,
-    block_n: int,
-) -> None:
-    """out[s] = sum over j in [seg_end[s] - counts[s], seg_end[s]) of grad_pooled[bags[perm[j]]]
-    * scale[perm[j]], for the S segments of counts, seg_end [S] int64 (segments of 0 ids are
-    skipped and their rows of out [S, D] left as they are). Grids are sized from S and N only,
-    so nothing here waits for the device."""
-    device, width = out.device, out.shape[1]
-    s, n = counts.numel(), perm.numel()
-    n_chunks = (counts + chunk - 1) // chunk
-    chunk_end = n_chunks.cumsum(0)
-    is_long = n_chunks > 1
-    long_chunks = torch.where(is_long, n_chunks, 0)
-    part_first = long_chunks.cumsum(0) - long_chunks
-    # Bounds known on the host: chunks <= min(S + N // chunk, N) (each holds an id); segments
-    # longer than one chunk <= N // (chunk + 1); their chunks < 2 N / chunk.
-    max_chunks = min(s + n // chunk, n)
-    max_long = n // (chunk + 1)
-    max_parts = 2 * n // chunk + 1
-    positions = torch.arange(max(max_chunks, max_long), device=device)
-    chunk_seg = torch.searchsorted(chunk_end, positions[:max_chunks], right=True)
-    parts = torch.empty(max_parts if max_long else 1, width, dtype=torch.float32, device=device)
-
-    kern = _kernels()
-    block_d = _block_d(width)
-    col_blocks = triton.cdiv(width, block_d)
-    kern.segment_chunk_kernel[(max_chunks, col_blocks)](
-        grad_pooled,
-        perm,
-        bags,
-        scale if scale is not None else grad_pooled,
-        chunk_seg,
-        chunk_end,
-        seg_end,
-        counts,
-        part_first,
-        out,
-        parts,
-        s,
-        width,
-        CHUNK=chunk,
-        HAS_SCALE=scale is not None,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        **_opts(block_n * block_d),
-    )
-    if max_long:
-        # the i-th long segment; S (no segment) past the last one
-        long_seg = torch.searchsorted(is_long.cumsum(0), positions[:max_long] + 1)
-        block_p = max(1, min(32, 4096 // block_d))
-        kern.segment_merge_kernel[(max_long, col_blocks)](
-            parts,
-            long_seg,
-            counts,
-            part_first,
-            out,
-            s,
+        tiles, block_d = triton.cdiv(n, tile), _block_d(width)
+        head = torch.empty(tiles, width, dtype=torch.float32, device=device)
+        tail = torch.empty_like(head)
+        start_tile = torch.empty(n, dtype=torch.int64, device=device)
+        grid = (tiles, triton.cdiv(width, block_d))
+        kern = _kernels()
+        kern.segment_tile_kernel[grid](
+            grad_pooled,
+            perm,
+            bags,
+            scale if scale is not None else grad_pooled,
+            seg,
+            grads,
+            head,
+            tail,
+            start_tile,
+            n,
             width,
-            CHUNK=chunk,
+            HAS_SCALE=scale is not None,
+            TILE=tile,
+            BLOCK_D=block_d,
+            **_opts(tile * block_d),
+        )
+        block_p = max(1, min(32, 4096 // block_d))
+        kern.segment_fixup_kernel[grid](
+            seg,
+            head,
+            tail,
+            start_tile,
+            grads,
+            n,
+            width,
+            TILE=tile,
             BLOCK_P=block_p,
             BLOCK_D=block_d,
             **_opts(block_p * block_d),
         )
+    return unique_rows, grads, count
 
 
 def _check_count(count: torch.Tensor | None) -> None:
@@ -727,17 +715,20 @@ def sgd_update(
     if rows.numel() == 0 or width == 0:
         return
     block_d = _block_d(width)
-    _kernels().sgd_kernel[(rows.numel(), triton.cdiv(width, block_d))](
+    block_r = max(1, UPDATE_ROWS // block_d)
+    _kernels().sgd_kernel[(triton.cdiv(rows.numel(), block_r), triton.cdiv(width, block_d))](
         weight,
         rows,
         grads,
         count if count is not None else rows,
+        rows.numel(),
         float(lr),
         width,
         HAS_COUNT=count is not None,
         IS_BF16=weight.dtype == torch.bfloat16,
+        BLOCK_R=block_r,
         BLOCK_D=block_d,
-        **_opts(block_d),
+        **_opts(block_r * block_d),
     )
 
 
@@ -832,13 +823,15 @@ def adam_update(
     if rows.numel() == 0 or width == 0:
         return
     block_d = _block_d(width)
-    _kernels().adam_kernel[(rows.numel(), triton.cdiv(width, block_d))](
+    block_r = max(1, UPDATE_ROWS // block_d)
+    _kernels().adam_kernel[(triton.cdiv(rows.numel(), block_r), triton.cdiv(width, block_d))](
         weight,
         exp_avg,
         exp_avg_sq,
         rows,
         grads,
         count if count is not None else rows,
+        rows.numel(),
         float(step_size),
         1.0 - beta1,
         1.0 - beta2,
@@ -846,6 +839,7 @@ def adam_update(
         width,
         HAS_COUNT=count is not None,
         IS_BF16=weight.dtype == torch.bfloat16,
+        BLOCK_R=block_r,
         BLOCK_D=block_d,
-        **_opts(block_d),
+        **_opts(block_r * block_d),
     )

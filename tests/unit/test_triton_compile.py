@@ -93,9 +93,9 @@ def _exercise_ops() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for width in (16, 48, 128):
             weight = torch.randn(40, width, generator=g).to(dtype)
-            n = triton_ops.SEGMENT_CHUNK + 64
+            n = 3 * triton_ops.SEGMENT_TILE + 40
             rows = torch.randint(0, 40, (n,), generator=g)
-            rows[: n - 40] = 3  # a row longer than a chunk: its partials need the merge kernel
+            rows[: n - 40] = 3  # a row across tiles: its pieces need the fix-up kernel
             offsets = torch.linspace(0, n, 9).long()
             bags = torch.arange(8).repeat_interleave(offsets.diff())
             for scale in (None, torch.rand(n, generator=g)):
@@ -124,8 +124,8 @@ def test_every_kernel_launch_compiles_for_sm90(launches, monkeypatch):
     kernels = {key[0] for key in launches}
     assert kernels == {
         "_pool_kernel",
-        "_segment_chunk_kernel",
-        "_segment_merge_kernel",
+        "_segment_tile_kernel",
+        "_segment_fixup_kernel",
         "_sgd_kernel",
         "_adagrad_kernel",
         "_adam_kernel",

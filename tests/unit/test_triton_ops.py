@@ -16,8 +16,7 @@ SparseAdam). Tolerances:
 - sums whose order differs from torch's (pooling, dedupe, the row mean of g^2): fp32
   round-off, rtol 1e-5 / atol 1e-6 (a few ulps of sums of a few dozen terms).
 - the padded, sync-free variant (segment_grads_padded, the updates' count=) against the synced
-  kernels: exact (same chunks and order) when both sum the same ids per tile; fp32 round-off
-  with their default tiles.
+  kernels: exact (the same computation, cut to U rows).
 
 The interpreter is chosen when a kernel is jitted, and triton_ops jits on first use per mode
 (interpreted or compiled), so setting TRITON_INTERPRET here, before the first call, suffices:
@@ -139,9 +138,11 @@ def test_segment_grads_match_dedupe(width, with_scale):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 5])
-def test_segment_grads_split_hot_rows(chunk):
-    """Rows with more ids than one chunk are summed in pieces, then merged: same result."""
+@pytest.mark.parametrize("tile", [1, 2, 4, 32])
+def test_segment_grads_split_hot_rows(tile):
+    """Rows whose ids cross tiles are summed in pieces, then added in tile order: same
+    result (tile 1: every row of more than one id is split; 4: pieces begin and end mid-tile,
+    and a piece spans whole tiles)."""
     g = torch.Generator().manual_seed(3)
     bags, _ = _bags([3, 0, 9, 5, 1, 6])
     rows = torch.tensor([7, 7, 7, 2, 7, 7, 7, 7, 7, 7, 2, 2, 7, 7, 0, 7, 7, 7, 2, 7, 7, 9, 7, 7])
@@ -149,11 +150,11 @@ def test_segment_grads_split_hot_rows(chunk):
     scale = torch.rand(rows.numel(), generator=g)
     grad = torch.randn(6, 130, generator=g)
     want_rows, want = dedupe(rows, bags, scale, grad)
-    got_rows, got = triton_ops._segment_grads(grad, rows, bags, scale, chunk)
+    got_rows, got = triton_ops._segment_grads(grad, rows, bags, scale, tile)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # deterministic: no atomics, a fixed summation order
-    again = triton_ops._segment_grads(grad, rows, bags, scale, chunk)[1]
+    again = triton_ops._segment_grads(grad, rows, bags, scale, tile)[1]
     assert torch.equal(got, again)
 
 
@@ -228,7 +229,7 @@ def test_adam_update_matches_sparse_adam(width, dtype):
 
 def _padded_case(kind: str, width: int = 130, seed: int = 6):
     """(grad, rows, bags, scale) with rows: duplicates and empty bags, rows longer than a
-    chunk of 3 (hot), all distinct, or all the same row."""
+    tile of 4 (hot), all distinct, or all the same row."""
     g = torch.Generator().manual_seed(seed)
     if kind == "duplicates":
         bags, _ = _bags(COUNTS)
@@ -250,22 +251,22 @@ def _padded_case(kind: str, width: int = 130, seed: int = 6):
 
 @pytest.mark.parametrize("with_scale", [False, True])
 @pytest.mark.parametrize("kind", ["duplicates", "hot", "distinct", "same"])
-@pytest.mark.parametrize("chunk", [3, 512])
-def test_segment_grads_padded_equals_segment_grads(chunk, kind, with_scale):
+@pytest.mark.parametrize("tile", [4, 32])
+def test_segment_grads_padded_equals_segment_grads(tile, kind, with_scale):
     """The first count entries are segment_grads': rows exactly, grads bit-identical for the
-    same ids per tile (same chunks, same order), and within fp32 round-off at the defaults."""
+    same tile, and within fp32 round-off of the torch dedupe."""
     grad, rows, bags, scale = _padded_case(kind)
     scale = scale if with_scale else None
     n = rows.numel()
-    want_rows, want = triton_ops._segment_grads(grad, rows, bags, scale, chunk, block_n=2)
-    got_rows, got, count = triton_ops._segment_grads_padded(grad, rows, bags, scale, chunk, 2)
+    want_rows, want = triton_ops._segment_grads(grad, rows, bags, scale, tile)
+    got_rows, got, count = triton_ops._segment_grads_padded(grad, rows, bags, scale, tile)
     assert count.shape == (1,) and count.dtype == torch.int64
     u = int(count)
     assert u == want_rows.numel()
     assert got_rows.shape == (n,) and got.shape == (n, grad.shape[1])
     assert torch.equal(got_rows[:u], want_rows)
     assert torch.equal(got[:u], want)
-    again = triton_ops._segment_grads_padded(grad, rows, bags, scale, chunk, 2)
+    again = triton_ops._segment_grads_padded(grad, rows, bags, scale, tile)
     assert torch.equal(again[1][:u], got[:u])  # deterministic
     got_rows, got, count = triton_ops.segment_grads_padded(grad, rows, bags, scale)
     assert int(count) == u and torch.equal(got_rows[:u], want_rows)
@@ -337,8 +338,8 @@ def test_padded_step_equals_synced_step(opt):
     weight = torch.randn(ROWS, 16)
     acc, m, v = torch.rand(ROWS), torch.randn(ROWS, 16), torch.rand(ROWS, 16)
     states = [[t.clone() for t in (weight, acc, m, v)] for _ in range(2)]
-    synced = triton_ops._segment_grads(grad, rows, bags, scale, 3, block_n=4)
-    padded = triton_ops._segment_grads_padded(grad, rows, bags, scale, 3, block_n=4)
+    synced = triton_ops._segment_grads(grad, rows, bags, scale, 4)
+    padded = triton_ops._segment_grads_padded(grad, rows, bags, scale, 4)
     for (w, a, mm, vv), (r, gr, *c) in zip(states, (synced, padded)):
         count = c[0] if c else None
         if opt == "sgd":
