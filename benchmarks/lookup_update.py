@@ -98,16 +98,20 @@ def _offsets(bags: torch.Tensor, num_bags: int) -> torch.Tensor:
 
 
 def torch_path(opt, weight, state):
-    """(lookup, dedupe, update) callables of the torch path."""
+    """(lookup, dedupe, update) callables of the torch path (`_pool` and `dedupe` would take
+    the Triton kernels where they run: held to torch ops here)."""
 
     def lookup(b):
-        return _pool(weight, b["rows"], b["bags"], None, b["num_bags"])
+        with triton_ops.use_kernels("torch"):
+            return _pool(weight, b["rows"], b["bags"], None, b["num_bags"])
 
     def dedup(b):
-        return dedupe(b["rows"], b["bags"], None, b["grad"])
+        with triton_ops.use_kernels("torch"):
+            return dedupe(b["rows"], b["bags"], None, b["grad"])
 
     def update(rows, grads, step):
-        opt.update(weight, state, rows, grads, step)
+        with triton_ops.use_kernels("torch"):
+            opt.update(weight, state, rows, grads, step)
 
     return lookup, dedup, update
 

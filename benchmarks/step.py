@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,7 +49,10 @@ from hybridrec.types import Batch  # noqa: E402
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 
 
-def make_cfg(args: argparse.Namespace, sparse: str, kernels: str = "auto") -> Config:
+def make_cfg(
+    args: argparse.Namespace, sparse: str, kernels: str = "auto", extra: Sequence[str] = ()
+) -> Config:
+    """The benchmark's validated config; `extra` Hydra overrides come last (they win)."""
     overrides = [
         f"model={args.model}",
         f"train.batch_size={args.batch_size}",
@@ -58,6 +62,7 @@ def make_cfg(args: argparse.Namespace, sparse: str, kernels: str = "auto") -> Co
         f"train.check_ids={args.check_ids}",
         f"train.kernels={kernels}",
         f"device={args.device}",
+        *extra,
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return validate(compose("train", overrides=overrides))
