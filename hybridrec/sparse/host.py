@@ -27,6 +27,16 @@ pinned host rows directly through unified addressing (hybridrec.sparse.host_copy
 work), or staged copies (a CPU gather into a pinned buffer, then one DMA
 copy; a write-back the reverse); `auto` times both once per group and keeps the faster.
 
+Host syncs, which leave the GPU idle while the CPU catches up (the H100 profile of a host-
+mode step showed it waiting on them, not on the GPU): an admission reads the distinct-row
+count and the misses in one sync (`unique_padded` sorts without one), and one more only
+when it must evict (how many slots may go); free slots are a list whose length the group
+tracks itself; the kernel copies write back only the dirty victims by skipping the clean
+ones, counted on the device (staged copies still sync for their CPU gather); and the
+backward dedupes and updates like a device group,
+padded, with no sync (a row evicted before its update, which would be a bug, is noted on
+the device and raised by the next `take_stats()` or `flush()`).
+
 `prefetch(rows)` admits the next batch's rows while the current step's backward is still to
 run: the host reads, write-backs and copies run on a background thread (and a side CUDA
 stream), overlapping the backward and the dense optimizer. Any later admission, flush or
@@ -138,6 +148,30 @@ def _empty_host(
 HOST_COPY_MODES = ("auto", "kernel", "staged")
 
 
+def unique_padded(
+    rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch.unique(rows, return_inverse=True, return_counts=True) without a host sync:
+    (distinct rows [N] ascending, inverse [N], counts [N], U [] on the device). Entries past
+    U repeat the largest row with count 0, so they index valid rows and add nothing."""
+    n = rows.numel()
+    if n == 0:
+        return rows, rows, rows, torch.zeros((), dtype=torch.int64, device=rows.device)
+    sorted_rows, perm = torch.sort(rows)
+    is_start = torch.ones(n, dtype=torch.bool, device=rows.device)
+    is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    seg = is_start.cumsum(0) - 1  # position of each sorted id's row among the distinct ones
+    uniq = sorted_rows[-1:].repeat(n).index_put_((seg,), sorted_rows)  # duplicates agree
+    inverse = torch.empty_like(seg).index_put_((perm,), seg)
+    counts = torch.zeros_like(seg).index_add_(0, seg, torch.ones_like(seg))
+    return uniq, inverse, counts, seg[-1] + 1
+
+
+def _first(k: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] bool: True for the first k (a device scalar) positions."""
+    return torch.arange(n, device=k.device) < k
+
+
 def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
     """Whether rows move by the UVA kernel (hybridrec.sparse.host_copy) rather than staged
     copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables; the
@@ -163,7 +197,8 @@ class HostCachedEmbedding(FusedEmbedding):
     canonical copy after `flush()`), which is what checkpoints read and write.
     """
 
-    sync_free = False  # admission syncs anyway; updates map rows to cache slots first
+    # the backward's dedupe and update need no host sync (padded rows map to valid slots)
+    sync_free = True
 
     def __init__(
         self,
@@ -236,6 +271,13 @@ class HostCachedEmbedding(FusedEmbedding):
         self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
         self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
         self._admissions = 0
+        # free slots, taken from the front (their count is known here: no host sync)
+        self._free_slots = torch.arange(C, device=device)
+        self._n_free = C
+        self._evicted_early = torch.zeros((), dtype=torch.bool, device=device)
+        # rows written back by the kernel path, counted where they are known (on the device)
+        self._written_on_device = torch.zeros((), dtype=torch.int64, device=device)
+        self._row_bytes = row_bytes  # a row and its optimizer state
 
     @torch.no_grad()
     def _kernel_copies_faster(self, n: int = 1 << 16) -> bool:
@@ -330,14 +372,22 @@ class HostCachedEmbedding(FusedEmbedding):
         self, unique_rows: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         slots = self.slot_of.index_select(0, unique_rows).long()
-        if slots.numel() and int(slots.min()) < 0:
+        # A row evicted between its lookup and its update would be a bug. Checked without a
+        # host sync: noted on the device, raised by the next take_stats() or flush() (before
+        # host memory is read), the update sent to slot 0 meanwhile instead of out of bounds.
+        if slots.numel():
+            self._evicted_early |= (slots < 0).any()
+            slots = slots.clamp(min=0)
+        self.dirty[slots] = True
+        self._protected = None
+        return self.cache_weight, self.cache_state(), slots
+
+    def _raise_if_evicted_early(self) -> None:
+        if bool(self._evicted_early):
             raise RuntimeError(
                 "host cache: a row was evicted between its lookup and its update (a bug: "
                 "please report it with the config)"
             )
-        self.dirty[slots] = True
-        self._protected = None
-        return self.cache_weight, self.cache_state(), slots
 
     # -- admission ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -345,15 +395,23 @@ class HostCachedEmbedding(FusedEmbedding):
         self, rows: torch.Tensor, prefetch: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
-        distinct rows [U]). With `prefetch`, the data moves on the background thread."""
+        distinct rows [U]). With `prefetch`, the data moves on the background thread.
+
+        One host sync when every row is cached (U and the misses, read together), a second
+        when slots must be evicted (how many can be); sizes come from those, so nothing
+        else waits for the device."""
         self._wait()
         if self._stale:
             self._refresh()
-        uniq, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
+        uniq, inverse, counts, n_unique = unique_padded(rows)
         slots = self.slot_of.index_select(0, uniq).long()
         miss = slots < 0
-        miss_rows = uniq[miss]
-        n_miss = miss_rows.numel()
+        u, n_miss = (
+            torch.stack([n_unique, (miss & _first(n_unique, miss.numel())).sum()]).tolist()
+            if rows.numel()
+            else (0, 0)
+        )
+        uniq, counts, slots, miss = uniq[:u], counts[:u], slots[:u], miss[:u]
         # A prefetched batch is counted when prefetched (what was cached before it was
         # known), not again by its own lookup, which then finds everything cached.
         count = prefetch or not (self._training_lookup and self._counted_ahead)
@@ -361,25 +419,29 @@ class HostCachedEmbedding(FusedEmbedding):
         if count:
             self.freq.index_add_(0, uniq, counts.float())
             with self._lock:
-                self.stats.rows_requested += uniq.numel()
-                self.stats.hits += uniq.numel() - n_miss
+                self.stats.rows_requested += u
+                self.stats.hits += u - n_miss
         if n_miss:
-            keep = [slots[~miss]]
+            # the missing rows' positions, ascending (so are their rows: sorted host reads)
+            at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
+            keep = [slots.masked_fill(miss, -1)]
             if self._protected is not None:
                 keep.append(self._protected)
-            new_slots, victims = self._choose_slots(n_miss, torch.cat(keep), uniq.numel(), prefetch)
-            if new_slots is None:
+            chosen = self._choose_slots(n_miss, torch.cat(keep), u, prefetch)
+            if chosen is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
+            new_slots, victims = chosen
+            miss_rows = uniq.index_select(0, at)
             victim_rows = self.row_of_slot.index_select(0, victims)
             victim_dirty = self.dirty.index_select(0, victims)
             if victims.numel():
-                self.slot_of[victim_rows] = -1
-                self.row_of_slot[victims] = -1  # free, unless a missing row takes it below
-                self.dirty[victims] = False
-            self.slot_of[miss_rows] = new_slots.to(torch.int32)
-            self.row_of_slot[new_slots] = miss_rows
-            self.dirty[new_slots] = False
-            slots[miss] = new_slots
+                self.slot_of.index_fill_(0, victim_rows, -1)
+                self.row_of_slot.index_fill_(0, victims, -1)  # free, unless a new row takes it
+                self.dirty.index_fill_(0, victims, False)
+            self.slot_of.index_copy_(0, miss_rows, new_slots.to(torch.int32))
+            self.row_of_slot.index_copy_(0, new_slots, miss_rows)
+            self.dirty.index_fill_(0, new_slots, False)
+            slots.index_copy_(0, at, new_slots)
             job = (victims, victim_rows, victim_dirty, new_slots, miss_rows)
             if prefetch:
                 self._start_background(job)
@@ -393,22 +455,26 @@ class HostCachedEmbedding(FusedEmbedding):
 
     def _choose_slots(
         self, n_miss: int, keep: torch.Tensor, n_batch: int, prefetch: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """`n_miss` slots for new rows: free ones first, then the lowest-score slots outside
-        `keep` (victims, returned separately so dirty ones can be written back; there may be
-        more victims than needed, which then stay free). None when they do not fit and this
-        is only a prefetch."""
-        free = (self.row_of_slot < 0).nonzero().squeeze(1)
-        short = n_miss - free.numel()
-        if short <= 0:
-            return free[:n_miss], free.new_empty(0)
-        masked = self.score
-        masked[free] = float("inf")
-        masked[keep] = float("inf")  # (keep may list a slot twice: counted once below)
-        evictable = int(torch.isfinite(masked).sum())
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(`n_miss` slots for new rows, victims): free slots first, then the lowest-score
+        slots outside `keep` (slots, -1 entries ignored), evicted (victims, returned so dirty
+        ones are written back; in bulk, so there may be more victims than needed: they join
+        the free slots). None when they do not fit and this is only a prefetch."""
+        take = min(n_miss, self._n_free)
+        free = self._free_slots[:take]
+        short = n_miss - take
+        if short == 0:
+            self._free_slots, self._n_free = self._free_slots[take:], self._n_free - take
+            return free, free.new_empty(0)
+        C = self.capacity
+        masked = torch.cat([self.score, self.score.new_zeros(1)])  # [C + 1]: C takes -1s
+        masked[self._free_slots] = float("inf")  # (all of them are taken above)
+        masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
+        masked = masked[:C]
+        evictable = int(torch.isfinite(masked).sum())  # the second sync
         if evictable < short:
             if prefetch:
-                return None, free.new_empty(0)
+                return None
             raise CacheTooSmallError(
                 f"host cache of tables {', '.join(sorted({s.table for s in self.shards}))}: "
                 f"{self.capacity:,} rows cannot hold the {n_batch:,} distinct rows of one batch "
@@ -417,9 +483,10 @@ class HostCachedEmbedding(FusedEmbedding):
             )
         # evict in bulk (at least 1/64 of the cache): one selection over the whole cache then
         # serves several steps' misses instead of one
-        n_evict = min(evictable, max(short, self.capacity // 64))
+        n_evict = min(evictable, max(short, C // 64))
         victims = torch.topk(masked, n_evict, largest=False, sorted=False).indices
-        return torch.cat([free, victims])[:n_miss], victims
+        self._free_slots, self._n_free = victims[short:], n_evict - short
+        return torch.cat([free, victims[:short]]), victims
 
     def _move(
         self,
@@ -434,7 +501,12 @@ class HostCachedEmbedding(FusedEmbedding):
         timing = self._gpu_timer()
         moved = 0
         written = 0
-        if victims.numel():
+        if victims.numel() and self.use_kernel:
+            # the kernel skips the clean victims (row -1): no host sync to pick the dirty
+            # ones; they are counted on the device and read by take_stats()
+            self._copy_out(victims, torch.where(victim_dirty, victim_rows, -1))
+            self._written_on_device += victim_dirty.sum()
+        elif victims.numel():
             out_slots = victims[victim_dirty]
             if out_slots.numel():
                 out_rows = victim_rows[victim_dirty]
@@ -474,7 +546,8 @@ class HostCachedEmbedding(FusedEmbedding):
 
     def _copy_out(self, slots: torch.Tensor, rows: torch.Tensor) -> int:
         """host[rows] = cache[slots] for rows and state; returns bytes moved. The kernel path
-        writes host memory asynchronously: `flush` syncs before anyone reads it."""
+        writes host memory asynchronously (`flush` syncs before anyone reads it) and skips
+        entries whose row is -1 (counted in the bytes: callers that pass any count them)."""
         moved = 0
         if self.use_kernel:
             for host, cache in self._pairs():
@@ -562,6 +635,7 @@ class HostCachedEmbedding(FusedEmbedding):
     def flush(self) -> None:
         """Write every dirty cached row back to host memory (rows stay cached)."""
         self._wait()
+        self._raise_if_evicted_early()
         dirty = self.dirty.nonzero().squeeze(1)
         if dirty.numel():
             start = time.perf_counter()
@@ -605,6 +679,8 @@ class HostCachedEmbedding(FusedEmbedding):
         self.slot_of.fill_(-1)
         self.row_of_slot.fill_(-1)
         self.dirty.zero_()
+        self._free_slots = torch.arange(self.capacity, device=self.device)
+        self._n_free = self.capacity
         freq = frequency.double()
         total = float(freq.sum())
         n = min(self.capacity, int((freq > 0).sum()))
@@ -616,15 +692,23 @@ class HostCachedEmbedding(FusedEmbedding):
         slots = torch.arange(n, device=self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
+        self._free_slots = torch.arange(n, self.capacity, device=self.device)
+        self._n_free = self.capacity - n
         self._copy_in(slots, top_dev)
         self._stale = False
         return n
 
     def take_stats(self) -> CacheStats:
-        """The counters since the last call (and reset them)."""
+        """The counters since the last call (and reset them); waits for a prefetch in flight."""
+        self._wait()
+        self._raise_if_evicted_early()
+        written = int(self._written_on_device)
+        self._written_on_device.zero_()
         with self._lock:
             out, self.stats = self.stats, CacheStats()
             timings, self._pending_timings = self._pending_timings, []
+        out.rows_written += written
+        out.bytes_moved += written * self._row_bytes
         for a, b in timings:  # kernel copies: GPU time (waits for them to finish)
             b.synchronize()
             out.transfer_s += a.elapsed_time(b) / 1e3

@@ -72,9 +72,9 @@ def _copy_kernel(
 ):  # noqa: ANN001, E501, N803
     pid = tl.program_id(0)
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = r < n
+    d = tl.load(dst_rows + r, mask=r < n, other=-1)
+    row_ok = d >= 0  # a negative destination row: skip the entry
     s = tl.load(src_rows + r, mask=row_ok, other=0)
-    d = tl.load(dst_rows + r, mask=row_ok, other=0)
     for c0 in range(0, width, BLOCK_D):
         c = c0 + tl.arange(0, BLOCK_D)
         ok = row_ok[:, None] & (c < width)[None, :]
@@ -96,7 +96,9 @@ def copy_rows(
     src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor
 ) -> None:
     """dst[dst_rows[i]] = src[src_rows[i]] (src, dst [R, D] or [R], same dtype, contiguous;
-    index tensors [M] int64 on the device that runs the kernel; dst rows distinct)."""
+    index tensors [M] int64 on the device that runs the kernel; dst rows distinct). Entries
+    with dst_rows[i] < 0 are skipped: a list can be written back in part without compacting
+    it first (which would wait for the device)."""
     if triton is None:
         raise RuntimeError("copy_rows needs triton")
     if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:

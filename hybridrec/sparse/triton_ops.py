@@ -576,8 +576,8 @@ def segment_grads_padded(
     host sync, padded to N entries.
 
     Inputs as segment_grads. The first count[0] entries of unique rows and grads are segment_
-    grads' (U = count[0] distinct rows ascending, their summed gradients, bit for bit); entries
-    past count[0] are unspecified (not zeroed). count stays on the device: pass it to the
+    grads' (U = count[0] distinct rows ascending, their summed gradients, bit for bit); past
+    count[0], rows repeat the largest row and grads are unspecified (not zeroed). count stays on the device: pass it to the
     updates' `count=`. Deterministic, no atomics."""
     return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_TILE)
 
@@ -641,8 +641,9 @@ def _segment_grads_padded(
     is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
     seg = is_start.cumsum(0) - 1  # distinct row of each sorted position, non-decreasing
     count = seg[-1:] + 1
-    # every position of a segment writes the same row id: duplicates agree
-    unique_rows = torch.empty_like(sorted_rows).index_put_((seg,), sorted_rows)
+    # every position of a segment writes the same row id (duplicates agree); entries past
+    # count repeat the largest row, so they index valid rows (a cache maps them to slots)
+    unique_rows = sorted_rows[-1:].repeat(n).index_put_((seg,), sorted_rows)
     if width:
         tiles, block_d = triton.cdiv(n, tile), _block_d(width)
         head = torch.empty(tiles, width, dtype=torch.float32, device=device)

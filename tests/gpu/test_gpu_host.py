@@ -70,3 +70,42 @@ def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, wa
     for table, entries in want.items():
         for name, value in entries.items():
             torch.testing.assert_close(have[table][name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
+    """sharding=host, kernel copies, a cache that evicts every step: each admission syncs
+    once (the distinct rows and misses, read together), twice when it evicts (how many
+    slots can go); the backward's dedupe and update never. So a step syncs at most twice
+    without prefetch, at most three times with it (its own lookup then finds its rows
+    cached: one sync; the next batch's admission: two). Counted with CUDA sync-debug
+    warnings on this thread's calls."""
+    import warnings
+
+    from hybridrec.train.trainer import Trainer
+
+    cfg = host_cfg("host", "rowwise_adagrad", 1)
+    cfg.device, cfg.train.autocast, cfg.train.kernels = "cuda", "none", "triton"
+    cfg.sharding.host_copy = "kernel"
+    env = init_distributed("cuda", timeout_s=60, force_group=True)
+    try:
+        trainer = Trainer(cfg, env)
+        batches = [trainer.train_batch(s).to("cuda") for s in range(6)]
+        for s in range(2):  # warmup: compiles kernels, fills the cache and allocator
+            trainer.train_step(batches[s], batches[s + 1] if prefetch else None)
+        torch.cuda.synchronize()
+        counts = []
+        for s in range(2, 5):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    trainer.train_step(batches[s], batches[s + 1] if prefetch else None)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            counts.append(sum("synchroniz" in str(w.message) for w in caught))
+        stats = trainer.model.embeddings.cache_stats()
+    finally:
+        destroy_distributed(env)
+    assert stats.rows_written > 0  # it evicted dirty rows: the costly path ran
+    assert max(counts) <= (3 if prefetch else 2), counts
