@@ -467,7 +467,8 @@ class HostCachedEmbedding(FusedEmbedding):
             self._free_slots, self._n_free = self._free_slots[take:], self._n_free - take
             return free, free.new_empty(0)
         C = self.capacity
-        masked = torch.cat([self.score, self.score.new_zeros(1)])  # [C + 1]: C takes -1s
+        score = self.score  # a gather over the whole cache: once
+        masked = torch.cat([score, score.new_zeros(1)])  # [C + 1]: index C takes the -1s
         masked[self._free_slots] = float("inf")  # (all of them are taken above)
         masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
         masked = masked[:C]
