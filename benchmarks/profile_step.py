@@ -10,8 +10,9 @@ pre-generated batches on the device), `--warmup` untimed steps, then `--steps` s
 torch.profiler; prints the ops and kernels by self device time (the top `--rows`) and the
 step's wall time. `--override key=value` (repeatable) changes the config, e.g. sharding=host;
 then each step prefetches the next batch's rows as the trainer does (the batches cycle, so a
-cache sees rows again: use more `--batches` than for the on-device step). `--out` writes the tables as markdown. A companion to step.py: that one
-says how fast, this one says where the time goes below the trainer's phases.
+cache sees rows again: use more `--batches` than for the on-device step). `--out` writes the
+tables as markdown. A companion to step.py: that one says how fast, this one says where the
+time goes below the trainer's phases.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.common import command_line, hardware, reset_device, sync  # noqa: E402
-from benchmarks.step import make_cfg  # noqa: E402
+from benchmarks.step import device_defaults, make_cfg  # noqa: E402
 from hybridrec.data import build_source  # noqa: E402
-from hybridrec.distributed import DistEnv, init_distributed, resolve_device  # noqa: E402
+from hybridrec.distributed import DistEnv, init_distributed  # noqa: E402
 from hybridrec.train.trainer import Trainer  # noqa: E402
 
 
@@ -58,8 +59,8 @@ def profile_one(args: argparse.Namespace, sparse: str, env: DistEnv) -> str:
     ms = 1e3 * (time.perf_counter() - t0) / args.steps
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=70)
-    del trainer
-    return f"## {sparse}, {args.kernels} kernels: {ms:.2f} ms/step under the profiler\n\n```\n{table}\n```\n"
+    title = f"## {sparse}, {args.kernels} kernels: {ms:.2f} ms/step under the profiler"
+    return f"{title}\n\n```\n{table}\n```\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,10 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
-    device = resolve_device(args.device)
-    args.device = device.type
-    args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
-    args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    device = device_defaults(args)
     torch.manual_seed(0)
     sharded = any(o.startswith("sharding=") and o != "sharding=none" for o in args.override)
     # a sharded mode (sharding=host) needs a process group: one rank here

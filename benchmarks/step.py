@@ -68,6 +68,16 @@ def make_cfg(
         return validate(compose("train", overrides=overrides))
 
 
+def device_defaults(args: argparse.Namespace) -> torch.device:
+    """Resolve --device; an unset --model / --batch-size gets the device's default (the
+    Kaggle model at 65,536 on CUDA, dlrm_tiny at 4,096 on the CPU)."""
+    device = resolve_device(args.device)
+    args.device = device.type
+    args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
+    args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    return device
+
+
 def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> dict:  # noqa: ANN001
     reset_device(device)
     model = PlainDLRM(cfg, device).to(device)  # tables initialised on the device: fast
@@ -218,10 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
-    device = resolve_device(args.device)
-    args.device = device.type
-    args.model = args.model or ("dlrm_kaggle" if device.type == "cuda" else "dlrm_tiny")
-    args.batch_size = args.batch_size or (65536 if device.type == "cuda" else 4096)
+    device = device_defaults(args)
     if args.floor_sps is None and device.type == "cuda":
         args.floor_sps = 19e6
     torch.manual_seed(0)

@@ -577,8 +577,8 @@ def segment_grads_padded(
 
     Inputs as segment_grads. The first count[0] entries of unique rows and grads are segment_
     grads' (U = count[0] distinct rows ascending, their summed gradients, bit for bit); past
-    count[0], rows repeat the largest row and grads are unspecified (not zeroed). count stays on the device: pass it to the
-    updates' `count=`. Deterministic, no atomics."""
+    count[0], rows repeat the largest row and grads are unspecified (not zeroed). count stays
+    on the device: pass it to the updates' `count=`. Deterministic, no atomics."""
     return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_TILE)
 
 

@@ -15,11 +15,11 @@ import torch
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
 from hybridrec.sparse.host import (
-    unique_padded,
     CacheTooSmallError,
     HostCachedEmbedding,
     HostMemoryError,
     check_host_memory,
+    unique_padded,
 )
 from hybridrec.types import Pooling, ShardSpec, TableConfig
 
