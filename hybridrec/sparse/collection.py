@@ -161,16 +161,24 @@ def sample_major_rows(ids: torch.Tensor, layout: SampleMajorLayout) -> torch.Ten
 
 
 def lookup_sample_major(
-    ids: torch.Tensor, layout: SampleMajorLayout, group: FusedEmbedding, out_dtype: torch.dtype
+    ids: torch.Tensor,
+    layout: SampleMajorLayout,
+    group: FusedEmbedding,
+    out_dtype: torch.dtype,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`."""
+    """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`; `rows`:
+    sample_major_rows(ids, layout) when already made (a host cache knows the very tensor it
+    prefetched)."""
     B, T = ids.shape[0], layout.num_tables
     first = torch.arange(B, device=ids.device).unsqueeze(1) * T
     bags = (first + layout.table).reshape(-1)
     scale = layout.scale
     if scale is not None:
         scale = scale.expand(B, -1).reshape(-1)
-    pooled = group.lookup(sample_major_rows(ids, layout), bags, scale, B * T, out_dtype)
+    if rows is None:
+        rows = sample_major_rows(ids, layout)
+    pooled = group.lookup(rows, bags, scale, B * T, out_dtype)
     return pooled.view(B, T, group.width)
 
 

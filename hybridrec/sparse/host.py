@@ -30,7 +30,9 @@ copy; a write-back the reverse); `auto` times both once per group and keeps the 
 Host syncs, which leave the GPU idle while the CPU catches up (the H100 profile of a host-
 mode step showed it waiting on them, not on the GPU): an admission reads the distinct-row
 count and the misses in one sync (`unique_padded` sorts without one), and one more only
-when it must evict (how many slots may go); free slots are a list whose length the group
+when it must evict (how many slots may go); the training lookup of the very rows the last
+prefetch admitted takes that prefetch's slots, with no sort and no sync, unless an
+admission evicted rows in between (an evaluation's); free slots are a list whose length the group
 tracks itself; the kernel copies write back only the dirty victims by skipping the clean
 ones, counted on the device (staged copies still sync for their CPU gather); and the
 backward dedupes and updates like a device group,
@@ -275,6 +277,11 @@ class HostCachedEmbedding(FusedEmbedding):
         self._free_slots = torch.arange(C, device=device)
         self._n_free = C
         self._evicted_early = torch.zeros((), dtype=torch.bool, device=device)
+        # (rows, slot of each id, slots of the distinct rows, evictions then) of the last
+        # prefetch: its training lookup reuses them, with no sort and no sync, when nothing
+        # was evicted since (counted in _evictions)
+        self._ahead: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+        self._evictions = 0
         # rows written back by the kernel path, counted where they are known (on the device)
         self._written_on_device = torch.zeros((), dtype=torch.int64, device=device)
         self._row_bytes = row_bytes  # a row and its optimizer state
@@ -403,6 +410,19 @@ class HostCachedEmbedding(FusedEmbedding):
         self._wait()
         if self._stale:
             self._refresh()
+        ahead = self._ahead
+        if (
+            not prefetch
+            and ahead is not None
+            and ahead[0] is rows
+            and ahead[3] == self._evictions
+            and self._training_lookup
+            and self._counted_ahead
+        ):
+            # the rows the last prefetch admitted (and counted), all still in its slots
+            self._ahead, self._counted_ahead = None, False
+            self._count_admission()
+            return ahead[1], ahead[2]
         uniq, inverse, counts, n_unique = unique_padded(rows)
         slots = self.slot_of.index_select(0, uniq).long()
         miss = slots < 0
@@ -447,11 +467,18 @@ class HostCachedEmbedding(FusedEmbedding):
                 self._start_background(job)
             else:
                 self._move(*job)
-        if not prefetch:
-            self._admissions += 1
-            if self._admissions % self.age_every == 0:
-                self.freq.mul_(0.5)
-        return slots.index_select(0, inverse), slots
+        per_id = slots.index_select(0, inverse)
+        if prefetch:
+            self._ahead = (rows, per_id, slots, self._evictions)
+        else:
+            self._count_admission()
+        return per_id, slots
+
+    def _count_admission(self) -> None:
+        """A lookup's admission: every `age_every` of them, use counts halve (ageing)."""
+        self._admissions += 1
+        if self._admissions % self.age_every == 0:
+            self.freq.mul_(0.5)
 
     def _choose_slots(
         self, n_miss: int, keep: torch.Tensor, n_batch: int, prefetch: bool
@@ -486,6 +513,7 @@ class HostCachedEmbedding(FusedEmbedding):
         # serves several steps' misses instead of one
         n_evict = min(evictable, max(short, C // 64))
         victims = torch.topk(masked, n_evict, largest=False, sorted=False).indices
+        self._evictions += 1
         self._free_slots, self._n_free = victims[short:], n_evict - short
         return torch.cat([free, victims[:short]]), victims
 
@@ -680,6 +708,7 @@ class HostCachedEmbedding(FusedEmbedding):
         self.slot_of.fill_(-1)
         self.row_of_slot.fill_(-1)
         self.dirty.zero_()
+        self._ahead = None  # its slots are gone
         self._free_slots = torch.arange(self.capacity, device=self.device)
         self._n_free = self.capacity
         freq = frequency.double()

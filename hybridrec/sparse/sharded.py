@@ -181,7 +181,10 @@ class ShardedEmbeddingCollection(nn.Module):
         # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
         self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
         # (ids, checked ids, their input dist: None on the one-rank path) from prefetch()
-        self._prefetched: tuple[torch.Tensor, torch.Tensor, list[LookupInput] | None] | None = None
+        # (ids given, checked ids, their input dist | None, one-rank group rows | None)
+        self._prefetched: (
+            tuple[torch.Tensor, torch.Tensor, list[LookupInput] | None, torch.Tensor | None] | None
+        ) = None
         # Replicated tables: the full table on every rank, grouped by width the same way.
         dp_by_width: dict[int, list[int]] = {}
         for i in self.dp_tables:
@@ -545,13 +548,15 @@ class ShardedEmbeddingCollection(nn.Module):
         with self.timer.phase("host_prefetch"):
             clean = self._check_ids(ids.to(self.device, non_blocking=True))
             if self.one_rank is not None:
-                self._prefetched = (ids, clean, None)
+                # the forward passes the cache these very rows: it knows them prefetched
+                rows = sample_major_rows(clean, self.one_rank)
+                self._prefetched = (ids, clean, None, rows)
                 [group] = self.groups.values()
                 assert isinstance(group, HostCachedEmbedding)
-                group.prefetch(sample_major_rows(clean, self.one_rank))
+                group.prefetch(rows)
                 return
             inputs = self._input_dist(clean)
-            self._prefetched = (ids, clean, inputs)
+            self._prefetched = (ids, clean, inputs, None)
             for key, group in self.groups.items():
                 if isinstance(group, HostCachedEmbedding):
                     ks = self.group_units[key]
@@ -562,11 +567,11 @@ class ShardedEmbeddingCollection(nn.Module):
         b_local = ids.shape[0]
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is ids:
-            _, ids, inputs = prefetched  # checked (and distributed) by prefetch()
+            _, ids, inputs, rows = prefetched  # checked (and distributed) by prefetch()
         else:  # ids may come from the host (a no-op when they are on the device already)
-            ids, inputs = self._check_ids(ids.to(self.device, non_blocking=True)), None
+            ids, inputs, rows = self._check_ids(ids.to(self.device, non_blocking=True)), None, None
         if self.one_rank is not None:
-            return self._one_rank_forward(ids)
+            return self._one_rank_forward(ids, rows)
         if inputs is None:
             with self.timer.phase("input_dist"):
                 inputs = self._input_dist(ids)
@@ -598,14 +603,14 @@ class ShardedEmbeddingCollection(nn.Module):
             return torch.stack(per_table, dim=1)
         return ScaleGrad.apply(torch.stack(per_table, dim=1), 1.0 / self.world)
 
-    def _one_rank_forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _one_rank_forward(self, ids: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """The one-rank layout's forward on checked ids: sample-major, as the local
-        collection's (1/W = 1)."""
+        collection's (1/W = 1); `rows`: their group rows when prefetch() made them."""
         assert self.one_rank is not None
         [group] = self.groups.values()
         with self.timer.phase("lookup"):
             out_dtype = self.handoff_dtype(ids.device) or torch.float32
-            return lookup_sample_major(ids, self.one_rank, group, out_dtype)
+            return lookup_sample_major(ids, self.one_rank, group, out_dtype, rows)
 
 
 class _Exchange(torch.autograd.Function):

@@ -344,3 +344,42 @@ def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
     with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
         host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
+
+
+@pytest.mark.parametrize("evict_between", [False, True])
+def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, evict_between):
+    """The training lookup of the very rows tensor the last prefetch admitted takes that
+    prefetch's slots: no sort, no host sync. Not when an admission evicted rows in between
+    (an evaluation's lookup, say): then it admits them again. Training equals the device
+    group either way."""
+    import hybridrec.sparse.host as host_module
+
+    calls = []
+    real = host_module.unique_padded
+    monkeypatch.setattr(host_module, "unique_padded", lambda r: calls.append(1) or real(r))
+    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
+    host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    g = torch.Generator().manual_seed(0)
+    flat = [host.flatten(_batch(g)) for _ in range(6)]
+    reused, expected = [], []
+    for step, (rows, bags, scale, sizes) in enumerate(flat):
+        coeff = torch.randn(sum(sizes), 8, generator=g)
+        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
+        (out_ref * coeff).sum().backward()
+        calls.clear()
+        out = host.lookup(rows, bags, scale, sum(sizes))
+        reused.append(not calls)
+        if step + 1 < len(flat):
+            host.prefetch(flat[step + 1][0])
+            evictions = host._evictions
+            if evict_between:  # an eval lookup of rows never seen: once full, the cache evicts
+                with torch.no_grad():
+                    other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
+                    host.lookup(other, torch.arange(other.numel()), None, other.numel())
+            expected.append(host._evictions == evictions)
+        (out * coeff).sum().backward()
+        assert torch.equal(out.detach(), out_ref.detach())
+        _assert_free_list(host)
+    assert not reused[0] and reused[1:] == expected
+    assert all(expected) != evict_between  # with evaluations, some did evict
+    _assert_same(host, ref)
