@@ -29,8 +29,9 @@ copy; a write-back the reverse); `auto` times both once per group and keeps the 
 
 Host syncs, which leave the GPU idle while the CPU catches up (the H100 profile of a host-
 mode step showed it waiting on them, not on the GPU): an admission reads the distinct-row
-count and the misses in one sync (`unique_padded` sorts without one), and one more only
-when it must evict (how many slots may go); the training lookup of the very rows the last
+count and the misses in one sync (`unique_padded` sorts without one), with how many slots
+may be evicted when the last admission's misses outnumber the free slots (else one more
+sync if it must evict after all); the training lookup of the very rows the last
 prefetch admitted takes that prefetch's slots, with no sort and no sync, unless an
 admission evicted rows in between (an evaluation's); free slots are a list whose length the group
 tracks itself; the kernel copies write back only the dirty victims by skipping the clean
@@ -282,6 +283,7 @@ class HostCachedEmbedding(FusedEmbedding):
         # was evicted since (counted in _evictions)
         self._ahead: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
         self._evictions = 0
+        self._last_misses = 0  # the last admission's: more than the free slots, it evicts
         # rows written back by the kernel path, counted where they are known (on the device)
         self._written_on_device = torch.zeros((), dtype=torch.int64, device=device)
         self._row_bytes = row_bytes  # a row and its optimizer state
@@ -424,13 +426,21 @@ class HostCachedEmbedding(FusedEmbedding):
             self._count_admission()
             return ahead[1], ahead[2]
         uniq, inverse, counts, n_unique = unique_padded(rows)
-        slots = self.slot_of.index_select(0, uniq).long()
+        slots = self.slot_of.index_select(0, uniq).long()  # -1: a miss (padding: a valid row)
         miss = slots < 0
-        u, n_miss = (
-            torch.stack([n_unique, (miss & _first(n_unique, miss.numel())).sum()]).tolist()
-            if rows.numel()
-            else (0, 0)
-        )
+        # slots the new rows may not take: this batch's and those whose backward is pending
+        keep = slots if self._protected is None else torch.cat([slots, self._protected])
+        evictable, masked = None, None
+        if rows.numel():
+            wanted = [n_unique, (miss & _first(n_unique, miss.numel())).sum()]
+            if self._n_free < self._last_misses:  # it will likely evict: read how many can go
+                masked = self._eviction_scores(keep)  # in the same sync
+                wanted.append(torch.isfinite(masked).sum())
+            u, n_miss, *rest = torch.stack(wanted).tolist()
+            evictable = rest[0] if rest else None
+        else:
+            u, n_miss = 0, 0
+        self._last_misses = n_miss
         uniq, counts, slots, miss = uniq[:u], counts[:u], slots[:u], miss[:u]
         # A prefetched batch is counted when prefetched (what was cached before it was
         # known), not again by its own lookup, which then finds everything cached.
@@ -444,10 +454,7 @@ class HostCachedEmbedding(FusedEmbedding):
         if n_miss:
             # the missing rows' positions, ascending (so are their rows: sorted host reads)
             at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
-            keep = [slots.masked_fill(miss, -1)]
-            if self._protected is not None:
-                keep.append(self._protected)
-            chosen = self._choose_slots(n_miss, torch.cat(keep), u, prefetch)
+            chosen = self._choose_slots(n_miss, keep, u, prefetch, masked, evictable)
             if chosen is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
             new_slots, victims = chosen
@@ -480,13 +487,29 @@ class HostCachedEmbedding(FusedEmbedding):
         if self._admissions % self.age_every == 0:
             self.freq.mul_(0.5)
 
+    def _eviction_scores(self, keep: torch.Tensor) -> torch.Tensor:
+        """[C]: each slot's score, inf for free slots and for `keep` (slots; -1 ignored)."""
+        C = self.capacity
+        score = self.score  # a gather over the whole cache: once
+        masked = torch.cat([score, score.new_zeros(1)])  # [C + 1]: index C takes the -1s
+        masked[self._free_slots] = float("inf")  # taken first, before any eviction
+        masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
+        return masked[:C]
+
     def _choose_slots(
-        self, n_miss: int, keep: torch.Tensor, n_batch: int, prefetch: bool
+        self,
+        n_miss: int,
+        keep: torch.Tensor,
+        n_batch: int,
+        prefetch: bool,
+        masked: torch.Tensor | None = None,
+        evictable: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(`n_miss` slots for new rows, victims): free slots first, then the lowest-score
         slots outside `keep` (slots, -1 entries ignored), evicted (victims, returned so dirty
         ones are written back; in bulk, so there may be more victims than needed: they join
-        the free slots). None when they do not fit and this is only a prefetch."""
+        the free slots). None when they do not fit and this is only a prefetch. `masked`,
+        `evictable`: _eviction_scores(keep) and its finite count, when read already."""
         take = min(n_miss, self._n_free)
         free = self._free_slots[:take]
         short = n_miss - take
@@ -494,12 +517,9 @@ class HostCachedEmbedding(FusedEmbedding):
             self._free_slots, self._n_free = self._free_slots[take:], self._n_free - take
             return free, free.new_empty(0)
         C = self.capacity
-        score = self.score  # a gather over the whole cache: once
-        masked = torch.cat([score, score.new_zeros(1)])  # [C + 1]: index C takes the -1s
-        masked[self._free_slots] = float("inf")  # (all of them are taken above)
-        masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
-        masked = masked[:C]
-        evictable = int(torch.isfinite(masked).sum())  # the second sync
+        if masked is None or evictable is None:
+            masked = self._eviction_scores(keep)
+            evictable = int(torch.isfinite(masked).sum())  # a second sync
         if evictable < short:
             if prefetch:
                 return None

@@ -383,3 +383,36 @@ def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, ev
     assert not reused[0] and reused[1:] == expected
     assert all(expected) != evict_between  # with evaluations, some did evict
     _assert_same(host, ref)
+
+
+class _NeverForeseesEvictions(HostCachedEmbedding):
+    """A group that never reads the evictable count with the misses (its guess of the
+    misses stays 0): every eviction takes the second sync's path."""
+
+    @property
+    def _last_misses(self) -> int:
+        return 0
+
+    @_last_misses.setter
+    def _last_misses(self, value: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("group", [HostCachedEmbedding, _NeverForeseesEvictions])
+def test_evictions_foreseen_or_not_train_alike(group):
+    """Whether the evictable count comes with the first sync (the last admission's misses
+    outnumbered the free slots) or after it, training equals the device group."""
+    ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
+    host = group(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        inputs = _batch(g)
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        out_ref = _step(ref, inputs, coeff)
+        out = host(inputs)
+        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b)
+        _assert_free_list(host)
+    assert host.take_stats().rows_written > 0
+    _assert_same(host, ref)
