@@ -406,9 +406,11 @@ class HostCachedEmbedding(FusedEmbedding):
         """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
         distinct rows [U]). With `prefetch`, the data moves on the background thread.
 
-        One host sync when every row is cached (U and the misses, read together), a second
-        when slots must be evicted (how many can be); sizes come from those, so nothing
-        else waits for the device."""
+        None for the training lookup of the rows the last prefetch admitted (its slots are
+        reused); else one host sync (U and the misses, read together, with how many slots
+        may be evicted when the last admission's misses outnumbered the free slots), and a
+        second only when it must evict unforeseen; sizes come from those, so nothing else
+        waits for the device."""
         self._wait()
         if self._stale:
             self._refresh()
