@@ -8,10 +8,13 @@ only moves rows: every update runs the same kernels on the same values.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import hybridrec
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
 from hybridrec.sparse.host import (
@@ -416,3 +419,72 @@ def test_evictions_foreseen_or_not_train_alike(group):
         _assert_free_list(host)
     assert host.take_stats().rows_written > 0
     _assert_same(host, ref)
+
+
+TORCH_ROOT = str(Path(torch.__file__).parent)
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls from hybridrec's code that make a CUDA program wait for the device
+    (values read on the host, sizes that depend on data: nonzero, unique, boolean masks)."""
+
+    READS = {
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+        torch.Tensor.nonzero,
+        torch.nonzero,
+        torch.unique,
+        torch.Tensor.unique,
+        torch.unique_consecutive,
+        torch.masked_select,
+        torch.Tensor.masked_select,
+        torch.Tensor.cpu,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.root = str(Path(hybridrec.__file__).parent)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        frame = sys._getframe(1)
+        while frame.f_code.co_filename.startswith(TORCH_ROOT):  # torch's own wrappers
+            frame = frame.f_back
+        if frame.f_code.co_filename.startswith(self.root):  # hybridrec's call, not triton's
+            read = func in self.READS
+            if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
+                read = isinstance(args[1], torch.Tensor) and args[1].dtype == torch.bool
+            if read:
+                where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+                self.calls.append(f"{func.__name__} at {where}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_host_step_reads_the_device_once(interpreter, prefetch):
+    """What a CUDA step would wait for, counted on the CPU (kernels interpreted, kernel
+    copies, a cache that evicts every step): an evicting admission reads the device once
+    (its sizes and how many slots may go, together, once misses outnumber free slots); the
+    backward never; a lookup of the rows just prefetched never. So one read per step, two
+    at most while the cache fills."""
+    host = HostCachedEmbedding(
+        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel"
+    )
+    g = torch.Generator().manual_seed(0)
+    flat = [host.flatten(_batch(g)) for _ in range(8)]
+    counts = []
+    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
+        with _HostReads() as reads:
+            out = host.lookup(rows, bags, scale, sum(sizes))
+            if prefetch:
+                host.prefetch(flat[step + 1][0])
+            # what the lookup's backward runs (called here: modes are off inside autograd)
+            host.apply_gradient(rows, bags, scale, torch.randn(out.shape, generator=g))
+        counts.append(len(reads.calls))
+        assert len(reads.calls) <= 2, reads.calls
+    assert counts[2:] == [1] * len(counts[2:]), counts
+    assert host.take_stats().rows_written > 0  # it evicted dirty rows: the costly path ran
