@@ -28,17 +28,18 @@ work), or staged copies (a CPU gather into a pinned buffer, then one DMA
 copy; a write-back the reverse); `auto` times both once per group and keeps the faster.
 
 Host syncs, which leave the GPU idle while the CPU catches up (the H100 profile of a host-
-mode step showed it waiting on them, not on the GPU): an admission reads the distinct-row
-count and the misses in one sync (`unique_padded` sorts without one), with how many slots
-may be evicted when the last admission's misses outnumber the free slots (else one more
-sync if it must evict after all); the training lookup of the very rows the last
-prefetch admitted takes that prefetch's slots, with no sort and no sync, unless an
-admission evicted rows in between (an evaluation's); free slots are a list whose length the group
-tracks itself; the kernel copies write back only the dirty victims by skipping the clean
-ones, counted on the device (staged copies still sync for their CPU gather); and the
-backward dedupes and updates like a device group,
-padded, with no sync (a row evicted before its update, which would be a bug, is noted on
-the device and raised by the next `take_stats()` or `flush()`).
+mode step showed it waiting on them, not on the GPU), are few:
+- an admission reads the distinct-row count and the misses in one sync (`unique_padded`
+  sorts without one), together with how many slots may be evicted when the last
+  admission's misses outnumbered the free slots (else one more sync if it must evict);
+- the training lookup of the very rows the last prefetch admitted takes that prefetch's
+  slots, with no sort and no sync, unless an admission evicted rows in between;
+- free slots are a list, whose length is a shape the host knows;
+- kernel copies write back only the dirty victims by skipping the clean ones, counted on
+  the device (staged copies still sync for their CPU gather);
+- the backward dedupes and updates like a device group, padded, with no sync; a row
+  evicted before its update (a bug) is noted on the device and raised by the next
+  `take_stats()` or `flush()`.
 
 `prefetch(rows)` admits the next batch's rows while the current step's backward is still to
 run: the host reads, write-backs and copies run on a background thread (and a side CUDA
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridrec.planner.planner import CACHE_META_BYTES, SLOT_BYTES
-from hybridrec.sparse import host_copy
+from hybridrec.sparse import host_copy, triton_ops
 from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer, _pool
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
@@ -157,22 +158,12 @@ def unique_padded(
     """torch.unique(rows, return_inverse=True, return_counts=True) without a host sync:
     (distinct rows [N] ascending, inverse [N], counts [N], U [] on the device). Entries past
     U repeat the largest row with count 0, so they index valid rows and add nothing."""
-    n = rows.numel()
-    if n == 0:
+    if rows.numel() == 0:
         return rows, rows, rows, torch.zeros((), dtype=torch.int64, device=rows.device)
-    sorted_rows, perm = torch.sort(rows)
-    is_start = torch.ones(n, dtype=torch.bool, device=rows.device)
-    is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
-    seg = is_start.cumsum(0) - 1  # position of each sorted id's row among the distinct ones
-    uniq = sorted_rows[-1:].repeat(n).index_put_((seg,), sorted_rows)  # duplicates agree
+    perm, seg, uniq = triton_ops.sorted_segments(rows)
     inverse = torch.empty_like(seg).index_put_((perm,), seg)
     counts = torch.zeros_like(seg).index_add_(0, seg, torch.ones_like(seg))
     return uniq, inverse, counts, seg[-1] + 1
-
-
-def _first(k: torch.Tensor, n: int) -> torch.Tensor:
-    """[n] bool: True for the first k (a device scalar) positions."""
-    return torch.arange(n, device=k.device) < k
 
 
 def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
@@ -274,9 +265,8 @@ class HostCachedEmbedding(FusedEmbedding):
         self.register_buffer("row_of_slot", torch.full((C,), -1, dtype=torch.int64, device=device))
         self.register_buffer("dirty", torch.zeros(C, dtype=torch.bool, device=device))
         self._admissions = 0
-        # free slots, taken from the front (their count is known here: no host sync)
+        # free slots, taken from the front (their count is a shape: known without a sync)
         self._free_slots = torch.arange(C, device=device)
-        self._n_free = C
         self._evicted_early = torch.zeros((), dtype=torch.bool, device=device)
         # (rows, slot of each id, slots of the distinct rows, evictions then) of the last
         # prefetch: its training lookup reuses them, with no sort and no sync, when nothing
@@ -287,6 +277,10 @@ class HostCachedEmbedding(FusedEmbedding):
         # rows written back by the kernel path, counted where they are known (on the device)
         self._written_on_device = torch.zeros((), dtype=torch.int64, device=device)
         self._row_bytes = row_bytes  # a row and its optimizer state
+
+    @property
+    def _n_free(self) -> int:
+        return self._free_slots.numel()
 
     @torch.no_grad()
     def _kernel_copies_faster(self, n: int = 1 << 16) -> bool:
@@ -430,13 +424,12 @@ class HostCachedEmbedding(FusedEmbedding):
         uniq, inverse, counts, n_unique = unique_padded(rows)
         slots = self.slot_of.index_select(0, uniq).long()  # -1: a miss (padding: a valid row)
         miss = slots < 0
-        # slots the new rows may not take: this batch's and those whose backward is pending
-        keep = slots if self._protected is None else torch.cat([slots, self._protected])
         evictable, masked = None, None
         if rows.numel():
-            wanted = [n_unique, (miss & _first(n_unique, miss.numel())).sum()]
+            real = torch.arange(miss.numel(), device=miss.device) < n_unique
+            wanted = [n_unique, (miss & real).sum()]
             if self._n_free < self._last_misses:  # it will likely evict: read how many can go
-                masked = self._eviction_scores(keep)  # in the same sync
+                masked = self._eviction_scores(self._kept(slots))  # in the same sync
                 wanted.append(torch.isfinite(masked).sum())
             u, n_miss, *rest = torch.stack(wanted).tolist()
             evictable = rest[0] if rest else None
@@ -456,7 +449,7 @@ class HostCachedEmbedding(FusedEmbedding):
         if n_miss:
             # the missing rows' positions, ascending (so are their rows: sorted host reads)
             at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
-            chosen = self._choose_slots(n_miss, keep, u, prefetch, masked, evictable)
+            chosen = self._choose_slots(n_miss, self._kept(slots), u, prefetch, masked, evictable)
             if chosen is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
             new_slots, victims = chosen
@@ -489,6 +482,11 @@ class HostCachedEmbedding(FusedEmbedding):
         if self._admissions % self.age_every == 0:
             self.freq.mul_(0.5)
 
+    def _kept(self, slots: torch.Tensor) -> torch.Tensor:
+        """Slots new rows may not take: this batch's (`slots`, -1 for its misses) and those
+        whose backward is pending."""
+        return slots if self._protected is None else torch.cat([slots, self._protected])
+
     def _eviction_scores(self, keep: torch.Tensor) -> torch.Tensor:
         """[C]: each slot's score, inf for free slots and for `keep` (slots; -1 ignored)."""
         C = self.capacity
@@ -516,7 +514,7 @@ class HostCachedEmbedding(FusedEmbedding):
         free = self._free_slots[:take]
         short = n_miss - take
         if short == 0:
-            self._free_slots, self._n_free = self._free_slots[take:], self._n_free - take
+            self._free_slots = self._free_slots[take:]
             return free, free.new_empty(0)
         C = self.capacity
         if masked is None or evictable is None:
@@ -536,7 +534,7 @@ class HostCachedEmbedding(FusedEmbedding):
         n_evict = min(evictable, max(short, C // 64))
         victims = torch.topk(masked, n_evict, largest=False, sorted=False).indices
         self._evictions += 1
-        self._free_slots, self._n_free = victims[short:], n_evict - short
+        self._free_slots = victims[short:]
         return torch.cat([free, victims[:short]]), victims
 
     def _move(
@@ -732,7 +730,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self.dirty.zero_()
         self._ahead = None  # its slots are gone
         self._free_slots = torch.arange(self.capacity, device=self.device)
-        self._n_free = self.capacity
         freq = frequency.double()
         total = float(freq.sum())
         n = min(self.capacity, int((freq > 0).sum()))
@@ -745,7 +742,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
         self._free_slots = torch.arange(n, self.capacity, device=self.device)
-        self._n_free = self.capacity - n
         self._copy_in(slots, top_dev)
         self._stale = False
         return n

@@ -180,8 +180,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.group_units = by_key  # group key -> its local units, in group order
         # Host-resident shards anywhere: every rank then joins prefetch()'s collectives.
         self.has_host = any(s.on_host for tp in plan.tables for s in tp.shards)
-        # (ids, checked ids, their input dist: None on the one-rank path) from prefetch()
-        # (ids given, checked ids, their input dist | None, one-rank group rows | None)
+        # from prefetch(): (ids given, checked ids, their input dist | None, one-rank group
+        # rows | None)
         self._prefetched: (
             tuple[torch.Tensor, torch.Tensor, list[LookupInput] | None, torch.Tensor | None] | None
         ) = None

@@ -605,6 +605,19 @@ def _check_segment_inputs(
     return grad_pooled, rows, bags, scale
 
 
+def sorted_segments(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows [N] (N >= 1) sorted stably, without a host sync: (perm [N], seg [N]: the distinct
+    row of each sorted position, non-decreasing, so U = seg[-1] + 1; unique rows [N]
+    ascending, past U repeating the largest row, so every entry indexes a valid row)."""
+    sorted_rows, perm = torch.sort(rows, stable=True)
+    is_start = torch.ones(rows.numel(), dtype=torch.bool, device=rows.device)
+    is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    seg = is_start.cumsum(0) - 1
+    # every position of a segment writes the same row id: duplicates agree
+    unique_rows = sorted_rows[-1:].repeat(rows.numel()).index_put_((seg,), sorted_rows)
+    return perm, seg, unique_rows
+
+
 def _segment_grads(
     grad_pooled: torch.Tensor,
     rows: torch.Tensor,
@@ -636,14 +649,8 @@ def _segment_grads_padded(
     grads = torch.empty(n, width, dtype=torch.float32, device=device)
     if n == 0:
         return rows.new_empty(0), grads, torch.zeros(1, dtype=torch.int64, device=device)
-    sorted_rows, perm = torch.sort(rows, stable=True)
-    is_start = torch.ones(n, dtype=torch.bool, device=device)
-    is_start[1:] = sorted_rows[1:] != sorted_rows[:-1]
-    seg = is_start.cumsum(0) - 1  # distinct row of each sorted position, non-decreasing
+    perm, seg, unique_rows = sorted_segments(rows)
     count = seg[-1:] + 1
-    # every position of a segment writes the same row id (duplicates agree); entries past
-    # count repeat the largest row, so they index valid rows (a cache maps them to slots)
-    unique_rows = sorted_rows[-1:].repeat(n).index_put_((seg,), sorted_rows)
     if width:
         tiles, block_d = triton.cdiv(n, tile), _block_d(width)
         head = torch.empty(tiles, width, dtype=torch.float32, device=device)
