@@ -59,7 +59,7 @@ class RowOptimizer(Protocol):
         ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class LookupInput:
     """Ids for one shard of a group.
 
@@ -300,7 +300,12 @@ class FusedEmbedding(nn.Module):
         """pooled [num_bags, D] of group rows `rows` [N] (see `_pool`)."""
         return _pool(self.weight, rows, bags, scale, num_bags, out_dtype)
 
-    sync_free = True  # may update through Triton's padded dedupe (HostCachedEmbedding: no)
+    def _sorted_segments(
+        self, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """triton_ops.sorted_segments(rows) when the lookup made it already (a host cache's
+        admission sorts the same rows), else None."""
+        return None
 
     def _update_target(
         self, unique_rows: torch.Tensor
@@ -318,11 +323,15 @@ class FusedEmbedding(nn.Module):
     ) -> None:
         """Deduplicate the rows' gradients and let the optimizer update them in place."""
         with self.timer.phase("sparse_update"):
-            if self.sync_free and not self.row_sq_override and triton_ops.available(grad_pooled):
+            if not self.row_sq_override and triton_ops.available(grad_pooled):
                 # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
                 # device, and the update kernels read it: no host sync in the step
                 rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
-                    grad_pooled, rows, bags, _scale_tensor(scale, rows)
+                    grad_pooled,
+                    rows,
+                    bags,
+                    _scale_tensor(scale, rows),
+                    segments=self._sorted_segments(rows),
                 )
                 self.update_rows(rows_pad, grads_pad, count)
                 return

@@ -571,6 +571,8 @@ def segment_grads_padded(
     rows: torch.Tensor,
     bags: torch.Tensor,
     scale: torch.Tensor | None,
+    *,
+    segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(unique rows [N] int64, grads [N, D] fp32, count [1] int64): segment_grads without a
     host sync, padded to N entries.
@@ -578,8 +580,9 @@ def segment_grads_padded(
     Inputs as segment_grads. The first count[0] entries of unique rows and grads are segment_
     grads' (U = count[0] distinct rows ascending, their summed gradients, bit for bit); past
     count[0], rows repeat the largest row and grads are unspecified (not zeroed). count stays
-    on the device: pass it to the updates' `count=`. Deterministic, no atomics."""
-    return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_TILE)
+    on the device: pass it to the updates' `count=`. Deterministic, no atomics. `segments`:
+    sorted_segments(rows) when made already (a host cache's admission sorted these rows)."""
+    return _segment_grads_padded(grad_pooled, rows, bags, scale, SEGMENT_TILE, segments)
 
 
 def _check_segment_inputs(
@@ -637,6 +640,7 @@ def _segment_grads_padded(
     bags: torch.Tensor,
     scale: torch.Tensor | None,
     tile: int,
+    segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """segment_grads_padded with `tile` sorted ids per program (tests use small tiles).
 
@@ -649,7 +653,10 @@ def _segment_grads_padded(
     grads = torch.empty(n, width, dtype=torch.float32, device=device)
     if n == 0:
         return rows.new_empty(0), grads, torch.zeros(1, dtype=torch.int64, device=device)
-    perm, seg, unique_rows = sorted_segments(rows)
+    if segments is None:
+        segments = sorted_segments(rows)
+    _require(segments[0].numel() == n, f"segments must be for the {n} rows given")
+    perm, seg, unique_rows = segments
     count = seg[-1:] + 1
     if width:
         tiles, block_d = triton.cdiv(n, tile), _block_d(width)

@@ -57,6 +57,7 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> di
         **snapshot(trainer),
         "stats": stats,
         "pinned": [g.weight.is_pinned() for g in getattr(emb, "host_groups", list)()],
+        "prefetched": sum(g.prefetched_lookups for g in getattr(emb, "host_groups", list)()),
     }
 
 
@@ -84,9 +85,11 @@ def test_host_tables_match_reference(world):
     configs.append(("auto/rowwise_adagrad/prefetch", auto, True, False))
     results = spawn(world, run_all, configs)
     refs = {sparse: _reference(sparse) for sparse in OPTIMIZERS}
-    for name, cfg, _, _ in configs:
+    for name, cfg, prefetch, _ in configs:
         mode, sparse = name.split("/")[:2]
         per_rank = [res[name] for res in results]
+        # with prefetch, training lookups take the slots (and sort) the prefetch made
+        assert (sum(r["prefetched"] for r in per_rank) > 0) == prefetch, name
         plan = per_rank[0]["plan"]
         on_host = {tp.table for tp in plan.tables if any(s.on_host for s in tp.shards)}
         if mode == "host":

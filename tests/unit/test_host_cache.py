@@ -307,6 +307,37 @@ def test_kernel_copies_give_the_same_training(interpreter, opt):
         torch.testing.assert_close(host.state()[name], value, **TRITON_TOL)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_backward_dedupes_with_the_admissions_sort(interpreter, monkeypatch, prefetch):
+    """The backward's dedupe sorts the very rows the lookup's admission sorted (or the
+    prefetch's, for the rows it admitted): a host group takes that sort instead of sorting
+    again, and still trains as the device group, bit for bit."""
+    from hybridrec.sparse import triton_ops
+
+    calls = []
+    real = triton_ops.sorted_segments
+    monkeypatch.setattr(triton_ops, "sorted_segments", lambda r: calls.append(1) or real(r))
+    ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
+    host = HostCachedEmbedding(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    g = torch.Generator().manual_seed(0)
+    flat = [host.flatten(_batch(g)) for _ in range(6)]
+    for step, (rows, bags, scale, sizes) in enumerate(flat):
+        coeff = torch.randn(sum(sizes), 8, generator=g)
+        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
+        calls.clear()
+        (out_ref * coeff).sum().backward()
+        assert calls == [1]  # the device group sorts in its backward
+        out = host.lookup(rows, bags, scale, sum(sizes))
+        if prefetch and step + 1 < len(flat):
+            host.prefetch(flat[step + 1][0])
+        calls.clear()
+        (out * coeff).sum().backward()
+        assert calls == []
+        assert torch.equal(out.detach(), out_ref.detach())
+    assert host.take_stats().rows_written > 0
+    _assert_same(host, ref)
+
+
 def test_kernel_copy_is_refused_where_it_cannot_run(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="host_copy=kernel: a GPU kernel cannot read"):
@@ -359,7 +390,7 @@ def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, ev
 
     calls = []
     real = host_module.unique_padded
-    monkeypatch.setattr(host_module, "unique_padded", lambda r: calls.append(1) or real(r))
+    monkeypatch.setattr(host_module, "unique_padded", lambda *a: calls.append(1) or real(*a))
     ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
     host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)
@@ -385,6 +416,36 @@ def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, ev
         _assert_free_list(host)
     assert not reused[0] and reused[1:] == expected
     assert all(expected) != evict_between  # with evaluations, some did evict
+    _assert_same(host, ref)
+
+
+def test_a_forward_of_the_inputs_just_prefetched_reuses_their_slots(monkeypatch):
+    """On several ranks prefetch() flattens the distributed inputs and the forward flattens
+    the same inputs again: it gets the same rows tensor back, so it takes the prefetch's
+    slots too (no sort, no sync). New inputs are flattened anew."""
+    import hybridrec.sparse.host as host_module
+
+    calls = []
+    real = host_module.unique_padded
+    monkeypatch.setattr(host_module, "unique_padded", lambda *a: calls.append(1) or real(*a))
+    ref = FusedEmbedding(SHARDS, SparseSGD(0.1), seed=3)
+    host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    g = torch.Generator().manual_seed(0)
+    batches = [_batch(g) for _ in range(6)]
+    reused = []
+    for step, inputs in enumerate(batches):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        out_ref = _step(ref, inputs, coeff)
+        calls.clear()
+        out = host(inputs)
+        reused.append(not calls)
+        if step + 1 < len(batches):
+            host.prefetch(host.flatten(batches[step + 1])[0])
+        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b)
+    assert reused == [False] + [True] * (len(batches) - 1)
+    assert host.prefetched_lookups == len(batches) - 1
     _assert_same(host, ref)
 
 
