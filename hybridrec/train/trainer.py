@@ -613,18 +613,30 @@ class Trainer:
                 # every rate in a row covers the steps since the previous row: the phase timer
                 # and cache counters reset when read, so the step count and clock restart too
                 t_last, n_last = time.perf_counter(), step
-                if bar is not None:
-                    bar.set_postfix(
-                        loss=f"{last_train['loss']:.4f}",
-                        sps=f"{last_train['samples_per_sec']:,.0f}",
+                cache = ""
+                if "cache/hit_rate" in last_train:  # host-resident tables: how the cache does
+                    cache = (
+                        f"  cache hit {last_train['cache/hit_rate']:.3f}, "
+                        f"{last_train['cache/rows_in_per_step']:,.0f} rows in / "
+                        f"{last_train['cache/rows_out_per_step']:,.0f} out per step, "
+                        f"waited {last_train['time_ms/host_wait']:.2f} ms/step"
                     )
+                if bar is not None:
+                    postfix = {
+                        "loss": f"{last_train['loss']:.4f}",
+                        "sps": f"{last_train['samples_per_sec']:,.0f}",
+                    }
+                    if cache:
+                        postfix["hit"] = f"{last_train['cache/hit_rate']:.3f}"
+                    bar.set_postfix(postfix)
                 else:
                     log.info(
-                        "step %d/%d  loss %.5f  %.0f samples/s",
+                        "step %d/%d  loss %.5f  %.0f samples/s%s",
                         step,
                         steps,
                         last_train["loss"],
                         last_train["samples_per_sec"],
+                        cache,
                     )
             stop = False
             if log_now and cfg.checkpoint.dir:  # the guard is on: ask every rank
