@@ -90,3 +90,4 @@ def test_host_cache_benchmark_runs_every_row(tmp_path):
     for row in ("all on cpu, sgd", "host + cache, sgd", "naive CPU EmbeddingBag"):
         assert row in text
     assert "a new synthetic batch every step" in text and "warm-started" in text
+    assert "| pipelined ms/step |" in text  # training's way (no wait between steps) too
