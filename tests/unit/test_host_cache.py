@@ -380,17 +380,23 @@ def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch
         host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
 
 
+@pytest.fixture
+def calls(monkeypatch):
+    """A list with an entry per sorted admission (unique_padded call) of any host group."""
+    import hybridrec.sparse.host as host_module
+
+    made = []
+    real = host_module.unique_padded
+    monkeypatch.setattr(host_module, "unique_padded", lambda *a: made.append(1) or real(*a))
+    return made
+
+
 @pytest.mark.parametrize("evict_between", [False, True])
-def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, evict_between):
+def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(calls, evict_between):
     """The training lookup of the very rows tensor the last prefetch admitted takes that
     prefetch's slots: no sort, no host sync. Not when an admission evicted rows in between
     (an evaluation's lookup, say): then it admits them again. Training equals the device
     group either way."""
-    import hybridrec.sparse.host as host_module
-
-    calls = []
-    real = host_module.unique_padded
-    monkeypatch.setattr(host_module, "unique_padded", lambda *a: calls.append(1) or real(*a))
     ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
     host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)
@@ -419,15 +425,10 @@ def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(monkeypatch, ev
     _assert_same(host, ref)
 
 
-def test_a_forward_of_the_inputs_just_prefetched_reuses_their_slots(monkeypatch):
+def test_a_forward_of_the_inputs_just_prefetched_reuses_their_slots(calls):
     """On several ranks prefetch() flattens the distributed inputs and the forward flattens
     the same inputs again: it gets the same rows tensor back, so it takes the prefetch's
     slots too (no sort, no sync). New inputs are flattened anew."""
-    import hybridrec.sparse.host as host_module
-
-    calls = []
-    real = host_module.unique_padded
-    monkeypatch.setattr(host_module, "unique_padded", lambda *a: calls.append(1) or real(*a))
     ref = FusedEmbedding(SHARDS, SparseSGD(0.1), seed=3)
     host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)
