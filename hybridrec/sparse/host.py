@@ -195,6 +195,8 @@ class HostCachedEmbedding(FusedEmbedding):
     canonical copy after `flush()`), which is what checkpoints read and write.
     """
 
+    evict_share = 1 / 64  # an eviction frees at least this share of the cache
+
     def __init__(
         self,
         shards: Sequence[tuple[TableConfig, int, ShardSpec]],
@@ -564,9 +566,9 @@ class HostCachedEmbedding(FusedEmbedding):
                 "next to the rows still in use; raise sharding.cache_fraction or "
                 "sharding.cache_gb, or lower train.batch_size"
             )
-        # evict in bulk (at least 1/64 of the cache): one selection over the whole cache then
-        # serves several steps' misses instead of one
-        n_evict = min(evictable, max(short, C // 64))
+        # evict in bulk (at least `evict_share` of the cache): one selection over the whole
+        # cache then serves several steps' misses instead of one
+        n_evict = min(evictable, max(short, int(C * self.evict_share)))
         victims = torch.topk(masked, n_evict, largest=False, sorted=False).indices
         self._evictions += 1
         self._free_slots = victims[short:]
