@@ -130,6 +130,19 @@ class CacheStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
+@dataclass
+class _Prefetched:
+    """What the last prefetch admitted. Its training lookup (of this very `rows` tensor)
+    takes these slots and this sort, with no sort and no sync, when no admission evicted
+    rows since (the group's eviction count is still `evictions`)."""
+
+    rows: torch.Tensor  # [N] group rows, compared by identity
+    per_id: torch.Tensor  # [N] slot of each id
+    slots: torch.Tensor  # [U] slots of the distinct rows
+    evictions: int
+    segments: Segments | None  # triton_ops.sorted_segments(rows), for the backward too
+
+
 def _empty_host(
     shape: tuple[int, ...], dtype: torch.dtype, pin: bool, what: str, exact: bool = False
 ) -> torch.Tensor:
@@ -272,12 +285,7 @@ class HostCachedEmbedding(FusedEmbedding):
         # free slots, taken from the front (their count is a shape: known without a sync)
         self._free_slots = torch.arange(C, device=device)
         self._evicted_early = torch.zeros((), dtype=torch.bool, device=device)
-        # (rows, slot of each id, slots of the distinct rows, evictions then, rows sorted)
-        # of the last prefetch: its training lookup reuses them, with no sort and no sync,
-        # when nothing was evicted since (counted in _evictions)
-        self._ahead: (
-            tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, Segments | None] | None
-        ) = None
+        self._ahead: _Prefetched | None = None  # what the last prefetch admitted
         # (rows, rows sorted) of the last training lookup: its backward dedupes the same
         # rows, so it takes this sort instead of sorting them again
         self._segments: tuple[torch.Tensor, Segments | None] | None = None
@@ -444,17 +452,17 @@ class HostCachedEmbedding(FusedEmbedding):
         if (
             not prefetch
             and ahead is not None
-            and ahead[0] is rows
-            and ahead[3] == self._evictions
+            and ahead.rows is rows
+            and ahead.evictions == self._evictions
             and self._training_lookup
             and self._counted_ahead
         ):
             # the rows the last prefetch admitted (and counted), all still in its slots
             self._ahead, self._counted_ahead = None, False
-            self._segments = (rows, ahead[4])
+            self._segments = (rows, ahead.segments)
             self.prefetched_lookups += 1
             self._count_admission()
-            return ahead[1], ahead[2]
+            return ahead.per_id, ahead.slots
         segments = triton_ops.sorted_segments(rows) if rows.numel() else None
         if self._training_lookup and not prefetch:
             self._segments = (rows, segments)
@@ -508,7 +516,7 @@ class HostCachedEmbedding(FusedEmbedding):
                 self._move(*job)
         per_id = slots.index_select(0, inverse)
         if prefetch:
-            self._ahead = (rows, per_id, slots, self._evictions, segments)
+            self._ahead = _Prefetched(rows, per_id, slots, self._evictions, segments)
         else:
             self._count_admission()
         return per_id, slots
