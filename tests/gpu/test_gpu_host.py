@@ -77,8 +77,10 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
     """sharding=host, kernel copies, a cache that evicts every step: an admission syncs
     once (the distinct rows and misses, read together), twice when it evicts (how many
     slots can go); the backward's dedupe and update never; a lookup of the rows the last
-    prefetch admitted never. So a step syncs at most twice, with prefetch or without.
-    Counted with CUDA sync-debug warnings."""
+    prefetch admitted never. So a step syncs once with prefetch (it reads the evictable
+    count with the misses once the cache is full, as on the CPU:
+    tests/unit/test_host_cache.py), at most twice without. Counted with CUDA sync-debug
+    warnings."""
     import warnings
 
     from hybridrec.train.trainer import Trainer
@@ -107,4 +109,6 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
     finally:
         destroy_distributed(env)
     assert stats.rows_written > 0  # it evicted dirty rows: the costly path ran
-    assert max(counts) <= 2, counts
+    # with prefetch, the one sync is the prefetch's admission (the lookup reuses its slots);
+    # without, the lookup's admission syncs once, twice when it must evict unforeseen
+    assert max(counts) <= (1 if prefetch else 2), counts
