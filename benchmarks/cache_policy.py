@@ -95,8 +95,10 @@ def best_static_hit(counts, tables: list[TableConfig], batch: int, capacity: int
     return float(np.partition(q, q.size - k)[q.size - k :].sum() / q.sum())
 
 
-def replay(cfg: Config, args: argparse.Namespace, cold: bool) -> dict:
+def replay(cfg: Config, args: argparse.Namespace, cold: bool, share: float | None = None) -> dict:
     group, tables = narrow_group(cfg)
+    if share is not None:
+        group.evict_share = share
     source = build_source(cfg)
     offsets = hot_offsets(tables)
     b = args.batch_size
@@ -120,12 +122,14 @@ def replay(cfg: Config, args: argparse.Namespace, cold: bool) -> dict:
     for step in range(total):
         if step == args.warmup:
             group.take_stats()
+            selections = group._evictions
         out = group(current[0])
         upcoming = inputs(step + 1)
         group.prefetch(upcoming[1])  # as the trainer: the next batch's rows, before backward
         sum(o.sum() for o in out).backward()
         current = upcoming
     st = group.take_stats()
+    selections = (group._evictions - selections) / args.steps
     width = tables[0].dim
     footprint = OptimizerFootprint.for_optimizer(cfg.optim.sparse.name)
     row_bytes = cache_row_bytes(width, footprint, 4 if cfg.model.table_dtype == "fp32" else 2)
@@ -134,6 +138,8 @@ def replay(cfg: Config, args: argparse.Namespace, cold: bool) -> dict:
         "cache_rows": group.capacity,
         "cache_pct": 100 * group.capacity / group.num_rows,
         "cache_gib": group.capacity * row_bytes / 2**30,
+        "share": group.evict_share,
+        "selections": selections,
         "hit": st.hits / max(1, st.rows_requested),
         "distinct": st.rows_requested / args.steps,
         "in": rows_in,
@@ -149,6 +155,8 @@ def _row(r: dict, start: str) -> list[str]:
     return [
         f"{r['cache_rows']:,} ({r['cache_pct']:.2f}%, {r['cache_gib']:.2f} GiB)",
         start,
+        f"{r['share']:.4g}",
+        f"{r['selections']:.2f}",
         f"{r['hit']:.3f}",
         r["best"],
         f"{r['distinct']:,.0f}",
@@ -174,6 +182,12 @@ def main(argv: list[str] | None = None) -> None:
         help="warm (from the data's id counts, as training does), cold (empty), or warm,cold",
     )
     p.add_argument("--cycle", type=int, default=0, help="distinct batches, cycled (0: all new)")
+    p.add_argument(
+        "--evict-share",
+        default=None,
+        help="comma-separated least shares of the cache an eviction frees (default: the "
+        "cache's, 1/64): more means fewer selections over the cache but a lower hit rate",
+    )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data=criteo_sample")
     args = p.parse_args(argv)
@@ -182,14 +196,18 @@ def main(argv: list[str] | None = None) -> None:
     starts = args.start.split(",")
     if set(starts) - {"warm", "cold"}:
         p.error(f"--start: warm, cold or warm,cold, got {args.start!r}")
+    shares = [float(x) for x in args.evict_share.split(",")] if args.evict_share else [None]
     for size in sizes:
         for start in starts:
-            r = replay(make_cfg(args, size), args, cold=start == "cold")
-            rows.append(_row(r, start))
-            print("  ".join(rows[-1]), f"({r['wall']:.0f} s)", flush=True)
+            for share in shares:
+                r = replay(make_cfg(args, size), args, cold=start == "cold", share=share)
+                rows.append(_row(r, start))
+                print("  ".join(rows[-1]), f"({r['wall']:.0f} s)", flush=True)
     headers = [
         "cache rows",
         "start",
+        "evict share",
+        "selections/step",
         "hit rate",
         "best static",
         "distinct rows/step",
@@ -211,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
             "start: warm = the cache warm-started from the data's id counts as training does, "
             "cold = empty; "
             f"next batch prefetched as the trainer does.\n"
+            "- evict share: the least share of the cache an eviction frees (victims beyond the "
+            "misses join the free slots); selections/step: how often a step selected victims "
+            "(a top-k over the whole cache on the device).\n"
             "- best static: the expected hit rate of the best fixed set of rows of the same size, "
             "from the data's id counts (an upper bound for a stream without drift).\n"
             "- Hit rate and rows are measured (device-independent); the last column is a "
