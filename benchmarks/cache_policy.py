@@ -122,14 +122,14 @@ def replay(cfg: Config, args: argparse.Namespace, cold: bool, share: float | Non
     for step in range(total):
         if step == args.warmup:
             group.take_stats()
-            selections = group._evictions
+            selections = group.evictions
         out = group(current[0])
         upcoming = inputs(step + 1)
         group.prefetch(upcoming[1])  # as the trainer: the next batch's rows, before backward
         sum(o.sum() for o in out).backward()
         current = upcoming
     st = group.take_stats()
-    selections = (group._evictions - selections) / args.steps
+    selections = (group.evictions - selections) / args.steps
     width = tables[0].dim
     footprint = OptimizerFootprint.for_optimizer(cfg.optim.sparse.name)
     row_bytes = cache_row_bytes(width, footprint, 4 if cfg.model.table_dtype == "fp32" else 2)

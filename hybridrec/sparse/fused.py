@@ -300,9 +300,7 @@ class FusedEmbedding(nn.Module):
         """pooled [num_bags, D] of group rows `rows` [N] (see `_pool`)."""
         return _pool(self.weight, rows, bags, scale, num_bags, out_dtype)
 
-    def _sorted_segments(
-        self, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _sorted_segments(self, rows: torch.Tensor) -> triton_ops.Segments | None:
         """triton_ops.sorted_segments(rows) when the lookup made it already (a host cache's
         admission sorts the same rows), else None."""
         return None

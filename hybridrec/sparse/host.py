@@ -70,12 +70,11 @@ from hybridrec.sparse import host_copy, triton_ops
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
+from hybridrec.sparse.triton_ops import Segments
 from hybridrec.types import ShardSpec, TableConfig
 
 GIB = 1 << 30
 log = logging.getLogger("hybridrec")
-# triton_ops.sorted_segments(rows): (perm [N], seg [N], distinct rows [N] padded)
-Segments = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class HostMemoryError(RuntimeError):
@@ -297,6 +296,12 @@ class HostCachedEmbedding(FusedEmbedding):
         # rows written back by the kernel path, counted where they are known (on the device)
         self._written_on_device = torch.zeros((), dtype=torch.int64, device=device)
         self._row_bytes = row_bytes  # a row and its optimizer state
+
+    @property
+    def evictions(self) -> int:
+        """How many times an admission has selected victims (a top-k over the whole cache:
+        each frees at least `evict_share` of it)."""
+        return self._evictions
 
     @property
     def _n_free(self) -> int:

@@ -58,6 +58,8 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SEGMENT_TILE = 32  # sorted ids per program of segment_grads (rows crossing tiles: fix-up)
 UPDATE_ROWS = 2048  # rows x columns per program of sgd/adam updates (rows = this // block_d)
 MAX_BLOCK_D = 128  # columns per program (wider rows take several column blocks)
+# sorted_segments(rows): (perm [N], seg [N], distinct rows [N] padded)
+Segments = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _interpreting() -> bool:
@@ -572,7 +574,7 @@ def segment_grads_padded(
     bags: torch.Tensor,
     scale: torch.Tensor | None,
     *,
-    segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(unique rows [N] int64, grads [N, D] fp32, count [1] int64): segment_grads without a
     host sync, padded to N entries.
@@ -608,7 +610,7 @@ def _check_segment_inputs(
     return grad_pooled, rows, bags, scale
 
 
-def sorted_segments(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sorted_segments(rows: torch.Tensor) -> Segments:
     """rows [N] (N >= 1) sorted stably, without a host sync: (perm [N], seg [N]: the distinct
     row of each sorted position, non-decreasing, so U = seg[-1] + 1; unique rows [N]
     ascending, past U repeating the largest row, so every entry indexes a valid row)."""
@@ -640,7 +642,7 @@ def _segment_grads_padded(
     bags: torch.Tensor,
     scale: torch.Tensor | None,
     tile: int,
-    segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """segment_grads_padded with `tile` sorted ids per program (tests use small tiles).
 
