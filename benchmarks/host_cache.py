@@ -21,7 +21,9 @@ the data's id counts as in training (`--cold`: start empty):
 - hybridrec all on the device (sharding=none), when the model fits;
 - hybridrec with every table in host memory (sharding=host), per sparse optimizer, with the
   next batch prefetched during each step's backward as the trainer does; with its cache hit
-  rate, rows moved per step, copy bandwidth and time waiting on host memory;
+  rate, rows moved per step, copy bandwidth and time waiting on host memory (`--no-prefetch`
+  adds rows without prefetch, `--inline-prefetch` rows whose prefetch admits and moves rows
+  on the main thread instead of the group's background thread);
 - naive: one nn.EmbeddingBag(sparse=True) per table on the CPU with torch SparseAdam, dense
   part on the device (what a PyTorch user does when tables do not fit): few steps, it is slow.
 Prints samples/s and the ratio to the all-on-device row (or to the first host row), two ways:
@@ -58,6 +60,7 @@ from hybridrec.data import build_source  # noqa: E402
 from hybridrec.distributed import init_distributed  # noqa: E402
 from hybridrec.model import loss_fn  # noqa: E402
 from hybridrec.optim import build_dense_optimizer  # noqa: E402
+from hybridrec.sparse.host import HostCachedEmbedding  # noqa: E402
 from hybridrec.train.trainer import Trainer  # noqa: E402
 from hybridrec.types import Batch  # noqa: E402
 
@@ -217,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cold", action="store_true", help="host caches start empty")
     p.add_argument("--no-prefetch", action="store_true", help="host rows without prefetch too")
     p.add_argument(
+        "--inline-prefetch",
+        action="store_true",
+        help="host rows with the prefetch's admission and moves on the main thread too",
+    )
+    p.add_argument(
         "--host-copy",
         default="auto",
         help="sharding.host_copy per host row, comma-separated: auto,kernel,staged "
@@ -269,6 +277,13 @@ def main(argv: list[str] | None = None) -> None:
             cfg = make_cfg(args, name, "host", copy)
             label = f"host + cache, {name}" + (f", {copy} copies" if copy != "auto" else "")
             add(label, run_hybridrec(cfg, env, stream, args, True))
+            if args.inline_prefetch:
+                HostCachedEmbedding.background = False
+                try:
+                    res = run_hybridrec(cfg, env, stream, args, True)
+                finally:
+                    HostCachedEmbedding.background = True
+                add(f"{label}, prefetch on the main thread", res)
             if args.no_prefetch:
                 add(f"{label}, no prefetch", run_hybridrec(cfg, env, stream, args, False))
     if args.naive_steps:

@@ -31,7 +31,9 @@ Host syncs, which leave the GPU idle while the CPU catches up (the H100 profile 
 mode step showed it waiting on them, not on the GPU), are few:
 - an admission reads the distinct-row count and the misses in one sync (`unique_padded`
   sorts without one), together with how many slots may be evicted when the last
-  admission's misses outnumbered the free slots (else one more sync if it must evict);
+  admission's misses outnumbered the free slots (else one more sync if it must evict); a
+  prefetch's admission runs on a background thread, where that sync waits for a side
+  stream only;
 - the training lookup of the very rows the last prefetch admitted takes that prefetch's
   slots, with no sort and no sync, unless an admission evicted rows in between;
 - free slots are a list, whose length is a shape the host knows;
@@ -43,9 +45,11 @@ mode step showed it waiting on them, not on the GPU), are few:
   the next `take_stats()` or `flush()`.
 
 `prefetch(rows)` admits the next batch's rows while the current step's backward is still to
-run: the host reads, write-backs and copies run on a background thread (and a side CUDA
-stream), overlapping the backward and the dense optimizer. Any later admission, flush or
-checkpoint waits for it first. Prefetching never changes results, only when rows move.
+run: the whole admission (its one sync included) and the host reads, write-backs and copies
+run on a background thread and a side CUDA stream, overlapping the backward and the dense
+optimizer, so a training step with prefetch never waits for the device on the main thread.
+Any later admission, flush or checkpoint waits for it first. Prefetching never changes
+results, only when rows move.
 
 Bad input: not enough host memory is an error before anything is allocated
 (`check_host_memory`); a pinned allocation that fails is reported with its size; a cache that
@@ -182,6 +186,12 @@ def unique_padded(
     return uniq, inverse, counts, seg[-1] + 1
 
 
+def _kept(slots: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
+    """Slots new rows may not take: this batch's (`slots`, -1 for its misses) and those
+    whose backward is pending (`protected`)."""
+    return slots if protected is None else torch.cat([slots, protected])
+
+
 def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
     """Whether rows move by the UVA kernel (hybridrec.sparse.host_copy) rather than staged
     copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables; the
@@ -208,6 +218,9 @@ class HostCachedEmbedding(FusedEmbedding):
     """
 
     evict_share = 1 / 64  # an eviction frees at least this share of the cache
+    # prefetch() admits on a background thread (False: on the caller's, moves included,
+    # which benchmarks/host_cache.py --inline-prefetch compares)
+    background = True
 
     def __init__(
         self,
@@ -440,19 +453,26 @@ class HostCachedEmbedding(FusedEmbedding):
     # -- admission ---------------------------------------------------------------------------
     @torch.no_grad()
     def _admit(
-        self, rows: torch.Tensor, prefetch: bool = False
+        self,
+        rows: torch.Tensor,
+        prefetch: bool = False,
+        protected: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
-        distinct rows [U]). With `prefetch`, the data moves on the background thread.
+        distinct rows [U]). `prefetch`: the next batch's rows (counted now, reused by its
+        lookup), admitted beside `protected`, the slots of the step whose backward is to run
+        (prefetch() runs this on its background thread and passes them).
 
         None for the training lookup of the rows the last prefetch admitted (its slots are
         reused); else one host sync (U and the misses, read together, with how many slots
         may be evicted when the last admission's misses outnumbered the free slots), and a
         second only when it must evict unforeseen; sizes come from those, so nothing else
         waits for the device."""
-        self._wait()
-        if self._stale:
-            self._refresh()
+        if not prefetch:
+            self._wait()
+            if self._stale:
+                self._refresh()
+            protected = self._protected
         ahead = self._ahead
         if (
             not prefetch
@@ -479,7 +499,7 @@ class HostCachedEmbedding(FusedEmbedding):
             real = torch.arange(miss.numel(), device=miss.device) < n_unique
             wanted = [n_unique, (miss & real).sum()]
             if self._n_free < self._last_misses:  # it will likely evict: read how many can go
-                masked = self._eviction_scores(self._kept(slots))  # in the same sync
+                masked = self._eviction_scores(_kept(slots, protected))  # in the same sync
                 wanted.append(torch.isfinite(masked).sum())
             u, n_miss, *rest = torch.stack(wanted).tolist()
             evictable = rest[0] if rest else None
@@ -499,7 +519,8 @@ class HostCachedEmbedding(FusedEmbedding):
         if n_miss:
             # the missing rows' positions, ascending (so are their rows: sorted host reads)
             at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
-            chosen = self._choose_slots(n_miss, self._kept(slots), u, prefetch, masked, evictable)
+            keep = _kept(slots, protected)
+            chosen = self._choose_slots(n_miss, keep, u, prefetch, masked, evictable)
             if chosen is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
             new_slots, victims = chosen
@@ -514,11 +535,7 @@ class HostCachedEmbedding(FusedEmbedding):
             self.row_of_slot.index_copy_(0, new_slots, miss_rows)
             self.dirty.index_fill_(0, new_slots, False)
             slots.index_copy_(0, at, new_slots)
-            job = (victims, victim_rows, victim_dirty, new_slots, miss_rows)
-            if prefetch:
-                self._start_background(job)
-            else:
-                self._move(*job)
+            self._move(victims, victim_rows, victim_dirty, new_slots, miss_rows)
         per_id = slots.index_select(0, inverse)
         if prefetch:
             self._ahead = _Prefetched(rows, per_id, slots, self._evictions, segments)
@@ -531,11 +548,6 @@ class HostCachedEmbedding(FusedEmbedding):
         self._admissions += 1
         if self._admissions % self.age_every == 0:
             self.freq.mul_(0.5)
-
-    def _kept(self, slots: torch.Tensor) -> torch.Tensor:
-        """Slots new rows may not take: this batch's (`slots`, -1 for its misses) and those
-        whose backward is pending."""
-        return slots if self._protected is None else torch.cat([slots, self._protected])
 
     def _eviction_scores(self, keep: torch.Tensor) -> torch.Tensor:
         """[C]: each slot's score, inf for free slots and for `keep` (slots; -1 ignored)."""
@@ -691,26 +703,35 @@ class HostCachedEmbedding(FusedEmbedding):
         """Start admitting group rows `rows` [N] of the next batch; returns at once.
 
         Rows of the current step (looked up, backward pending) are not evicted. When the cache
-        cannot hold both steps' rows, nothing is prefetched (the next lookup admits them)."""
-        self._admit(rows, prefetch=True)
+        cannot hold both steps' rows, nothing is prefetched (the next lookup admits them).
 
-    def _start_background(self, job: tuple[torch.Tensor, ...]) -> None:
-        if self.use_kernel and self._side is None:
-            self._move(*job)  # Triton's CPU interpreter (tests) is not thread-safe: no overlap
+        The admission runs on a background thread (and a side CUDA stream): its host sync
+        then waits for the side stream only, while this thread goes on queueing the
+        backward, so the device never runs dry. What the two touch at the same time is
+        disjoint: the backward updates and marks dirty this step's slots, which the
+        admission keeps; the admission maps and moves other rows. Triton's CPU interpreter
+        (tests) is not thread-safe: with interpreted copy kernels it runs here."""
+        self._wait()
+        if self._stale:
+            self._refresh()
+        protected = self._protected
+        if not self.background or (self.use_kernel and self._side is None):
+            self._admit(rows, prefetch=True, protected=protected)
             return
-        if self._side is None:
-            self._pending = self._pool_thread.submit(self._move, *job)
+        if self._side is None:  # CPU: the thread alone
+            self._pending = self._pool_thread.submit(self._admit, rows, True, protected)
             return
         ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(self.device))  # slots' last readers are queued
-        for t in job:
-            t.record_stream(self._side)
+        ready.record(torch.cuda.current_stream(self.device))  # this step's lookups are queued
+        for t in (rows, protected, self._free_slots):
+            if t is not None:  # freed by this thread while the side stream may still read
+                t.record_stream(self._side)
         done = torch.cuda.Event()
 
         def run() -> None:
             with torch.cuda.stream(self._side):
                 self._side.wait_event(ready)
-                self._move(*job)
+                self._admit(rows, prefetch=True, protected=protected)
                 done.record(self._side)
 
         self._pending = self._pool_thread.submit(run)
@@ -724,8 +745,17 @@ class HostCachedEmbedding(FusedEmbedding):
         self._pending.result()
         self._pending = None
         if self._pending_event is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._pending_event)
+            main = torch.cuda.current_stream(self.device)
+            main.wait_event(self._pending_event)
             self._pending_event = None
+            # made on the side stream, used and freed on this one: the allocator must not
+            # hand their memory to the side stream again before this stream is done with it
+            ahead = self._ahead
+            made = [self._free_slots]
+            if ahead is not None:
+                made += [ahead.per_id, ahead.slots, *(ahead.segments or ())]
+            for t in made:
+                t.record_stream(main)
         with self._lock:
             self.stats.wait_s += time.perf_counter() - start
 

@@ -78,7 +78,8 @@ def test_host_cache_benchmark_runs_every_row(tmp_path):
     out = tmp_path / "host.md"
     env = {**os.environ, "HYBRIDREC_KERNELS": "torch", "PYTHONPATH": str(ROOT)}
     args = ["--device=cpu", "--model=dlrm_tiny", "--batch-size=256", "--steps=2"]
-    args += ["--warmup=3", "--naive-steps=2", "--optimizers=sgd", f"--out={out}"]
+    args += ["--warmup=3", "--naive-steps=2", "--optimizers=sgd", "--inline-prefetch"]
+    args += [f"--out={out}"]
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "host_cache.py"), *args],
         capture_output=True,
@@ -88,7 +89,8 @@ def test_host_cache_benchmark_runs_every_row(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
-    for row in ("all on cpu, sgd", "host + cache, sgd", "naive CPU EmbeddingBag"):
+    rows = ["all on cpu, sgd", "host + cache, sgd", "prefetch on the main thread"]
+    for row in [*rows, "naive CPU EmbeddingBag"]:
         assert row in text
     assert "a new synthetic batch every step" in text and "warm-started" in text
     assert "| pipelined ms/step |" in text  # training's way (no wait between steps) too

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -380,14 +381,48 @@ def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch
         host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
 
 
+def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
+    """A prefetch's admission (its one read of the device included) and its row moves run
+    on the group's background thread. So in a steady step the main thread, which queues the
+    device's work, reads nothing: the lookup takes the prefetched slots, prefetch() only
+    hands the rows over, the backward dedupes and updates without a read (Triton's padded
+    dedupe, interpreted here as on CUDA; the staged copies run on the thread)."""
+    host = HostCachedEmbedding(
+        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="staged"
+    )
+    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
+    g = torch.Generator().manual_seed(0)
+    flat = [host.flatten(_batch(g)) for _ in range(8)]
+    counts = []
+    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
+        grad = torch.randn(sum(sizes), 8, generator=g)
+        with _HostReads() as reads:
+            out = host.lookup(rows, bags, scale, sum(sizes))
+            host.prefetch(flat[step + 1][0])
+            host.apply_gradient(rows, bags, scale, grad)
+        counts.append(len(reads.calls))
+        assert torch.equal(out, ref.lookup(rows, bags, scale, sum(sizes)).detach())
+        ref.apply_gradient(rows, bags, scale, grad)
+    assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, reads.calls)
+    assert host.take_stats().rows_written > 0  # it evicted dirty rows meanwhile
+    _assert_same(host, ref)
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """A list with an entry per sorted admission (unique_padded call) of any host group."""
+    """A list with an entry per sorted admission (unique_padded call) of any host group on
+    this thread (a prefetch's admission runs on the group's background thread)."""
     import hybridrec.sparse.host as host_module
 
     made = []
     real = host_module.unique_padded
-    monkeypatch.setattr(host_module, "unique_padded", lambda *a: made.append(1) or real(*a))
+
+    def counted(*a):  # noqa: ANN002, ANN202
+        if threading.current_thread() is threading.main_thread():
+            made.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(host_module, "unique_padded", counted)
     return made
 
 
@@ -411,12 +446,13 @@ def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(calls, evict_be
         reused.append(not calls)
         if step + 1 < len(flat):
             host.prefetch(flat[step + 1][0])
-            evictions = host._evictions
+            host._wait()  # the prefetch's admission (on the group's thread) has run
+            evictions = host.evictions
             if evict_between:  # an eval lookup of rows never seen: once full, the cache evicts
                 with torch.no_grad():
                     other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
                     host.lookup(other, torch.arange(other.numel()), None, other.numel())
-            expected.append(host._evictions == evictions)
+            expected.append(host.evictions == evictions)
         (out * coeff).sum().backward()
         assert torch.equal(out.detach(), out_ref.detach())
         _assert_free_list(host)

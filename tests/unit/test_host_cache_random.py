@@ -1,11 +1,12 @@
 """Random sequences of what training does to a host cache, each against the device group.
 
 A seeded generator picks the optimizer, the batch size, the cache size (down to a few rows
-more than two batches need, so rows are evicted, written back and reloaded all the time) and
+more than two batches need, so rows are evicted, written back and reloaded all the time),
 the least share of the cache an eviction frees (often more than the misses need: the rest
-join the free list). Then a sequence of training steps: with or without prefetching the
-next batch, looked up through the very rows prefetched (one rank) or the same inputs
-flattened again (several ranks), now and then one whose backward is skipped (as
+join the free list) and whether a prefetch admits on the group's background thread (beside
+the backward) or on the caller's. Then a sequence of training steps: with or without
+prefetching the next batch, looked up through the very rows prefetched (one rank) or the
+same inputs flattened again (several ranks), now and then one whose backward is skipped (as
 `train.nonfinite=skip` does) or whose prefetched batch never comes. Between steps:
 evaluation lookups, flushes, stats, warm starts from random counts and checkpoint loads (new
 values written into the host rows). After every operation the outputs, and after every
@@ -72,6 +73,7 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
     host = HostCachedEmbedding(SHARDS, make(), cache_rows=capacity, seed=seed, copy=copy)
     # evictions free more slots than the misses need (they join the free list), or just enough
     host.evict_share = rnd.choice([1 / 64, 0.1, 0.3])
+    host.background = rnd.random() < 0.75  # the prefetch's admission on its thread, or here
     batches = [_batch(g, b, skew) for _ in range(steps + 1)]
     ops = {"step": 0, "prefetched": 0, "skipped": 0, "eval": 0, "flush": 0, "warm": 0, "load": 0}
     ahead = None  # the flattened batch the last prefetch admitted, if it is the next one
