@@ -38,7 +38,8 @@ log="$OUT/$section.log"
       python3 benchmarks/lookup_update.py --device cuda --optimizer all --out "$OUT/lookup_update_h100.md" "$@"
       ;;
     host-kaggle)
-      # host_copy=auto times the UVA kernel and staged copies at start and logs both
+      # host_copy=auto times the UVA kernel and staged copies at start and logs both;
+      # add --inline-prefetch for rows whose prefetch admits on the main thread (to compare)
       python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
         --cache-fraction 0.05 --warmup 100 --out "$OUT/host_cache_kaggle_h100.md" "$@"
       ;;
