@@ -22,8 +22,8 @@ the data's id counts as in training (`--cold`: start empty):
 - hybridrec with every table in host memory (sharding=host), per sparse optimizer, with the
   next batch prefetched during each step's backward as the trainer does; with its cache hit
   rate, rows moved per step, copy bandwidth and time waiting on host memory (`--no-prefetch`
-  adds rows without prefetch, `--inline-prefetch` rows whose prefetch admits and moves rows
-  on the main thread instead of the group's background thread);
+  adds rows without prefetch, `--inline-prefetch` rows whose prefetch admits on the main
+  thread, only moving rows on the group's background thread);
 - naive: one nn.EmbeddingBag(sparse=True) per table on the CPU with torch SparseAdam, dense
   part on the device (what a PyTorch user does when tables do not fit): few steps, it is slow.
 Prints samples/s and the ratio to the all-on-device row (or to the first host row), two ways:
@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--inline-prefetch",
         action="store_true",
-        help="host rows with the prefetch's admission and moves on the main thread too",
+        help="host rows whose prefetch admits on the main thread (rows still move on the "
+        "background thread) too",
     )
     p.add_argument(
         "--host-copy",

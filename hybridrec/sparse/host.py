@@ -63,7 +63,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -218,8 +218,8 @@ class HostCachedEmbedding(FusedEmbedding):
     """
 
     evict_share = 1 / 64  # an eviction frees at least this share of the cache
-    # prefetch() admits on a background thread (False: on the caller's, moves included,
-    # which benchmarks/host_cache.py --inline-prefetch compares)
+    # prefetch() admits on a background thread (False: on the caller's, only the rows
+    # moving on the background thread; benchmarks/host_cache.py --inline-prefetch compares)
     background = True
 
     def __init__(
@@ -457,11 +457,13 @@ class HostCachedEmbedding(FusedEmbedding):
         rows: torch.Tensor,
         prefetch: bool = False,
         protected: torch.Tensor | None = None,
+        move_later: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
         distinct rows [U]). `prefetch`: the next batch's rows (counted now, reused by its
         lookup), admitted beside `protected`, the slots of the step whose backward is to run
-        (prefetch() runs this on its background thread and passes them).
+        (prefetch() runs this on its background thread and passes them). `move_later`: the
+        rows move on the background thread (an admission here, rows moved there).
 
         None for the training lookup of the rows the last prefetch admitted (its slots are
         reused); else one host sync (U and the misses, read together, with how many slots
@@ -535,7 +537,11 @@ class HostCachedEmbedding(FusedEmbedding):
             self.row_of_slot.index_copy_(0, new_slots, miss_rows)
             self.dirty.index_fill_(0, new_slots, False)
             slots.index_copy_(0, at, new_slots)
-            self._move(victims, victim_rows, victim_dirty, new_slots, miss_rows)
+            job = (victims, victim_rows, victim_dirty, new_slots, miss_rows)
+            if move_later:
+                self._in_background(lambda: self._move(*job), job)
+            else:
+                self._move(*job)
         per_id = slots.index_select(0, inverse)
         if prefetch:
             self._ahead = _Prefetched(rows, per_id, slots, self._evictions, segments)
@@ -715,23 +721,32 @@ class HostCachedEmbedding(FusedEmbedding):
         if self._stale:
             self._refresh()
         protected = self._protected
-        if not self.background or (self.use_kernel and self._side is None):
+        if self.use_kernel and self._side is None:
             self._admit(rows, prefetch=True, protected=protected)
-            return
-        if self._side is None:  # CPU: the thread alone
-            self._pending = self._pool_thread.submit(self._admit, rows, True, protected)
+        elif self.background:
+            uses = (rows, protected, self._free_slots)
+            self._in_background(lambda: self._admit(rows, True, protected), uses)
+        else:
+            self._admit(rows, prefetch=True, protected=protected, move_later=True)
+
+    def _in_background(self, fn: Callable[[], object], uses: Sequence[torch.Tensor | None]) -> None:
+        """Run `fn` on the group's thread; on CUDA on the side stream too, after the work
+        queued so far. `uses`: tensors of this stream that `fn` reads (this thread may free
+        them while the side stream still does). `_wait()` joins it."""
+        if self._side is None:
+            self._pending = self._pool_thread.submit(fn)
             return
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self.device))  # this step's lookups are queued
-        for t in (rows, protected, self._free_slots):
-            if t is not None:  # freed by this thread while the side stream may still read
+        for t in uses:
+            if t is not None:
                 t.record_stream(self._side)
         done = torch.cuda.Event()
 
         def run() -> None:
             with torch.cuda.stream(self._side):
                 self._side.wait_event(ready)
-                self._admit(rows, prefetch=True, protected=protected)
+                fn()
                 done.record(self._side)
 
         self._pending = self._pool_thread.submit(run)

@@ -113,11 +113,14 @@ def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
 
 
 @pytest.mark.parametrize("opt", list(_optimizers()))
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("prefetch", ["none", "background", "admit here"])
 def test_tiny_cache_equals_device_group(opt, prefetch):
+    """With prefetch admitting on the group's thread (the default) or on this one (rows
+    still moving on the group's thread), or without prefetch."""
     make = _optimizers()[opt]
     ref = FusedEmbedding(SHARDS, make(), seed=3)
     host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    host.background = prefetch == "background"
     assert torch.equal(host.weight, ref.weight)  # same initial values
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(12)]
@@ -125,7 +128,7 @@ def test_tiny_cache_equals_device_group(opt, prefetch):
     for step, (inputs, coeff) in enumerate(zip(batches, coeffs, strict=True)):
         out_ref = _step(ref, inputs, coeff)
         out = host(inputs)
-        if prefetch and step + 1 < len(batches):  # the trainer's order: before the backward
+        if prefetch != "none" and step + 1 < len(batches):  # the trainer's order: before backward
             host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
