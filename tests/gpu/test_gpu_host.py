@@ -36,16 +36,26 @@ def test_registered_host_tables_are_pinned_and_copy_both_ways():
     assert torch.equal(d.cpu(), t) and torch.equal(back, t * 2)
 
 
+# prefetch: False, "background" (its admission on the group's thread and side stream, the
+# default) or "admit here" (on the main thread, rows moving on the group's thread)
 CASES = [
     (sparse, prefetch, host_copy, False)
     for sparse in ("sgd", "rowwise_adagrad", "adam")
-    for prefetch in (False, True)
+    for prefetch in (False, "background")
     for host_copy in ("kernel", "staged", "auto")
-] + [("rowwise_adagrad", True, "kernel", True), ("adam", True, "staged", True)]
+] + [
+    ("rowwise_adagrad", "background", "kernel", True),
+    ("adam", "background", "staged", True),
+    ("sgd", "admit here", "kernel", False),
+    ("adam", "admit here", "staged", True),
+]
 
 
 @pytest.mark.parametrize("sparse,prefetch,host_copy,warm", CASES)
-def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, warm):
+def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, warm, monkeypatch):
+    from hybridrec.sparse.host import HostCachedEmbedding
+
+    monkeypatch.setattr(HostCachedEmbedding, "background", prefetch != "admit here")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ref_cfg = make_cfg("none", sparse, 1)
@@ -56,7 +66,7 @@ def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, wa
     cfg.sharding.host_copy = host_copy
     env = init_distributed("cuda", timeout_s=60, force_group=True)
     try:
-        got = collect(env, cfg, prefetch=prefetch, warm=warm)
+        got = collect(env, cfg, prefetch=bool(prefetch), warm=warm)
     finally:
         destroy_distributed(env)
     assert got["stats"].rows_written > 0
