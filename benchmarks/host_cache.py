@@ -279,11 +279,11 @@ def main(argv: list[str] | None = None) -> None:
             label = f"host + cache, {name}" + (f", {copy} copies" if copy != "auto" else "")
             add(label, run_hybridrec(cfg, env, stream, args, True))
             if args.inline_prefetch:
-                HostCachedEmbedding.background = False
+                default, HostCachedEmbedding.background = HostCachedEmbedding.background, False
                 try:
                     res = run_hybridrec(cfg, env, stream, args, True)
                 finally:
-                    HostCachedEmbedding.background = True
+                    HostCachedEmbedding.background = default
                 add(f"{label}, prefetch on the main thread", res)
             if args.no_prefetch:
                 add(f"{label}, no prefetch", run_hybridrec(cfg, env, stream, args, False))

@@ -218,9 +218,12 @@ class HostCachedEmbedding(FusedEmbedding):
     """
 
     evict_share = 1 / 64  # an eviction frees at least this share of the cache
-    # prefetch() admits on a background thread (False: on the caller's, only the rows
-    # moving on the background thread; benchmarks/host_cache.py --inline-prefetch compares)
-    background = True
+    # Whether prefetch() admits on the background thread (else on the caller's, only the
+    # rows moving there; benchmarks/host_cache.py --inline-prefetch compares). None: on CUDA,
+    # where the admission's sync then waits for the side stream only; on the CPU there is
+    # no sync to hide, and a second thread only competes for the cores (1.8x slower steps
+    # measured on 2 cores)
+    background: bool | None = None
 
     def __init__(
         self,
@@ -246,6 +249,7 @@ class HostCachedEmbedding(FusedEmbedding):
         self.age_every = age_every
         self.stats = CacheStats()
         self.prefetched_lookups = 0  # training lookups that took a prefetch's slots as is
+        self.warm_hits = (0.0, 0.0)  # see warm_start
         self._protected: torch.Tensor | None = None  # slots whose backward is pending
         self._training_lookup = False
         self._counted_ahead = False  # the next training lookup's rows were counted by prefetch
@@ -723,7 +727,7 @@ class HostCachedEmbedding(FusedEmbedding):
         protected = self._protected
         if self.use_kernel and self._side is None:
             self._admit(rows, prefetch=True, protected=protected)
-        elif self.background:
+        elif self.background or (self.background is None and self._side is not None):
             uses = (rows, protected, self._free_slots)
             self._in_background(lambda: self._admit(rows, True, protected), uses)
         else:
@@ -815,7 +819,13 @@ class HostCachedEmbedding(FusedEmbedding):
         e.g. from the dataset manifest) and give every row, cached or not, the use count it
         would have reached by now (`freq`): expected uses per step times the ageing window
         (age_every / ln 2 steps), the scale that lookups' counts settle at. Without that scale
-        a row met once would outrank the warm rows and push them out. Returns the rows loaded."""
+        a row met once would outrank the warm rows and push them out. Returns the rows loaded.
+
+        Also sets `warm_hits`: (sum over the cached rows, sum over all rows) of the chance a
+        row is among a step's ids, were ids drawn by these counts (1 - e^-uses per step).
+        Their ratio is the hit rate these rows give over a batch's distinct rows, the best any
+        fixed set of this size gives: what the cache should reach while the data looks like
+        its counts."""
         self._wait()
         if frequency.shape != (self.num_rows,):
             raise ValueError(f"frequency must be [{self.num_rows}], got {list(frequency.shape)}")
@@ -833,6 +843,8 @@ class HostCachedEmbedding(FusedEmbedding):
         window = self.age_every / math.log(2)
         self.freq.copy_((freq * (ids_per_step * window / total)).float())
         top_dev = torch.topk(self.freq, n).indices.sort().values  # on the device: 188M rows
+        present = -torch.expm1(-self.freq.double() / window)  # a row in a step's ids
+        self.warm_hits = (float(present[top_dev].sum()), float(present.sum()))
         slots = torch.arange(n, device=self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev

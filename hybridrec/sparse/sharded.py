@@ -525,6 +525,14 @@ class ShardedEmbeddingCollection(nn.Module):
                 loaded += group.warm_start(freq, ids_per_step)
         return loaded
 
+    def warm_hit_rate(self) -> float | None:
+        """The hit rate this rank's warm-started caches give if ids follow the counts they
+        started from (HostCachedEmbedding.warm_start); None before a warm start."""
+        cached, total = 0.0, 0.0
+        for g in self.host_groups():
+            cached, total = cached + g.warm_hits[0], total + g.warm_hits[1]
+        return cached / total if total else None
+
     def cache_stats(self) -> CacheStats | None:
         """This rank's host-cache counters since the last call (None: no host groups here)."""
         groups = self.host_groups()

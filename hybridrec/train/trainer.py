@@ -175,8 +175,16 @@ class Trainer:
         if counts is None:
             log.info("host caches start empty (the data source records no id frequencies)")
             return 0
-        loaded = self.model.embeddings.warm_start_caches(counts, self.cfg.train.batch_size)
+        emb = self.model.embeddings
+        loaded = emb.warm_start_caches(counts, self.cfg.train.batch_size)
         log.info("host caches warm-started with %d rows from the dataset's id counts", loaded)
+        rate = emb.warm_hit_rate()
+        if rate is not None:
+            log.info(
+                "host caches: expected hit rate %.3f of each batch's distinct rows while ids "
+                "follow those counts (the best any fixed set of rows this size does)",
+                rate,
+            )
         return loaded
 
     # -- data -------------------------------------------------------------------------------

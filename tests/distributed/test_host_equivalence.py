@@ -17,6 +17,7 @@ import torch
 
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
+from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 from tests.distributed.test_equivalence import OPTIMIZERS, compare, make_cfg, snapshot
@@ -62,7 +63,15 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> di
 
 
 def run_all(env: DistEnv, configs: list[tuple[str, Config, bool, bool]]) -> dict:
-    return {name: collect(env, cfg, prefetch, warm) for name, cfg, prefetch, warm in configs}
+    out = {}
+    for name, cfg, prefetch, warm in configs:
+        # the prefetch's admission on the groups' threads, as on CUDA (the CPU default: not)
+        HostCachedEmbedding.background = True if "background" in name else None
+        try:
+            out[name] = collect(env, cfg, prefetch, warm)
+        finally:
+            HostCachedEmbedding.background = None
+    return out
 
 
 def _reference(sparse: str) -> dict:
@@ -79,6 +88,8 @@ def test_host_tables_match_reference(world):
     for sparse in OPTIMIZERS:
         configs.append((f"host/{sparse}", host_cfg("host", sparse, world), False, False))
         configs.append((f"host/{sparse}/prefetch", host_cfg("host", sparse, world), True, False))
+    background = host_cfg("host", "adam", world)
+    configs.append(("host/adam/prefetch/background admission", background, True, False))
     warm = host_cfg("host", "rowwise_adagrad", world)
     configs.append(("host/rowwise_adagrad/prefetch/warm start", warm, True, True))
     auto = host_cfg("auto", "rowwise_adagrad", world)

@@ -62,6 +62,7 @@ def test_cli_prints_the_host_placement(tmp_path):
     assert "@host(cache" in out.stderr
     # synthetic data knows its id popularity: the caches start with the hottest rows
     assert "host caches warm-started with" in out.stderr
+    assert "host caches: expected hit rate 0." in out.stderr
     # each progress line says how the cache does
     assert "step 2/4  loss" in out.stderr and "cache hit " in out.stderr
     assert "rows in /" in out.stderr and "waited" in out.stderr

@@ -393,6 +393,7 @@ def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
     host = HostCachedEmbedding(
         SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="staged"
     )
+    host.background = True  # as on CUDA
     ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
     g = torch.Generator().manual_seed(0)
     flat = [host.flatten(_batch(g)) for _ in range(8)]
@@ -409,6 +410,34 @@ def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
     assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, reads.calls)
     assert host.take_stats().rows_written > 0  # it evicted dirty rows meanwhile
     _assert_same(host, ref)
+
+
+def test_warm_start_states_the_hit_rate_its_rows_give():
+    """warm_hits: the chance each row is among a step's ids (1 - e^-uses), summed over the
+    cached rows and over all rows. With ids drawn by those counts, the cache (LFU with
+    ageing, started from them) then hits nearly that share of each batch's distinct rows:
+    the best any fixed set of rows that size does."""
+    rows = 20_000
+    table = TableConfig("t", num_rows=rows, dim=4, hotness=1)
+    g = torch.Generator().manual_seed(0)
+    counts = (1.0 / torch.arange(1, rows + 1).double() ** 1.05)[torch.randperm(rows, generator=g)]
+    p = counts / counts.sum()
+    for cache_rows, n_ids in ((2000, 1000), (1000, 400)):
+        host = HostCachedEmbedding(
+            [(table, 0, ShardSpec("t", 0, 0, rows, 0, 4))], SparseSGD(0.1), cache_rows, seed=3
+        )
+        host.warm_start(counts * 1e6, ids_per_step=float(n_ids))
+        present = -torch.expm1(-p * n_ids)
+        want = float(present[torch.topk(counts, cache_rows).indices].sum() / present.sum())
+        cached, total = host.warm_hits
+        assert cached / total == pytest.approx(want, rel=1e-4)
+        for step in range(300):
+            if step == 100:
+                host.take_stats()
+            ids = torch.multinomial(p, n_ids, replacement=True, generator=g)
+            host.lookup(ids, torch.arange(n_ids), None, n_ids).sum().backward()
+        st = host.take_stats()
+        assert want - 0.04 < st.hits / st.rows_requested < want + 0.01, (cache_rows, want)
 
 
 @pytest.fixture
