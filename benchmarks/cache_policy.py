@@ -77,7 +77,14 @@ def narrow_group(cfg: Config) -> tuple[HostCachedEmbedding, list[TableConfig]]:
         narrow = TableConfig(t.name, t.num_rows, 1, t.hotness, t.pooling)
         shards.append((narrow, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 1)))
         cache_rows += s.cache_rows
-    group = HostCachedEmbedding(shards, SparseSGD(0.01), cache_rows, pin=False, copy="staged")
+    group = HostCachedEmbedding(
+        shards,
+        SparseSGD(0.01),
+        cache_rows,
+        pin=False,
+        age_every=cfg.sharding.cache_halflife,
+        copy="staged",
+    )
     return group, tables
 
 
@@ -95,10 +102,18 @@ def best_static_hit(counts, tables: list[TableConfig], batch: int, capacity: int
     return float(np.partition(q, q.size - k)[q.size - k :].sum() / q.sum())
 
 
-def replay(cfg: Config, args: argparse.Namespace, cold: bool, share: float | None = None) -> dict:
+def replay(
+    cfg: Config,
+    args: argparse.Namespace,
+    cold: bool,
+    share: float | None = None,
+    halflife: int | None = None,
+) -> dict:
     group, tables = narrow_group(cfg)
     if share is not None:
         group.evict_share = share
+    if halflife is not None:
+        group.age_every = halflife
     source = build_source(cfg)
     offsets = hot_offsets(tables)
     b = args.batch_size
@@ -139,6 +154,7 @@ def replay(cfg: Config, args: argparse.Namespace, cold: bool, share: float | Non
         "cache_pct": 100 * group.capacity / group.num_rows,
         "cache_gib": group.capacity * row_bytes / 2**30,
         "share": group.evict_share,
+        "halflife": group.age_every,
         "selections": selections,
         "hit": st.hits / max(1, st.rows_requested),
         "distinct": st.rows_requested / args.steps,
@@ -155,6 +171,7 @@ def _row(r: dict, start: str) -> list[str]:
     return [
         f"{r['cache_rows']:,} ({r['cache_pct']:.2f}%, {r['cache_gib']:.2f} GiB)",
         start,
+        f"{r['halflife']}",
         f"{r['share']:.4g}",
         f"{r['selections']:.2f}",
         f"{r['hit']:.3f}",
@@ -183,6 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--cycle", type=int, default=0, help="distinct batches, cycled (0: all new)")
     p.add_argument(
+        "--halflife",
+        default=None,
+        help="comma-separated steps after which use counts halve (default: the config's "
+        "sharding.cache_halflife)",
+    )
+    p.add_argument(
         "--evict-share",
         default=None,
         help="comma-separated least shares of the cache an eviction frees (default: the "
@@ -197,15 +220,19 @@ def main(argv: list[str] | None = None) -> None:
     if set(starts) - {"warm", "cold"}:
         p.error(f"--start: warm, cold or warm,cold, got {args.start!r}")
     shares = [float(x) for x in args.evict_share.split(",")] if args.evict_share else [None]
+    halflives = [int(x) for x in args.halflife.split(",")] if args.halflife else [None]
     for size in sizes:
         for start in starts:
             for share in shares:
-                r = replay(make_cfg(args, size), args, cold=start == "cold", share=share)
-                rows.append(_row(r, start))
-                print("  ".join(rows[-1]), f"({r['wall']:.0f} s)", flush=True)
+                for halflife in halflives:
+                    cfg = make_cfg(args, size)
+                    r = replay(cfg, args, start == "cold", share, halflife)
+                    rows.append(_row(r, start))
+                    print("  ".join(rows[-1]), f"({r['wall']:.0f} s)", flush=True)
     headers = [
         "cache rows",
         "start",
+        "halflife",
         "evict share",
         "selections/step",
         "hit rate",
@@ -229,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
             "start: warm = the cache warm-started from the data's id counts as training does, "
             "cold = empty; "
             f"next batch prefetched as the trainer does.\n"
+            "- halflife: steps after which the cache's use counts halve "
+            "(sharding.cache_halflife).\n"
             "- evict share: the least share of the cache an eviction frees (victims beyond the "
             "misses join the free slots); selections/step: how often a step selected victims "
             "(a top-k over the whole cache on the device).\n"

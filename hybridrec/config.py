@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from hybridrec.types import PIN_MODES, Pooling, TableConfig
+from hybridrec.types import CACHE_HALFLIFE, PIN_MODES, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -127,6 +127,9 @@ class ShardingConfig:
     host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
     pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
     host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (the faster)
+    # the caches' use counts halve every this many steps (LFU with ageing): longer remembers
+    # which rows are popular better, shorter follows data whose popularity drifts faster
+    cache_halflife: int = CACHE_HALFLIFE
     # tables whose sharding is fixed, {table: table_wise|column_wise|row_wise|data_parallel|
     # host}; `type` plans the others around them
     tables: dict[str, str] | None = None
@@ -448,6 +451,7 @@ def _check(c: Config, world_size: int) -> None:
     if c.sharding.cache_gb is not None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
     _choice("sharding.host_copy", c.sharding.host_copy, ("auto", "kernel", "staged"))
+    _positive("sharding.cache_halflife", c.sharding.cache_halflife)
     _check_pins(c)
     _choice("sharding.comm_dtype", c.sharding.comm_dtype, tuple(TABLE_DTYPES))
     if c.sharding.host_gb is not None:

@@ -254,6 +254,7 @@ def build_model(
         cfg.sharding.pin_host,
         cfg.sharding.host_copy,
         comm_dtype(cfg),
+        cfg.sharding.cache_halflife,
     )
     emb.autocast_output = _handoff_in_autocast_dtype(cfg)
     _log_built(emb, env, start)

@@ -30,6 +30,11 @@ class ShardingType(str, Enum):
 # cache (stored as row-wise / table-wise shards with cache rows).
 PIN_MODES = tuple(s.value for s in ShardingType) + ("host",)
 
+# Host caches' use counts halve every this many lookups (sharding.cache_halflife). 1000, not
+# 100: replayed on the CPU (benchmarks/results/cache_policy_halflife_*.md), a short memory
+# let rows met once push out rows of steady popularity
+CACHE_HALFLIFE = 1000
+
 
 class Pooling(str, Enum):
     """How the ids of one bag (one sample, one table) become one vector."""

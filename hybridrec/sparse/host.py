@@ -6,8 +6,9 @@ in host memory (pinned when the device is CUDA, so copies are DMA); the device h
     cache_weight [C, D], cache_state_<name> [C] or [C, D]   the cached rows and their state
     slot_of      [R] int32   cache slot of each group row, -1 when not cached
     freq         [R] fp32    how often each row was used, cached or not, halved every
-                             `age_every` lookups (LFU with ageing: yesterday's hot rows make
-                             way for today's; a row evicted and met again keeps its history)
+                             `age_every` lookups (sharding.cache_halflife; LFU with ageing:
+                             yesterday's hot rows make way for today's; a row evicted and met
+                             again keeps its history)
     row_of_slot  [C] int64   group row held by each slot, -1 when free
     dirty        [C] bool    updated since it was loaded: written back when evicted
 
@@ -75,7 +76,7 @@ from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _p
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.triton_ops import Segments
-from hybridrec.types import ShardSpec, TableConfig
+from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
 
 GIB = 1 << 30
 log = logging.getLogger("hybridrec")
@@ -234,7 +235,7 @@ class HostCachedEmbedding(FusedEmbedding):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         pin: bool = True,
-        age_every: int = 100,
+        age_every: int = CACHE_HALFLIFE,
         copy: str = "auto",
     ) -> None:
         # read by _init_storage, which FusedEmbedding.__init__ calls

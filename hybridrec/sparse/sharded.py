@@ -78,7 +78,14 @@ from hybridrec.sparse.fused import (
 )
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.timing import NULL_TIMER, PhaseTimer
-from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, hot_offsets
+from hybridrec.types import (
+    CACHE_HALFLIFE,
+    ShardingPlan,
+    ShardingType,
+    ShardSpec,
+    TableConfig,
+    hot_offsets,
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,7 @@ class ShardedEmbeddingCollection(nn.Module):
         pin_host: bool = True,
         host_copy: str = "auto",
         comm_dtype: torch.dtype = torch.float32,
+        cache_halflife: int = CACHE_HALFLIFE,
     ) -> None:
         super().__init__()
         self.tables = list(tables)
@@ -171,7 +179,15 @@ class ShardedEmbeddingCollection(nn.Module):
             if key.startswith("h"):
                 cache_rows = sum(u.shard.cache_rows for u in units)
                 groups[key] = HostCachedEmbedding(
-                    shards, optimizer, cache_rows, seed, device, dtype, pin_host, copy=host_copy
+                    shards,
+                    optimizer,
+                    cache_rows,
+                    seed,
+                    device,
+                    dtype,
+                    pin_host,
+                    age_every=cache_halflife,
+                    copy=host_copy,
                 )
             else:
                 groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)

@@ -67,11 +67,13 @@ def test_cache_policy_replay_reports_warm_and_cold(tmp_path):
     out = tmp_path / "policy.md"
     cache_policy.main(
         ["--model=dlrm_tiny", "--batch-size=512", "--cache-fraction=0.05", "--steps=2"]
-        + ["--warmup=2", "--start=warm,cold", "--evict-share=0.015625,0.25", f"--out={out}"]
+        + ["--warmup=2", "--start=warm,cold", "--evict-share=0.015625,0.25", "--halflife=7"]
+        + [f"--out={out}"]
     )
     text = out.read_text()
     assert "| warm " in text and "| cold " in text and "best static" in text
     assert "| evict share |" in text and "| 0.25 " in text and "| 0.01562 " in text
+    assert "| halflife |" in text and "| 7 " in text
 
 
 def test_host_cache_benchmark_runs_every_row(tmp_path):

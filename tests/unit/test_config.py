@@ -66,6 +66,7 @@ def test_unknown_key_names_key_and_allowed_keys():
         ("train.steps=0", r"train.steps must be > 0"),
         ("optim.sparse.lr=-1", r"optim.sparse.lr must be > 0"),
         ("train.steps=abc", r"invalid config value for 'train.steps'"),
+        ("sharding.cache_halflife=0", r"sharding.cache_halflife must be > 0"),
     ],
 )
 def test_bad_values_name_key_and_choices(override, message):
