@@ -40,8 +40,9 @@ log="$OUT/$section.log"
     host-kaggle)
       # host_copy=auto times the UVA kernel and staged copies at start and logs both;
       # add --inline-prefetch for rows whose prefetch admits on the main thread (to compare)
+      # 300 warmup steps: past the warm start, as benchmarks/results/cache_policy_halflife_*
       python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
-        --cache-fraction 0.05 --warmup 100 --out "$OUT/host_cache_kaggle_h100.md" "$@"
+        --cache-fraction 0.05 --warmup 300 --out "$OUT/host_cache_kaggle_h100.md" "$@"
       ;;
     host-copy)
       # optional: whole steps with each copy path forced
@@ -51,8 +52,10 @@ log="$OUT/$section.log"
       ;;
     host-1tb)
       free -g
+      # 400 warmup steps (about 6 s): dirty rows are written back from about then on (the
+      # CPU replay, cache_policy_halflife_1tb.md); the first H100 run's 30 were not enough
       python3 benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
-        --cache-gb 12 --hbm-gb 16 --warmup 100 --no-device-baseline --naive-steps 0 \
+        --cache-gb 12 --hbm-gb 16 --warmup 400 --no-device-baseline --naive-steps 0 \
         --out "$OUT/host_cache_1tb_h100.md" "$@"
       ;;
     kernels)
