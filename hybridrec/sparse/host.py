@@ -526,8 +526,7 @@ class HostCachedEmbedding(FusedEmbedding):
         if n_miss:
             # the missing rows' positions, ascending (so are their rows: sorted host reads)
             at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
-            keep = _kept(slots, protected)
-            chosen = self._choose_slots(n_miss, keep, u, prefetch, masked, evictable)
+            chosen = self._choose_slots(n_miss, slots, protected, prefetch, masked, evictable)
             if chosen is None:
                 return slots, slots  # a prefetch that does not fit: the lookup will admit
             new_slots, victims = chosen
@@ -572,17 +571,18 @@ class HostCachedEmbedding(FusedEmbedding):
     def _choose_slots(
         self,
         n_miss: int,
-        keep: torch.Tensor,
-        n_batch: int,
+        slots: torch.Tensor,
+        protected: torch.Tensor | None,
         prefetch: bool,
         masked: torch.Tensor | None = None,
         evictable: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(`n_miss` slots for new rows, victims): free slots first, then the lowest-score
-        slots outside `keep` (slots, -1 entries ignored), evicted (victims, returned so dirty
-        ones are written back; in bulk, so there may be more victims than needed: they join
-        the free slots). None when they do not fit and this is only a prefetch. `masked`,
-        `evictable`: _eviction_scores(keep) and its finite count, when read already."""
+        slots outside this batch's `slots` [U] (-1 entries ignored) and `protected`, evicted
+        (victims, returned so dirty ones are written back; in bulk, so there may be more
+        victims than needed: they join the free slots). None when they do not fit and this
+        is only a prefetch. `masked`, `evictable`: the eviction scores of those slots and
+        their finite count, when read already."""
         take = min(n_miss, self._n_free)
         free = self._free_slots[:take]
         short = n_miss - take
@@ -591,15 +591,15 @@ class HostCachedEmbedding(FusedEmbedding):
             return free, free.new_empty(0)
         C = self.capacity
         if masked is None or evictable is None:
-            masked = self._eviction_scores(keep)
+            masked = self._eviction_scores(_kept(slots, protected))
             evictable = int(torch.isfinite(masked).sum())  # a second sync
         if evictable < short:
             if prefetch:
                 return None
             raise CacheTooSmallError(
                 f"host cache of tables {', '.join(sorted({s.table for s in self.shards}))}: "
-                f"{self.capacity:,} rows cannot hold the {n_batch:,} distinct rows of one batch "
-                "next to the rows still in use; raise sharding.cache_fraction or "
+                f"{self.capacity:,} rows cannot hold the {slots.numel():,} distinct rows of one "
+                "batch next to the rows still in use; raise sharding.cache_fraction or "
                 "sharding.cache_gb, or lower train.batch_size"
             )
         # evict in bulk (at least `evict_share` of the cache): one selection over the whole
@@ -844,8 +844,9 @@ class HostCachedEmbedding(FusedEmbedding):
         window = self.age_every / math.log(2)
         self.freq.copy_((freq * (ids_per_step * window / total)).float())
         top_dev = torch.topk(self.freq, n).indices.sort().values  # on the device: 188M rows
-        present = -torch.expm1(-self.freq.double() / window)  # a row in a step's ids
-        self.warm_hits = (float(present[top_dev].sum()), float(present.sum()))
+        present = -torch.expm1(-self.freq / window)  # a row in a step's ids; fp32, as freq
+        cached = present[top_dev].sum(dtype=torch.float64)
+        self.warm_hits = (float(cached), float(present.sum(dtype=torch.float64)))
         slots = torch.arange(n, device=self.device)
         self.slot_of[top_dev] = slots.to(torch.int32)
         self.row_of_slot[:n] = top_dev
