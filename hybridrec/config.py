@@ -261,7 +261,8 @@ def _fields_at(path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
-GROUPS = ("model", "data", "sharding", "optim", "logger")
+# config groups (`model=...`, `experiment=...`): the directories of conf/
+GROUPS = tuple(sorted(p.name for p in CONF_DIR.glob("*") if p.is_dir()))
 
 
 def check_override_keys(overrides: list[str]) -> None:
