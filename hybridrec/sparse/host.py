@@ -721,7 +721,13 @@ class HostCachedEmbedding(FusedEmbedding):
         backward, so the device never runs dry. What the two touch at the same time is
         disjoint: the backward updates and marks dirty this step's slots, which the
         admission keeps; the admission maps and moves other rows. Triton's CPU interpreter
-        (tests) is not thread-safe: with interpreted copy kernels it runs here."""
+        (tests) is not thread-safe: with interpreted copy kernels it runs here.
+
+        Beside `train.compile=graphs`: inductor captures CUDA graphs in "thread_local" mode
+        and sends only the capturing thread's allocations to the graph's pool (torch
+        `_inductor/cudagraph_trees.py`), so this thread's sync and allocations, on its own
+        stream, are allowed while the main thread captures (read from torch's source; not
+        yet run on a GPU)."""
         self._wait()
         if self._stale:
             self._refresh()
