@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import Config, check_override_keys, validate
+from hybridrec.config import CONF_DIR, Config, check_override_keys, validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
 from hybridrec.train.loggers import init_logging
 from hybridrec.train.sweep import environ, final_metrics, launch_ranks, wandb_environ
@@ -95,7 +95,9 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
     return None if auc is None else float(auc)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+# An absolute path: a relative one resolves against the calling *module* when this runs as the
+# `hybridrec-train` console script (not `python -m`), which Hydra reads as package "conf".
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(raw: DictConfig) -> float | None:
     """Train (or launch the ranks that train); returns the final eval AUC for Hydra sweeps."""
     init_logging(int(os.environ.get("RANK", 0)))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import init_distributed
 from hybridrec.train.trainer import Trainer
-from tests.cli import run_cli
+from tests.cli import REPO, run_cli
 from tests.distributed.test_equivalence import make_cfg
 
 
@@ -70,6 +72,24 @@ def test_cli_help_and_short_run(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [10, 20, 20] and "auc" in rows[-1]
     assert "step 20/20" in out.stderr
+
+
+def test_console_script_finds_its_configs(tmp_path):
+    """`hybridrec-train` (the console script: hybridrec.main imported, not run as __main__)
+    composes conf/ too, from any directory; it used to fail with "Primary config module 'conf'
+    not found" while `python -m hybridrec.main` worked."""
+    code = "import sys; from hybridrec.main import cli; sys.argv[0] = 'hybridrec-train'; cli()"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "hybridrec-train" in out.stdout and "name: dlrm_tiny" in out.stdout
 
 
 def test_cli_bad_value_is_a_clear_error(tmp_path):
