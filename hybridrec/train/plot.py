@@ -151,7 +151,9 @@ def plot(
         split, _ = parse_metric(m)
         for label, (steps, values) in data[m].items():
             y = smooth(values, smooth_window) if split == "train" else values
-            ax.plot(steps, y, label=label, marker="o" if split == "eval" else None, markersize=3)
+            # a one-point line draws nothing: mark points of eval rows and of any single point
+            marker = "o" if split == "eval" or len(steps) == 1 else None
+            ax.plot(steps, y, label=label, marker=marker, markersize=3)
         smoothed = f" (mean of {smooth_window})" if split == "train" and smooth_window > 1 else ""
         ax.set_title(m + smoothed)
         ax.set_xlabel("step")

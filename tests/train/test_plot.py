@@ -123,3 +123,24 @@ def test_metric_names_and_smoothing():
     assert parse_metric("eval/accuracy") == ("eval", "accuracy")
     assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert smooth([1.0, 3.0], 1) == [1.0, 3.0]
+
+
+def test_a_single_train_point_is_drawn(tmp_path, monkeypatch):
+    """A run logged once (train.steps == train.log_every, as in a short sweep) has one train
+    point per metric: drawn as a line alone it leaves the panel empty, so it gets a marker."""
+    import matplotlib.axes
+
+    markers: dict[str, object] = {}
+    real_plot = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        markers[kwargs.get("label")] = kwargs.get("marker")
+        return real_plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 100, "split": "train", "loss": 0.4, "samples_per_sec": 1e5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([str(run), "-o", str(tmp_path / "c.png"), "--metrics", "loss"]) == 0
+    assert markers == {"run": "o"}
