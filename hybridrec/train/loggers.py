@@ -36,8 +36,12 @@ FINISH_TIMEOUT_S = 60.0  # online: stop uploading at the end after this long; `w
 
 
 def init_logging(rank: int = 0, level: int = logging.INFO) -> None:
-    """One log format for every process; non-zero ranks only report warnings."""
+    """One log format for every process; non-zero ranks only report warnings.
+
+    Log files already attached to the root logger (Hydra's `<run dir>/<job name>.log`) are
+    kept, in this format: replacing every handler left that file empty in every run dir."""
     fmt = f"[%(asctime)s r{rank}] %(message)s"
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     logging.basicConfig(
         level=level if rank == 0 else logging.WARNING,
         format=fmt,
@@ -45,6 +49,10 @@ def init_logging(rank: int = 0, level: int = logging.INFO) -> None:
         stream=sys.stderr,
         force=True,
     )
+    root = logging.getLogger()
+    for h in files:
+        h.setFormatter(root.handlers[0].formatter)
+        root.addHandler(h)
 
 
 class NullLogger:

@@ -72,6 +72,8 @@ def test_cli_help_and_short_run(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [10, 20, 20] and "auc" in rows[-1]
     assert "step 20/20" in out.stderr
+    # the run dir's log file (Hydra's main.log) holds the console's lines, not nothing
+    assert "step 20/20" in (run_dir / "main.log").read_text()
 
 
 def test_console_script_finds_its_configs(tmp_path):
