@@ -2,7 +2,9 @@
 # Single-node launch: NGPU ranks on this machine with torchrun; arguments are Hydra overrides.
 #
 #   NGPU=8 launch/run_train.sh model=dlrm_kaggle sharding=auto train.batch_size=65536
-#   NGPU=3 DEVICE=cpu launch/run_train.sh sharding=row_wise      # gloo ranks on CPU
+#   NGPU=2 DEVICE=cpu launch/run_train.sh sharding=row_wise      # gloo ranks on CPU
+# train.batch_size and eval.batch_size (defaults 1024, 2048) must divide by NGPU: with
+# NGPU=3 pass e.g. train.batch_size=1023 eval.batch_size=2046
 #
 # Knobs (environment): NGPU (ranks, default: visible GPUs, else 2), DEVICE (auto|cpu|cuda),
 # MAX_RESTARTS (torchrun restarts after a failure, default 0), HYBRIDREC_RUN_ID (run dir name,
