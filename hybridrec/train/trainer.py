@@ -18,6 +18,7 @@ the loss every step and drops that step's update on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
@@ -519,8 +521,11 @@ class Trainer:
             )
         steps = cfg.train.steps
         bar = self._progress(steps)
+        console = contextlib.ExitStack()
         if bar is not None:
             bar.update(self.step)
+            # log lines go above the bar (tqdm.write), not onto the end of its line
+            console.enter_context(logging_redirect_tqdm())
         log.info(
             "training steps %d..%d, global batch %d (%d per rank x %d ranks) on %s",
             self.step + 1,
@@ -562,6 +567,7 @@ class Trainer:
                     profiler.close()
                 if bar is not None:
                     bar.close()
+                console.close()
         self.logger.close()
         if env.is_main and self.step > first:
             self._log_summary(result, self.step - first, time.perf_counter() - start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,25 @@ def test_console_script_finds_its_configs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "hybridrec-train" in out.stdout and "name: dlrm_tiny" in out.stdout
+
+
+def test_progress_bar_keeps_log_lines_whole(tmp_path):
+    """With the progress bar (a terminal, or train.progress=bar), log lines printed while it
+    runs start their own line: they used to be appended to the bar's ("...sps=250,159][12:07
+    r0] eval @ step 20 ...")."""
+    out = _run_cli(
+        "train.steps=20",
+        "train.log_every=10",
+        "eval.batches=1",
+        "train.progress=bar",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    segments = re.split(r"[\r\n]", out.stderr)
+    evals = [s for s in segments if "eval @ step 20" in s]
+    assert evals and all(s.startswith("[") for s in evals), evals
+    assert any(s.startswith("train: 100%") for s in segments)
 
 
 def test_cli_bad_value_is_a_clear_error(tmp_path):
