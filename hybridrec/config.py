@@ -481,6 +481,11 @@ def _check_data(c: Config) -> None:
     _choice("data.loader", d.loader, DATA_LOADERS)
     _choice("data.last_batch", d.last_batch, ("drop", "pad"))
     _choice("data.eval_split", d.eval_split, ("val", "test"))
+    if d.name == "synthetic" and d.eval_split != "val":
+        raise ValueError(
+            f"data.eval_split={d.eval_split} picks a split of a file dataset (data=criteo, "
+            "criteo_sample); data.name=synthetic has one eval stream"
+        )
     _choice("data.verify", d.verify, ("size", "read", "full"))
     _choice("data.multi_hot", d.multi_hot, ("none", "synthetic"))
     if d.multi_hot == "synthetic" and d.name == "synthetic":

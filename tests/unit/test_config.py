@@ -140,6 +140,14 @@ def test_multi_hot_expansion_is_for_file_datasets():
         validate(_compose("data=criteo_sample", "data.multi_hot=yes"))
 
 
+def test_eval_split_is_for_file_datasets():
+    """Synthetic data has one eval stream: `+data.eval_split=test` (what Hydra suggests) used
+    to evaluate it anyway and log "samples of split 'test'"."""
+    assert validate(_compose("data=criteo_sample", "data.eval_split=test")).data.eval_split
+    with pytest.raises(ValueError, match="data.eval_split=test picks a split of a file dataset"):
+        validate(_compose("+data.eval_split=test"))
+
+
 def test_every_schema_key_outside_data_can_be_overridden_in_every_group_option():
     """A key the schema knows but the composed YAML lacks cannot be set on the command line
     (Hydra: "Could not override"). Data keys differ by source on purpose."""
