@@ -8,10 +8,14 @@
 #
 # Knobs (environment): NGPU (ranks, default: visible GPUs, else 2), DEVICE (auto|cpu|cuda),
 # MAX_RESTARTS (torchrun restarts after a failure, default 0), HYBRIDREC_RUN_ID (run dir name,
-# default: a timestamp, shared by all ranks), PYTHON (interpreter, default python3).
+# default: a timestamp, shared by all ranks), PYTHON (interpreter, default .venv/bin/python
+# when scripts/setup.sh made one, which holds torch and hybridrec, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+fi
 if [ -z "${NGPU:-}" ]; then
   NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() or 2)")
 fi
