@@ -49,7 +49,17 @@ _POW = {
 
 
 class MalformedRowError(ValueError):
-    """A raw input row that cannot be parsed; the message names the file and line."""
+    """A raw input row that cannot be parsed; the message names the file and line (or just
+    the file, when it cannot be read at all: empty, or a truncated or corrupt gzip stream)."""
+
+
+def _unreadable(path: Path, e: Exception, rows: int) -> MalformedRowError:
+    """pyarrow's errors about the file itself (not a row), naming the file."""
+    if "Empty CSV file" in str(e):
+        return MalformedRowError(f"{path}: the file is empty (no rows)")
+    return MalformedRowError(
+        f"{path}: cannot be read after {rows} row(s): {e} (a truncated or corrupt gzip file?)"
+    )
 
 
 @dataclass
@@ -182,27 +192,37 @@ class TsvReader:
     def __iter__(self) -> Iterator[RawChunk]:
         raw, stream = _open_stream(self.path)
         names = [f"f{i}" for i in range(NUM_FIELDS)]
-        reader = pacsv.open_csv(
-            stream,
-            read_options=pacsv.ReadOptions(
-                column_names=names, use_threads=False, block_size=self.chunk_bytes
-            ),
-            parse_options=pacsv.ParseOptions(
-                delimiter="\t",
-                quote_char=False,
-                escape_char=False,
-                newlines_in_values=False,
-                ignore_empty_lines=False,
-                invalid_row_handler=self._on_invalid_row,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.binary() for c in names},
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            ),
-        )
         try:
-            for batch in reader:
+            reader = pacsv.open_csv(
+                stream,
+                read_options=pacsv.ReadOptions(
+                    column_names=names, use_threads=False, block_size=self.chunk_bytes
+                ),
+                parse_options=pacsv.ParseOptions(
+                    delimiter="\t",
+                    quote_char=False,
+                    escape_char=False,
+                    newlines_in_values=False,
+                    ignore_empty_lines=False,
+                    invalid_row_handler=self._on_invalid_row,
+                ),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.binary() for c in names},
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+        except (pa.ArrowException, OSError) as e:
+            raw.close()
+            raise _unreadable(self.path, e, 0) from None
+        try:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError) as e:
+                    raise _unreadable(self.path, e, self.rows) from None
                 chunk = self._decode(batch)
                 self.bytes_read = raw.tell()
                 if len(chunk):
@@ -295,7 +315,10 @@ def count_lines(path: str | Path, chunk: int = 8 << 20) -> int:
     lines, last = 0, b"\n"
     try:
         while True:
-            buf = stream.read(chunk)
+            try:
+                buf = stream.read(chunk)
+            except OSError as e:
+                raise _unreadable(Path(path), e, lines) from None
             if not buf:
                 break
             lines += buf.count(b"\n")

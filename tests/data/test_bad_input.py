@@ -250,3 +250,24 @@ def test_split_smaller_than_a_batch_fails_at_start(sample_dataset):
         "data.last_batch=pad",
     )
     assert build_source(padded).batch(0, 256).size == 256
+
+
+def test_empty_and_corrupt_gzip_files_name_the_file(tmp_path, sample_tsv):
+    """pyarrow's own errors ("Empty CSV file", "Truncated compressed stream") said neither
+    which file nor, for gzip, that it is the file that is broken; a corrupt gzip was an
+    OSError that the CLI printed as a traceback."""
+    import gzip
+
+    empty = tmp_path / "day_0"
+    empty.write_bytes(b"")
+    with pytest.raises(MalformedRowError, match=f"{empty}: the file is empty"):
+        list(TsvReader(empty))
+    data = gzip.compress(sample_tsv.read_bytes())
+    truncated = tmp_path / "day_1.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(MalformedRowError, match=f"{truncated}: cannot be read .*Truncated"):
+        list(TsvReader(truncated, on_error="skip"))
+    garbage = tmp_path / "day_2.gz"
+    garbage.write_bytes(b"\x1f\x8b\x08garbage")
+    with pytest.raises(MalformedRowError, match=f"{garbage}: cannot be read"):
+        preprocess([garbage], tmp_path / "out", PreprocessOptions(split="rows"), progress=False)
