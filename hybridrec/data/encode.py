@@ -53,6 +53,9 @@ class SparseCounter:
         keys = np.concatenate([self.keys] + [k for k, _ in self._pending])
         counts = np.concatenate([self.counts] + [c for _, c in self._pending])
         self._pending, self._pending_len = [], 0
+        if keys.size == 0:  # only empty pairs were added (e.g. a file with no train rows)
+            self.keys, self.counts = keys, counts
+            return
         order = np.argsort(keys, kind="stable")
         keys, counts = keys[order], counts[order]
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])

@@ -271,3 +271,19 @@ def test_empty_and_corrupt_gzip_files_name_the_file(tmp_path, sample_tsv):
     garbage.write_bytes(b"\x1f\x8b\x08garbage")
     with pytest.raises(MalformedRowError, match=f"{garbage}: cannot be read"):
         preprocess([garbage], tmp_path / "out", PreprocessOptions(split="rows"), progress=False)
+
+
+@pytest.mark.parametrize("encoding", ["hash", "vocab"])
+def test_input_too_small_for_a_train_split(tmp_path, sample_tsv, encoding):
+    """One row with split=rows gives 0 train rows: that used to be an IndexError from inside
+    the id counter's merge (numpy), not a dataset. It builds (val/test rows only), and
+    training on it says the train split is too small."""
+    one = tmp_path / "one.tsv"
+    one.write_text(sample_tsv.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "out"
+    m = preprocess(
+        [one], out, PreprocessOptions(split="rows", encoding=encoding), progress=False
+    ).manifest
+    assert m.num_rows == 1 and m.splits["train"] == [0, 0]
+    with pytest.raises(ValueError, match="split 'train' has 0 rows"):
+        BinarySource(open_dataset(out)).steps_per_epoch(1)
