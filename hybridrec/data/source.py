@@ -179,20 +179,23 @@ def check_model_matches(
 
 
 def sample_path(configured: str | None) -> Path:
-    """The raw sample TSV: the config, else $HYBRIDREC_CRITEO_SAMPLE, else beside the repo."""
-    tried = []
-    for candidate in (
-        configured,
-        os.environ.get(SAMPLE_ENV),
-        REPO_ROOT.parent / "shared" / "data" / "criteo_sample.tsv",
+    """The raw sample TSV: the config, else $HYBRIDREC_CRITEO_SAMPLE, else beside the repo.
+    A file named by the config or the variable must exist: falling back to another one would
+    train on other data than asked for."""
+    for key, candidate in (
+        ("data.path", configured),
+        (f"${SAMPLE_ENV}", os.environ.get(SAMPLE_ENV)),
     ):
         if candidate:
             p = Path(candidate).expanduser()
-            if p.is_file():
-                return p
-            tried.append(str(p))
+            if not p.is_file():
+                raise ValueError(f"criteo_sample: {key}={p}: no such file")
+            return p
+    p = REPO_ROOT.parent / "shared" / "data" / "criteo_sample.tsv"
+    if p.is_file():
+        return p
     raise ValueError(
-        f"criteo_sample: no raw sample file found (tried {', '.join(tried)}); set data.path "
+        f"criteo_sample: no raw sample file found (tried {p}); set data.path "
         f"or ${SAMPLE_ENV} to the criteo_sample.tsv file"
     )
 

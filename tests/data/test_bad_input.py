@@ -287,3 +287,16 @@ def test_input_too_small_for_a_train_split(tmp_path, sample_tsv, encoding):
     assert m.num_rows == 1 and m.splits["train"] == [0, 0]
     with pytest.raises(ValueError, match="split 'train' has 0 rows"):
         BinarySource(open_dataset(out)).steps_per_epoch(1)
+
+
+def test_criteo_sample_path_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    """data.path (or $HYBRIDREC_CRITEO_SAMPLE) naming a missing file used to fall back to the
+    shared sample without a word: training on other data than asked for."""
+    from hybridrec.data.source import SAMPLE_ENV, sample_path
+
+    missing = tmp_path / "my_sample.tsv"
+    with pytest.raises(ValueError, match=f"data.path={missing}: no such file"):
+        sample_path(str(missing))
+    monkeypatch.setenv(SAMPLE_ENV, str(missing))
+    with pytest.raises(ValueError, match=f"\\${SAMPLE_ENV}={missing}: no such file"):
+        sample_path(None)
