@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import time
@@ -453,7 +454,18 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
     file = Path(file)
     if not file.is_file():
         raise CheckpointError(f"model.init_from={str(file)!r}: no such file")
-    state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    try:
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(
+            f"model.init_from={str(file)!r}: cannot be read as a hybridrec-export file "
+            f"(truncated or another format?): {type(e).__name__}: {e}"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"model.init_from={str(file)!r}: holds a {type(state).__name__}, not the state dict "
+            "hybridrec-export writes"
+        )
     diffs = []
     for t in tables:
         w = state.get(f"embeddings.{t.name}.weight")

@@ -160,3 +160,25 @@ def test_resume_with_another_data_stream_is_named(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="hybridrec"):
         _trainer(tmp_path, steps=4).restore()  # the same stream: nothing to say
     assert "different training stream" not in caplog.text
+
+
+def test_init_from_a_file_that_is_not_an_export_is_named(tmp_path):
+    """model.init_from pointing at a truncated or non-torch file used to fail inside
+    torch.load (an OSError 'Invalid argument', or a RuntimeError about mmap and zipfile
+    serialization) without naming the file or the key."""
+    t = _trainer(tmp_path / "ck", steps=2, every=2)
+    t.fit()
+    ckpt.export_checkpoint(tmp_path / "ck" / "step_2", tmp_path / "m.pt")
+    data = (tmp_path / "m.pt").read_bytes()
+    tables = list(t.cfg.model.tables())
+    for name, content in (
+        ("empty.pt", b""),
+        ("half.pt", data[: len(data) // 2]),
+        ("text.pt", b"hello"),
+    ):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(
+            CheckpointError, match=f"model.init_from='{tmp_path / name}': cannot be read"
+        ):
+            ckpt.init_from_export(tmp_path / name, t.model, tables)
+    ckpt.init_from_export(tmp_path / "m.pt", t.model, tables)  # the intact file loads
