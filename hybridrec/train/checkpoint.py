@@ -118,7 +118,15 @@ def _sha256(path: Path) -> str:
 def _write(obj: Any, path: Path) -> dict[str, Any]:
     """torch.save + fsync; returns the file's manifest entry."""
     with path.open("wb") as f:
-        torch.save(obj, f)
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            # a write that fails inside torch.save (ENOSPC: a full disk) comes out as torch's
+            # "unexpected pos N vs M" with the OSError only as context: report the OSError
+            ctx = e.__context__
+            if isinstance(ctx, OSError):
+                raise OSError(ctx.errno, f"{ctx.strerror} (writing {path})") from e
+            raise
         f.flush()
         os.fsync(f.fileno())
     return {"bytes": path.stat().st_size, "sha256": _sha256(path)}

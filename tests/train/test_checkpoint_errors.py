@@ -182,3 +182,32 @@ def test_init_from_a_file_that_is_not_an_export_is_named(tmp_path):
         ):
             ckpt.init_from_export(tmp_path / name, t.model, tables)
     ckpt.init_from_export(tmp_path / "m.pt", t.model, tables)  # the intact file loads
+
+
+def test_real_full_disk_error_says_so(tmp_path, monkeypatch):
+    """On a really full filesystem torch.save into a file object does not raise the write's
+    OSError: it raises "[enforce fail at inline_container.cc:672] . unexpected pos 1600 vs
+    1494" with the ENOSPC only as its __context__ (seen on a 800k tmpfs). The save error
+    must say the disk is full, not quote torch's internal position check."""
+    t = _trainer(tmp_path, steps=2, every=2)
+    t.fit()
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if getattr(f, "name", "").endswith("dense.pt"):
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:
+                raise RuntimeError(  # noqa: B904 - the OSError stays its __context__
+                    "[enforce fail at inline_container.cc:672] . unexpected pos 1600 vs 1494"
+                )
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    t.step = 4
+    with pytest.raises(
+        CheckpointError,
+        match=r"OSError: \[Errno 28\] No space left on device.*dense.pt.*step_2 is intact",
+    ):
+        t.save()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2"]
