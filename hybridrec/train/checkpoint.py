@@ -36,6 +36,7 @@ import os
 import pickle
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,11 +184,19 @@ def save_checkpoint(
     root = Path(root)
     final = root / f"step_{state.step}"
     tmp = root / f".step_{state.step}.tmp"
+    error = ""
     if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    _sync_ok(True, env)  # the directory exists before anyone writes
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        except OSError as e:  # every rank must hear of it, not wait for rank 0's directory
+            error = f"{type(e).__name__}: {e}"
+    if not _sync_ok(not error, env):  # the directory exists before anyone writes
+        raise CheckpointError(
+            f"saving checkpoint step {state.step} failed: cannot create {tmp} "
+            f"({error or 'on rank 0'})"
+        )
     start = time.perf_counter()
     emb = model.embeddings
     replicated = getattr(emb, "replicated_tables", set())
@@ -276,6 +285,25 @@ def save_checkpoint(
     if env.is_main:
         log.info("saved checkpoint %s (%.1fs)", final, time.perf_counter() - start)
     return final
+
+
+def check_writable(root: Path, env: DistEnv) -> None:
+    """Before training: `root` (checkpoint.dir) can be created and written (tried on rank 0,
+    every rank raises), so a read-only or mistyped directory fails now, not at the first
+    save after hours of steps."""
+    error = ""
+    if env.is_main:
+        try:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=root, prefix=".write_test."):
+                pass
+        except OSError as e:
+            error = f"{type(e).__name__}: {e}"
+    if not _sync_ok(not error, env):
+        raise CheckpointError(
+            f"checkpoint.dir={str(root)!r} cannot be written ({error or 'on rank 0'}); "
+            "checkpoints could not be saved"
+        )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -52,6 +52,7 @@ from hybridrec.timing import PhaseTimer
 from hybridrec.train.checkpoint import (
     CheckpointError,
     TrainState,
+    check_writable,
     checkpoint_step,
     init_from_export,
     load_checkpoint,
@@ -502,6 +503,8 @@ class Trainer:
         hybridrec.train.preemption)."""
         cfg, env = self.cfg, self.env
         self.restore()
+        if cfg.checkpoint.dir:
+            check_writable(Path(cfg.checkpoint.dir), env)
         if self.plan is not None and env.is_main:
             self.logger.log_table(
                 "sharding_plan",

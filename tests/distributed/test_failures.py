@@ -107,3 +107,25 @@ def test_dead_or_stuck_rank_gives_error_within_timeout(how):
     msg, elapsed = results[0]
     assert msg is not None, "rank 0 finished a step without its peer"
     assert elapsed < 20, f"rank 0 waited {elapsed:.0f}s (collective timeout is 5s)"
+
+
+def save_into_uncreatable_dir(env, root):
+    """Rank 0 cannot create the checkpoint's directory: every rank must say so, not only
+    rank 0 while the others wait in the next collective."""
+    from hybridrec.train.checkpoint import TrainState, model_signature, save_checkpoint
+    from hybridrec.train.trainer import build_dense_optimizer
+
+    cfg = make_cfg("table_wise", "sgd", env.world_size)
+    model, plan = build_model(cfg, env)
+    opt = build_dense_optimizer(model.dense.parameters(), cfg.optim.dense, env.device)
+    sig = model_signature(list(cfg.model.tables()), model, "sgd", cfg.optim.dense.name)
+    return _try(lambda: save_checkpoint(root, TrainState(1, 1, {}), model, opt, sig, plan, env))
+
+
+def test_checkpoint_dir_error_on_rank_0_reaches_every_rank(tmp_path):
+    (tmp_path / "afile").write_text("")
+    msgs = spawn(2, save_into_uncreatable_dir, tmp_path / "afile" / "ck", dist_timeout=30)
+    for m in msgs:
+        assert m is not None and m.startswith("CheckpointError: saving checkpoint step 1")
+        assert "cannot create" in m
+    assert "NotADirectoryError" in msgs[0] and "on rank 0" in msgs[1]

@@ -211,3 +211,14 @@ def test_real_full_disk_error_says_so(tmp_path, monkeypatch):
     ):
         t.save()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2"]
+
+
+def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
+    """A checkpoint.dir that cannot be created (here: under a regular file; a read-only
+    filesystem is the same) used to surface as a bare NotADirectoryError/OSError at the
+    first save, after all the training before it."""
+    (tmp_path / "afile").write_text("")
+    t = _trainer(tmp_path / "afile" / "ck", steps=4, every=0)
+    with pytest.raises(CheckpointError, match=r"checkpoint.dir='.*afile/ck' cannot be written"):
+        t.fit()
+    assert t.step == 0
