@@ -66,6 +66,12 @@ class Dataset:
         self.verify = verify
         m = self.manifest
         self.num_rows, self.block_rows = m.num_rows, m.block_rows
+        for name, (start, end) in m.splits.items():
+            if not 0 <= start <= end <= m.num_rows:
+                raise ValueError(
+                    f"{self.path / 'manifest.json'}: split {name!r} [{start}, {end}) is not "
+                    f"within the dataset's {m.num_rows} rows; re-run hybridrec-preprocess"
+                )
         self._blocks: dict[str, np.ndarray] = {}
         self._offsets: dict[str, int] = {}
         for name in ("labels", "dense", "categorical"):

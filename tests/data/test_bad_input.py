@@ -300,3 +300,20 @@ def test_criteo_sample_path_that_does_not_exist_is_an_error(tmp_path, monkeypatc
     monkeypatch.setenv(SAMPLE_ENV, str(missing))
     with pytest.raises(ValueError, match=f"\\${SAMPLE_ENV}={missing}: no such file"):
         sample_path(None)
+
+
+@pytest.mark.parametrize("split", [[0, 500], [100, 90], [-8, 160]])
+def test_manifest_split_outside_the_rows_is_named(dataset_copy, split):
+    """A split past the dataset's rows used to pass the open and fail at the first batch
+    with an IndexError from numpy; a reversed one silently evaluated nothing."""
+    import json
+
+    path = dataset_copy / "manifest.json"
+    m = json.loads(path.read_text())
+    m["splits"]["train"] = split
+    path.write_text(json.dumps(m))
+    with pytest.raises(
+        ValueError,
+        match=rf"manifest.json: split 'train' \[{split[0]}, {split[1]}\) is not within the dataset's 200 rows",
+    ):
+        open_dataset(dataset_copy)
