@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckpointError as e:
         print(f"hybridrec-export: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # e.g. the output cannot be written: read-only, full, not a directory
+        print(f"hybridrec-export: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
     print(f"score with: hybridrec.model.load_export({str(args.file)!r}).predict(dense, ids)")

@@ -222,3 +222,16 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
     with pytest.raises(CheckpointError, match=r"checkpoint.dir='.*afile/ck' cannot be written"):
         t.fit()
     assert t.step == 0
+
+
+def test_export_cli_unwritable_output_is_one_line(tmp_path, capsys):
+    """An output file that cannot be written (its directory is a file here; a read-only
+    filesystem is the same) was a traceback from inside the export, not the CLI's error."""
+    from hybridrec.train.export_cli import main
+
+    _trainer(tmp_path / "ck", steps=2, every=2).fit()
+    (tmp_path / "afile").write_text("")
+    assert main([str(tmp_path / "ck"), str(tmp_path / "afile" / "m.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hybridrec-export: ") and str(tmp_path / "afile") in err
+    assert "Traceback" not in err
