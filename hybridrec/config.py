@@ -285,6 +285,41 @@ def check_override_keys(overrides: list[str]) -> None:
             if part not in allowed:
                 where = f"under '{parent}'" if parent else "at the top level"
                 raise ValueError(f"unknown config key '{key}'; keys {where}: {', '.join(allowed)}")
+    _check_data_keys(overrides)
+
+
+def _data_group_keys(path: Path) -> DictConfig:
+    """The `data` node of conf/data/<option>.yaml (some are `@package _global_`)."""
+    cfg = OmegaConf.load(path)
+    return cfg.data if "data" in cfg and "name" not in cfg else cfg
+
+
+def _check_data_keys(overrides: list[str]) -> None:
+    """A `data.<key>` the schema knows but the chosen dataset lacks (`data.path` with the
+    default synthetic data): name the datasets that have it, not Hydra's "not in struct".
+    Data keys differ by source on purpose (synthetic data has no path, reader or splits)."""
+    keys = [a.split("=", 1)[0] for a in overrides if a.startswith("data.") and "=" in a]
+    if not keys:
+        return
+    choices = [a for a in overrides if "=" in a and a.split("=", 1)[0] in GROUPS]
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            data = compose("train", overrides=choices).data
+    except Exception:  # noqa: BLE001 - a sweep's "a,b" or a bad choice: Hydra reports those
+        return
+    for key in keys:
+        name = key.split(".")[1]
+        if name in data.keys():  # keys(): `in` is False for a mandatory ??? value
+            continue
+        groups = sorted(CONF_DIR.glob("data/*.yaml"))
+        has = [p.stem for p in groups if name in _data_group_keys(p).keys()]
+        hint = f"; choose a dataset that has it, e.g. data={has[0]} {key}=..." if has else ""
+        raise ValueError(
+            f"'{key}' is not a key of data={data.name}{hint} (keys of data={data.name}: "
+            f"{', '.join(str(k) for k in data.keys())})"
+        )
 
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -49,6 +49,31 @@ def test_unknown_key_names_key_and_allowed_keys():
         validate(_compose("+colour=red"))
 
 
+def test_a_data_key_of_another_dataset_names_the_datasets_that_have_it():
+    """`data.path=...` with the default synthetic data (or `data.name=criteo data.path=...`)
+    was Hydra's bare "Key 'path' is not in struct"; the group choices on the command line
+    (experiments included) decide which dataset's keys apply."""
+    from hybridrec.config import check_override_keys
+
+    for args in (["data.path=/x"], ["data.name=criteo", "data.path=/x"]):
+        with pytest.raises(
+            ValueError,
+            match=r"'data.path' is not a key of data=synthetic; choose a dataset that has it, "
+            r"e.g. data=criteo data.path=\.\.\. \(keys of data=synthetic: name, zipf",
+        ):
+            check_override_keys(args)
+    with pytest.raises(ValueError, match=r"'data.preprocess.hash_cap' is not a key of data=crit"):
+        check_override_keys(["data=criteo", "data.preprocess.hash_cap=10"])
+    for fine in (
+        ["data=criteo", "data.path=/x", "data.reader=dali"],
+        ["experiment=mlperf_dlrm_1tb", "data.path=/x"],
+        ["data=criteo_sample", "data.preprocess.min_count=3"],
+        ["data=criteo,synthetic", "data.path=/x"],  # a sweep: Hydra judges each job
+        ["data.zipf_exponent=1.2"],
+    ):
+        check_override_keys(fine)
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -98,6 +123,7 @@ def test_command_line_key_typos_list_the_valid_keys():
             "model=dlrm_kaggle",
             "+extra=1",
             "hydra.run.dir=x",
+            "data=criteo_sample",
             "data.preprocess.min_count=2",
             "--help",
             "-m",
