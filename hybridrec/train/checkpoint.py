@@ -479,8 +479,12 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(out_file.name + ".tmp")
-    _write(out, tmp)
-    os.replace(tmp, out_file)
+    try:
+        _write(out, tmp)
+        os.replace(tmp, out_file)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside the output
+        raise
     return {k: list(v.shape) for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 

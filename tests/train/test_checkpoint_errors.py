@@ -235,3 +235,22 @@ def test_export_cli_unwritable_output_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("hybridrec-export: ") and str(tmp_path / "afile") in err
     assert "Traceback" not in err
+
+
+def test_a_failed_export_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A write that fails midway (a full disk) removes its `<out>.tmp`; an earlier export
+    at the same path stays as it was."""
+    _trainer(tmp_path / "ck", steps=2, every=2).fit()
+    out = tmp_path / "m.pt"
+    ckpt.export_checkpoint(tmp_path / "ck" / "step_2", out)
+    before = out.read_bytes()
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        ckpt.export_checkpoint(tmp_path / "ck" / "step_2", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "m.pt"]
+    assert out.read_bytes() == before
