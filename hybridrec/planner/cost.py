@@ -112,7 +112,8 @@ class PlanCost:
         """One line: '420.9 GiB of tables over 8 ranks, peak rank 55.0 GiB of 75.0 GiB budget,
         est. step 2.05 ms' (the step estimate covers the embedding part only)."""
         return (
-            f"{human_bytes(self.table_bytes)} of tables over {self.world_size} ranks, "
+            f"{human_bytes(self.table_bytes)} of tables over {self.world_size} "
+            f"rank{'s' if self.world_size != 1 else ''}, "
             f"peak rank {human_bytes(self.peak_bytes)} of {human_bytes(self.budget_bytes)} "
             f"budget, est. step {self.step_s * 1e3:.3g} ms"
         )

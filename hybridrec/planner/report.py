@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Sequence
 
 from hybridrec.planner.cost import PlanCost
-from hybridrec.planner.planner import GIB
+from hybridrec.planner.planner import GIB, human_bytes
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 SHARDS_WIDTH = 44  # the shards column wraps onto continuation lines past this width
@@ -138,7 +138,7 @@ def format_plan(plan: ShardingPlan, cost: PlanCost, tables: Sequence[TableConfig
             gib(r.optimizer_bytes),
             gib(r.buffer_bytes),
             gib(r.total_bytes),
-            gib(cost.budget_bytes),
+            human_bytes(cost.budget_bytes),  # its own unit: 16 GiB in KiB reads badly
             f"{mb(r.ids_sent_bytes)}/{mb(r.ids_recv_bytes)}",
             f"{mb(r.emb_sent_bytes)}/{mb(r.emb_recv_bytes)}",
             _count(r.lookups_per_step),
