@@ -214,7 +214,8 @@ def _train_limits(files: Sequence[Path], options: PreprocessOptions) -> list[int
             raise ValueError(
                 f"split=days holds out the last {options.holdout_days} file(s) but only "
                 f"{len(files)} input file(s) were given; use split=rows (train_fraction) or "
-                "fewer holdout_days"
+                "fewer holdout_days (hybridrec-preprocess: --split rows --train-fraction F, or "
+                "--holdout-days N)"
             )
         n_train = len(files) - options.holdout_days
         return [-1 if i < n_train else 0 for i in range(len(files))]

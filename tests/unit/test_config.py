@@ -107,6 +107,12 @@ def test_global_batch_must_split_over_ranks():
         match=r"train.batch_size=10 is the global batch and must be divisible by the world size 3",
     ):
         validate(cfg, world_size=3)
+    with pytest.raises(  # both keys at once (the defaults, 1024 and 2048, on 3 ranks)
+        ValueError,
+        match=r"train.batch_size=1024 and eval.batch_size=2048 are global batches and must be "
+        r"divisible by the world size 3 .*try train.batch_size=1023 eval.batch_size=2046",
+    ):
+        validate(_compose(), world_size=3)
 
 
 def test_unknown_group_option_lists_choices():
