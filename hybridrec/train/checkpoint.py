@@ -38,6 +38,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,19 @@ def _sync_ok(ok: bool, env: DistEnv) -> bool:
     return int(t.item()) == 0
 
 
+def _on_main(action: Callable[[], object], env: DistEnv) -> str:
+    """Run filesystem `action` on rank 0 only and tell every rank how it went: "" when it
+    worked, else its OSError (on rank 0) or "on rank 0" (elsewhere), so no rank waits on a
+    directory that will never come."""
+    error = ""
+    if env.is_main:
+        try:
+            action()
+        except OSError as e:
+            error = f"{type(e).__name__}: {e}"
+    return "" if _sync_ok(not error, env) else error or "on rank 0"
+
+
 def _gather(obj: Any, env: DistEnv) -> list[Any]:
     if env.group is None:
         return [obj]
@@ -184,19 +198,18 @@ def save_checkpoint(
     root = Path(root)
     final = root / f"step_{state.step}"
     tmp = root / f".step_{state.step}.tmp"
-    error = ""
-    if env.is_main:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        except OSError as e:  # every rank must hear of it, not wait for rank 0's directory
-            error = f"{type(e).__name__}: {e}"
-    if not _sync_ok(not error, env):  # the directory exists before anyone writes
+
+    def make_tmp() -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+
+    failed = _on_main(make_tmp, env)  # the directory exists before anyone writes
+    if failed:
         raise CheckpointError(
-            f"saving checkpoint step {state.step} failed: cannot create {tmp} "
-            f"({error or 'on rank 0'})"
+            f"saving checkpoint step {state.step} failed: cannot create {tmp} ({failed})"
         )
+    error = ""
     start = time.perf_counter()
     emb = model.embeddings
     replicated = getattr(emb, "replicated_tables", set())
@@ -291,17 +304,16 @@ def check_writable(root: Path, env: DistEnv) -> None:
     """Before training: `root` (checkpoint.dir) can be created and written (tried on rank 0,
     every rank raises), so a read-only or mistyped directory fails now, not at the first
     save after hours of steps."""
-    error = ""
-    if env.is_main:
-        try:
-            Path(root).mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=root, prefix=".write_test."):
-                pass
-        except OSError as e:
-            error = f"{type(e).__name__}: {e}"
-    if not _sync_ok(not error, env):
+
+    def try_write() -> None:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".write_test."):
+            pass
+
+    failed = _on_main(try_write, env)
+    if failed:
         raise CheckpointError(
-            f"checkpoint.dir={str(root)!r} cannot be written ({error or 'on rank 0'}); "
+            f"checkpoint.dir={str(root)!r} cannot be written ({failed}); "
             "checkpoints could not be saved"
         )
 
