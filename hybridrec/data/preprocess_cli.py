@@ -5,7 +5,8 @@
         --min-count 3
     hybridrec-preprocess --input sample.tsv --output bin --split rows --train-fraction 0.8
 
-See hybridrec.data.preprocess for what it does, the memory bound, and how reruns resume.
+What it does, the output format, the memory bound and how reruns resume: docs/preprocessing.md
+("Preprocessing raw Criteo files"); the contract is hybridrec.data.preprocess's docstring.
 Exit status 0 on success (a summary on stdout), 1 with a one-line error naming the file and
 line (or option) on bad input.
 """

@@ -53,6 +53,8 @@ def test_never_imports_torch_distributed(sub):
         ),
         ("model", ("hybridrec.distributed", "hybridrec.train", "hybridrec.parallelize")),
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
+        # preprocessing's spawned workers import only numpy and pyarrow
+        ("data/preprocess", ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
     ],
 )
 def test_dependencies_point_one_way(sub, forbidden):
