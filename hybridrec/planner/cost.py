@@ -43,17 +43,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hybridrec.planner.planner import (
-    EMB_BYTES,
-    ID_BYTES,
-    NO_OPTIMIZER_STATE,
-    OptimizerFootprint,
-    Topology,
-    human_bytes,
-    id_wire_bytes,
-    rank_memory,
-    replica_sync,
-)
+from hybridrec.planner.memory import rank_memory
+from hybridrec.planner.types import NO_OPTIMIZER_STATE, OptimizerFootprint, Topology, human_bytes
+from hybridrec.sparse.costs import EMB_BYTES, ID_BYTES, id_wire_bytes, replica_sync
 from hybridrec.types import ShardingPlan, ShardingType, TableConfig
 
 

@@ -27,8 +27,9 @@ from hybridrec.planner import (
     rank_memory,
     row_ranges,
 )
+from hybridrec.planner.auto import BALANCE_TOLERANCE
 from hybridrec.planner.cli import _load_tables, main
-from hybridrec.planner.planner import BALANCE_TOLERANCE, CACHE_META_BYTES, id_wire_bytes
+from hybridrec.sparse.costs import CACHE_META_BYTES, id_wire_bytes
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 GIB = 1 << 30
