@@ -1,5 +1,5 @@
 """The cost model and the plan table: bytes worked out by hand from the exchange protocol
-described in hybridrec/planner/cost.py. B = 8, W = 2, B_l = 4 unless a test says otherwise."""
+described in docs/planner.md. B = 8, W = 2, B_l = 4 unless a test says otherwise."""
 
 from __future__ import annotations
 
