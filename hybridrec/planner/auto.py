@@ -271,7 +271,7 @@ def _plan_auto_host(
     base = base or _Base.empty(ctx.world)
     by_name = {t.name: t for t in [*tables, *pinned_host]}
     movable = sorted(
-        (t for t in tables if t.num_rows * t.dim * ctx.weight_bytes > dp_max),
+        (t for t in tables if _weights(t, ctx) > dp_max),
         key=lambda t: (-ctx.whole(t), t.name),
     )
     host: list[TableConfig] = list(pinned_host)

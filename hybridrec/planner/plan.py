@@ -121,22 +121,9 @@ def plan_sharding(
     Raises ValueError for bad arguments and PlannerError (a ValueError) when some rank would
     need more than `topology.hbm_bytes_per_rank`.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(MODES)}")
     world = topology.world_size
-    if batch_size < 1 or batch_size % world != 0:
-        raise ValueError(
-            f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"
-        )
-    if weight_bytes < 1:
-        raise ValueError(f"weight_bytes must be >= 1, got {weight_bytes}")
-    names = [t.name for t in tables]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"duplicate table names: {duplicates}")
-
     pins = dict(pins or {})
-    _check_pins(pins, names)
+    _check_arguments(tables, world, mode, batch_size, weight_bytes, pins)
     by_name = {t.name: t for t in tables}
     ctx = _Context(world, topology.hbm_bytes_per_rank, batch_size, optimizer, weight_bytes)
     on_device = [t for t in tables if t.name in pins and pins[t.name] != "host"]
@@ -190,18 +177,49 @@ def plan_sharding(
             plans[t.name] = _pinned(replace(tp, reason=tp.reason.removeprefix(OVER_BUDGET)))
 
     plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
-    needs = [m.total for m in rank_memory(plan, tables, batch_size, optimizer, weight_bytes)]
+    _check_fits(plan, tables, mode, ctx)
+    return plan
+
+
+def _check_arguments(
+    tables: Sequence[TableConfig],
+    world: int,
+    mode: str,
+    batch_size: int,
+    weight_bytes: int,
+    pins: Mapping[str, str],
+) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(MODES)}")
+    if batch_size < 1 or batch_size % world != 0:
+        raise ValueError(
+            f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"
+        )
+    if weight_bytes < 1:
+        raise ValueError(f"weight_bytes must be >= 1, got {weight_bytes}")
+    names = [t.name for t in tables]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate table names: {duplicates}")
+    _check_pins(pins, names)
+
+
+def _check_fits(
+    plan: ShardingPlan, tables: Sequence[TableConfig], mode: str, ctx: _Context
+) -> None:
+    """The finished plan against the budget, with the memory model's numbers (replicas'
+    gradient-sync buffers included)."""
+    needs = [m.total for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)]
     if max(needs, default=0) > ctx.budget:
         over = sum(n > ctx.budget for n in needs)
         raise PlannerError(
-            f"{mode}: plan does not fit: {over} of {world} ranks over budget:",
+            f"{mode}: plan does not fit: {over} of {ctx.world} ranks over budget:",
             needs,
             ctx.budget,
             "hint: use more ranks, a larger budget, fewer bytes per weight, or mode auto"
             if mode != "auto"
             else "hint: use more ranks or a larger budget",
         )
-    return plan
 
 
 def _count(n: int, noun: str) -> str:
