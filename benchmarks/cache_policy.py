@@ -42,7 +42,7 @@ from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
 from hybridrec.data import build_source  # noqa: E402
 from hybridrec.optim import SparseSGD  # noqa: E402
 from hybridrec.parallelize import make_plan  # noqa: E402
-from hybridrec.planner.planner import OptimizerFootprint, cache_row_bytes  # noqa: E402
+from hybridrec.planner import OptimizerFootprint, cache_row_bytes  # noqa: E402
 from hybridrec.sparse.fused import LookupInput, regular_bags  # noqa: E402
 from hybridrec.sparse.host import HostCachedEmbedding  # noqa: E402
 from hybridrec.types import ShardSpec, TableConfig, hot_offsets  # noqa: E402

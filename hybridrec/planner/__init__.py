@@ -9,27 +9,23 @@ rank agrees with `ShardingPlan.fingerprint()`.
 """
 
 from hybridrec.planner.cost import PlanCost, RankCost, estimate_cost
-from hybridrec.planner.planner import (
-    MODES,
+from hybridrec.planner.memory import cache_row_bytes, host_memory, rank_memory, shard_memory
+from hybridrec.planner.placement import column_widths, row_ranges
+from hybridrec.planner.plan import MODES, plan_sharding
+from hybridrec.planner.report import format_plan
+from hybridrec.planner.types import (
+    OPTIMIZERS,
     CachePolicy,
     MemoryUse,
     OptimizerFootprint,
     PlannerError,
     Topology,
-    cache_row_bytes,
-    column_widths,
-    host_memory,
     human_bytes,
-    plan_sharding,
-    rank_memory,
-    replica_sync,
-    row_ranges,
-    shard_memory,
 )
-from hybridrec.planner.report import format_plan
 
 __all__ = [
     "MODES",
+    "OPTIMIZERS",
     "CachePolicy",
     "MemoryUse",
     "OptimizerFootprint",
@@ -42,7 +38,6 @@ __all__ = [
     "host_memory",
     "human_bytes",
     "estimate_cost",
-    "replica_sync",
     "format_plan",
     "plan_sharding",
     "rank_memory",

@@ -19,18 +19,17 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from hybridrec.planner.cost import estimate_cost
-from hybridrec.planner.planner import (
+from hybridrec.planner.memory import host_memory
+from hybridrec.planner.plan import MODES, plan_sharding
+from hybridrec.planner.report import format_plan
+from hybridrec.planner.types import (
     GIB,
-    MODES,
     OPTIMIZERS,
     CachePolicy,
     OptimizerFootprint,
     Topology,
-    host_memory,
     human_bytes,
-    plan_sharding,
 )
-from hybridrec.planner.report import format_plan
 from hybridrec.types import PIN_MODES, TableConfig
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"

@@ -1,41 +1,16 @@
 """Cost model of a sharding plan: bytes stored and exchanged per rank, and a time estimate.
 
-The byte counts follow the exchange protocol of `hybridrec.sparse` exactly (a test compares
-them to what the all-to-alls really send). Notation: B = global batch, W = world size,
-B_l = B / W samples per rank, ids and lengths cross as int32 (I = 4 bytes; 8 when a table
-has more than 2**31 - 1 rows: `id_wire_bytes`), pooled embeddings as fp32 (4 bytes;
-`comm_bytes` = 2 with sharding.comm_dtype bf16/fp16, or under bf16 autocast for DLRM). A rank
-never counts what it sends to itself.
-
-Forward, per step:
-
-- input dist (ids): for every table-wise or column-wise shard u of table t on rank q, each
-  rank p != q sends q the ids of its B_l samples: B_l * hotness_t * I bytes. For every
-  row-wise shard u on q, each p != q sends B_l lengths (I bytes each) plus the ids that fall in
-  u's row range, B_l * hotness_t * u.num_rows / t.num_rows of them *in expectation* (ids
-  assumed uniform over the rows; real traffic follows the data). A plan with any row-wise table
-  adds one exchange of counts: every rank sends one int64 to every other rank.
-  Data-parallel tables exchange nothing in forward: each rank looks up its own samples.
-- lookup: the owner of a TW/CW shard gathers B * hotness rows of the shard's width; a RW
-  shard gathers B * hotness * u.num_rows / t.num_rows rows in expectation; every rank gathers
-  B_l * hotness rows of each data-parallel table.
-- output dist (pooled embeddings): for every TW/CW/RW shard u on rank q, q sends each p != q
-  B_l * width_u * 4 bytes.
-
-Backward mirrors the forward: embedding gradients flow the opposite way with the same sizes
-(so the same time), then every gathered row is updated in place. Data-parallel tables sync
-their row gradients per table the cheaper of two ways (`replica_sync`): all-reduce a dense
-[rows, dim + 1] buffer (tiny tables), or all-gather each rank's touched rows (large ones;
-the bytes are then an upper bound: at most min(rows, B_l * hotness) rows per rank).
-
-Times are lower bounds from bandwidths alone (no latency, no overlap), summed per phase:
-- communication: a rank's links are full duplex, so a phase takes max(sent, received) / bw;
-  with several nodes the same-node and other-node parts run at their own bandwidths and the
-  slower of the two sets the time;
-- forward lookup: rows * width * weight_bytes / hbm_bw;
-- update: rows * (width * 4 [read the gradient] + 2 * width * weight_bytes [read and write the
-  weight] + 2 * state bytes per row [read and write optimizer state]) / hbm_bw, with no
-  deduplication of repeated ids (an upper bound on the rows touched).
+`estimate_cost` follows the exchange protocol of `hybridrec.sparse` exactly, with the
+runtime's own byte sizes (`hybridrec.sparse.costs`); a distributed test compares its bytes
+to what the all-to-alls really send. Per rank and forward step: ids into the input dist
+(row-wise shards: their expected share, ids assumed uniform over the rows), rows gathered by
+the lookup, pooled embeddings out of the output dist; backward mirrors it, plus the
+replicated tables' gradient sync (`replica_sync`, the runtime's choice). A rank never counts
+what it sends to itself. Times are lower bounds from bandwidths alone (no latency, no
+overlap): max(sent, received) / bw per exchange (the slower of the same-node and other-node
+parts), bytes / hbm_bw for lookups and updates. Memory is the memory model's
+(`rank_memory`), so the plan table and the planner's budget check agree. The full model,
+term by term, is in docs/planner.md.
 """
 
 from __future__ import annotations
@@ -43,17 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hybridrec.planner.planner import (
-    EMB_BYTES,
-    ID_BYTES,
-    NO_OPTIMIZER_STATE,
-    OptimizerFootprint,
-    Topology,
-    human_bytes,
-    id_wire_bytes,
-    rank_memory,
-    replica_sync,
-)
+from hybridrec.planner.memory import rank_memory
+from hybridrec.planner.types import NO_OPTIMIZER_STATE, OptimizerFootprint, Topology, human_bytes
+from hybridrec.sparse.costs import EMB_BYTES, ID_BYTES, id_wire_bytes, replica_sync
 from hybridrec.types import ShardingPlan, ShardingType, TableConfig
 
 
@@ -169,7 +136,7 @@ def estimate_cost(
     weight_bytes: int = 4,
     comm_bytes: int = EMB_BYTES,
 ) -> PlanCost:
-    """Bytes and estimated seconds per rank for one training step of `plan` (see module doc).
+    """Bytes and estimated seconds per rank for one training step of `plan` (docs/planner.md).
     `comm_bytes`: bytes per pooled value (and gradient) in the output dist (sharding.comm_dtype)."""
     world = plan.world_size
     if topology.world_size != world:

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Sequence
 
 from hybridrec.planner.cost import PlanCost
-from hybridrec.planner.planner import GIB, human_bytes
+from hybridrec.planner.types import GIB, human_bytes
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 SHARDS_WIDTH = 44  # the shards column wraps onto continuation lines past this width

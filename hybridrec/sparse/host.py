@@ -70,8 +70,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrec.planner.planner import CACHE_META_BYTES, SLOT_BYTES
 from hybridrec.sparse import host_copy, triton_ops
+from hybridrec.sparse.costs import CACHE_META_BYTES, SLOT_BYTES
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard

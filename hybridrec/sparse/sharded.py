@@ -59,7 +59,6 @@ from hybridrec.distributed.comm import (
     all_to_all,
     any_rank,
 )
-from hybridrec.planner.planner import id_wire_bytes, replica_sync
 from hybridrec.sparse.collection import (
     IdChecker,
     IdOutOfRangeError,
@@ -69,6 +68,7 @@ from hybridrec.sparse.collection import (
     sample_major_layout,
     sample_major_rows,
 )
+from hybridrec.sparse.costs import id_wire_bytes, replica_sync
 from hybridrec.sparse.fused import (
     FusedEmbedding,
     LookupInput,

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from hybridrec.config import CONF_DIR, GROUPS, check_override_keys, validate
 from hybridrec.parallelize import make_plan
-from hybridrec.planner.planner import OptimizerFootprint, host_memory, rank_memory
+from hybridrec.planner import OptimizerFootprint, host_memory, rank_memory
 from tests.cli import run_cli
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

@@ -25,6 +25,7 @@ def _imports(path: Path) -> set[str]:
     [
         "model",
         "planner",
+        "sparse/costs.py",
         "sparse/fused.py",
         "sparse/collection.py",
         "optim",
@@ -40,26 +41,36 @@ def test_never_imports_torch_distributed(sub):
 
 
 @pytest.mark.parametrize(
-    "sub,forbidden",
+    "sub,forbidden,allowed",
     [
-        ("types.py", ("hybridrec.",)),
+        ("types.py", ("hybridrec.",), ()),
+        # the planner sizes what the runtime allocates from the runtime's own byte sizes
         (
             "planner",
             ("hybridrec.sparse", "hybridrec.model", "hybridrec.train", "hybridrec.distributed"),
+            ("hybridrec.sparse.costs",),
         ),
+        ("sparse/costs.py", ("hybridrec.",), ("hybridrec.types",)),
         (
             "sparse",
             ("hybridrec.model", "hybridrec.optim", "hybridrec.train", "hybridrec.parallelize"),
+            (),
         ),
-        ("model", ("hybridrec.distributed", "hybridrec.train", "hybridrec.parallelize")),
-        ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
+        ("model", ("hybridrec.distributed", "hybridrec.train", "hybridrec.parallelize"), ()),
+        ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow
-        ("data/preprocess", ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
+        (
+            "data/preprocess",
+            ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train"),
+            (),
+        ),
     ],
 )
-def test_dependencies_point_one_way(sub, forbidden):
+def test_dependencies_point_one_way(sub, forbidden, allowed):
     target = PKG / sub
     files = [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
     for f in files:
         for m in _imports(f):
+            if m in allowed:
+                continue
             assert not m.startswith(forbidden), f"{f.relative_to(PKG)} imports {m}"

@@ -1,0 +1,227 @@
+"""The planner's entry point: `plan_sharding(tables, topology, mode, ...) -> ShardingPlan`.
+
+Checks the arguments, plans the tables pinned by `sharding.tables` first (row ranges and
+replicas where their mode puts them, whole tables and column slices placed greedily around
+those), then lets `mode` (one of MODES) plan the other tables with the pinned ones' memory and
+lookups as each rank's starting point. Host tables, pinned or not, are planned together so
+one cache budget covers them all. The finished plan is checked against the per-rank budget
+with the memory model (`rank_memory`); a plan over it raises PlannerError naming every rank.
+Pure and deterministic: the same arguments give the same plan on every rank; tables keep
+their input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from hybridrec.planner.auto import OVER_BUDGET, _plan_auto, _plan_auto_host
+from hybridrec.planner.memory import rank_memory
+from hybridrec.planner.placement import (
+    _Base,
+    _Context,
+    _cw_plan,
+    _dp_plan,
+    _greedy,
+    _NoRoom,
+    _pieces,
+    _plan_column_wise,
+    _plan_host,
+    _plan_table_wise,
+    _rw_plan,
+)
+from hybridrec.planner.types import (
+    NO_OPTIMIZER_STATE,
+    CachePolicy,
+    OptimizerFootprint,
+    PlannerError,
+    Topology,
+    human_bytes,
+)
+from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan
+
+# the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
+MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
+PINNED = "pinned by sharding.tables: "
+
+
+def _pinned(tp: TablePlan) -> TablePlan:
+    return replace(tp, reason=PINNED + tp.reason)
+
+
+def _plan_pinned_device(
+    tables: Sequence[TableConfig], pins: Mapping[str, str], ctx: _Context
+) -> dict[str, TablePlan]:
+    """Tables pinned to a device mode: row ranges and replicas go where their mode puts them,
+    then whole tables and column slices are placed greedily around those."""
+    world = ctx.world
+    plans: dict[str, TablePlan] = {}
+    for t in tables:
+        if pins[t.name] == "row_wise":
+            plans[t.name] = _rw_plan(t, world, _count(min(world, t.num_rows), "row range"))
+        elif pins[t.name] == "data_parallel":
+            plans[t.name] = _dp_plan(t, world, f"replicated on {_count(world, 'rank')}")
+    placed = [t for t in tables if pins[t.name] in ("table_wise", "column_wise")]
+    k = {t.name: 1 if pins[t.name] == "table_wise" else min(world, t.dim) for t in placed}
+    pieces = {t.name: _pieces(t, k[t.name], ctx) for t in placed}
+    mem, load = _Base.of(plans.values(), {t.name: t for t in tables}, ctx)
+    try:
+        where = _greedy([p for ps in pieces.values() for p in ps], mem, load, ctx.budget)
+    except _NoRoom as e:
+        t = e.piece.table
+        raise PlannerError(
+            f"sharding.tables: table {t.name!r} pinned {pins[t.name]} "
+            f"({human_bytes(e.piece.memory)} per piece) fits on no rank next to the other "
+            "pinned tables; needs per rank:",
+            e.needs,
+            ctx.budget,
+            "hint: pin it column_wise or row_wise, or leave it to the planner",
+        ) from None
+    for t in placed:
+        n = len(pieces[t.name])
+        what = f"whole on rank {where[(t.name, 0)]}" if n == 1 else f"{n} column shards"
+        plans[t.name] = _cw_plan(t, pieces[t.name], where, what)
+    return {name: _pinned(tp) for name, tp in plans.items()}
+
+
+def _check_pins(pins: Mapping[str, str], names: Sequence[str]) -> None:
+    unknown = sorted(set(pins) - set(names))
+    if unknown:
+        raise ValueError(
+            f"sharding.tables names unknown table(s) {', '.join(unknown)}; the tables are "
+            f"{', '.join(names)}"
+        )
+    for name in names:
+        if name in pins and pins[name] not in PIN_MODES:
+            raise ValueError(
+                f"sharding.tables.{name}={pins[name]!r} is not one of: {', '.join(PIN_MODES)}"
+            )
+
+
+def plan_sharding(
+    tables: Sequence[TableConfig],
+    topology: Topology,
+    mode: str,
+    batch_size: int,
+    optimizer: OptimizerFootprint = NO_OPTIMIZER_STATE,
+    weight_bytes: int = 4,
+    data_parallel_max_bytes: int = 1 << 20,
+    cache: CachePolicy | None = None,
+    pins: Mapping[str, str] | None = None,
+) -> ShardingPlan:
+    """Shard `tables` over `topology.world_size` ranks; tables keep their input order.
+
+    `batch_size` is the global batch (samples per step over all ranks); `weight_bytes` is 4 for
+    fp32 tables, 2 for fp16/bf16. `cache` sizes the device caches of host-resident tables:
+    mode `host` puts every table there (default CachePolicy() when None); mode `auto` moves
+    tables there only when they do not fit the devices, and only when `cache` is given.
+    `pins` ({table: one of PIN_MODES}, config `sharding.tables`) fixes some tables' sharding:
+    they are planned first and `mode` plans the others around them (host tables, pinned or
+    not, share one cache budget).
+    Raises ValueError for bad arguments and PlannerError (a ValueError) when some rank would
+    need more than `topology.hbm_bytes_per_rank`.
+    """
+    world = topology.world_size
+    pins = dict(pins or {})
+    _check_arguments(tables, world, mode, batch_size, weight_bytes, pins)
+    by_name = {t.name: t for t in tables}
+    ctx = _Context(world, topology.hbm_bytes_per_rank, batch_size, optimizer, weight_bytes)
+    on_device = [t for t in tables if t.name in pins and pins[t.name] != "host"]
+    host = [
+        t for t in tables if pins.get(t.name) == "host" or (mode == "host" and t.name not in pins)
+    ]
+    free = [t for t in tables if t.name not in pins and mode != "host"]
+    plans = _plan_pinned_device(on_device, pins, ctx)
+    base = _Base.of(plans.values(), by_name, ctx)
+    if host and (mode != "auto" or free == []):
+        host_plans = _plan_host(host, ctx, cache or CachePolicy())
+        plans.update(host_plans)
+        base = base.plus(_Base.of(host_plans.values(), by_name, ctx))
+        host = []
+    if mode == "table_wise":
+        plans.update(_plan_table_wise(free, ctx, base))
+    elif mode == "column_wise":
+        plans.update(_plan_column_wise(free, ctx, base))
+    elif mode == "row_wise":
+        plans.update(
+            {
+                t.name: _rw_plan(
+                    t, world, f"row_wise: {_count(min(world, t.num_rows), 'row range')}"
+                )
+                for t in free
+            }
+        )
+    elif mode == "data_parallel":
+        plans.update(
+            {
+                t.name: _dp_plan(t, world, f"data_parallel: replicated on {_count(world, 'rank')}")
+                for t in free
+            }
+        )
+    elif mode == "auto" and free:
+        # one rank: a replica is the table whole on that rank, so place it like the others
+        # (one fused group, no replica sync)
+        dp_max = data_parallel_max_bytes if world > 1 else -1
+        host_plans = _plan_host(host, ctx, cache or CachePolicy()) if host else {}
+        try:
+            with_host = base.plus(_Base.of(host_plans.values(), by_name, ctx))
+            plans.update(_plan_auto(free, ctx, dp_max, with_host))
+            plans.update(host_plans)
+        except PlannerError:
+            if cache is None:
+                raise
+            plans.update(_plan_auto_host(free, ctx, dp_max, cache, base, host))
+    for t in tables:
+        if pins.get(t.name) == "host":
+            tp = plans[t.name]
+            plans[t.name] = _pinned(replace(tp, reason=tp.reason.removeprefix(OVER_BUDGET)))
+
+    plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
+    _check_fits(plan, tables, mode, ctx)
+    return plan
+
+
+def _check_arguments(
+    tables: Sequence[TableConfig],
+    world: int,
+    mode: str,
+    batch_size: int,
+    weight_bytes: int,
+    pins: Mapping[str, str],
+) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(MODES)}")
+    if batch_size < 1 or batch_size % world != 0:
+        raise ValueError(
+            f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"
+        )
+    if weight_bytes < 1:
+        raise ValueError(f"weight_bytes must be >= 1, got {weight_bytes}")
+    names = [t.name for t in tables]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate table names: {duplicates}")
+    _check_pins(pins, names)
+
+
+def _check_fits(
+    plan: ShardingPlan, tables: Sequence[TableConfig], mode: str, ctx: _Context
+) -> None:
+    """The finished plan against the budget, with the memory model's numbers (replicas'
+    gradient-sync buffers included)."""
+    needs = [m.total for m in rank_memory(plan, tables, ctx.batch, ctx.optimizer, ctx.weight_bytes)]
+    if max(needs, default=0) > ctx.budget:
+        over = sum(n > ctx.budget for n in needs)
+        raise PlannerError(
+            f"{mode}: plan does not fit: {over} of {ctx.world} ranks over budget:",
+            needs,
+            ctx.budget,
+            "hint: use more ranks, a larger budget, fewer bytes per weight, or mode auto"
+            if mode != "auto"
+            else "hint: use more ranks or a larger budget",
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    """(1, 'rank') -> '1 rank', (3, 'rank') -> '3 ranks'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

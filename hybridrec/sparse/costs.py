@@ -1,0 +1,48 @@
+"""The byte sizes the sharded runtime commits to, and its replica-sync rule.
+
+The runtime (`hybridrec.sparse.sharded`, `hybridrec.sparse.host`) allocates and sends exactly
+these sizes; the planner's memory and cost models (`hybridrec.planner`) import them, so the
+model equals what is measured. Plain numbers only: no tensors, no process group.
+
+- ids: int64 in memory (`ID_BYTES`); across the input dist int32 when every table fits
+  (`id_wire_bytes`);
+- pooled embeddings and their gradients: fp32 (`EMB_BYTES`);
+- host-resident tables: per cache row its table row and a dirty flag (`CACHE_META_BYTES`),
+  per table row its cache slot and use count (`SLOT_BYTES`);
+- replicated tables' row gradients: all-reduced or all-gathered, the cheaper (`replica_sync`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridrec.types import TableConfig
+
+ID_BYTES = 8  # ids in memory, and row ids in the replicated tables' gradient sync: int64
+INT32_IDS = 2**31 - 1  # tables up to this many rows send ids through the input dist as int32
+EMB_BYTES = 4  # pooled embeddings and their gradients travel as fp32
+CACHE_META_BYTES = 9  # per cache row: its table row (int64) and a dirty flag
+SLOT_BYTES = 8  # per host-resident row: its cache slot (int32) and its use count (fp32)
+
+
+def id_wire_bytes(tables: Sequence[TableConfig]) -> int:
+    """Bytes per id (and per length) in the input dist: 4 (int32, half of int64, exact)
+    when every table's ids fit int32, else 8."""
+    return 4 if all(t.num_rows <= INT32_IDS for t in tables) else 8
+
+
+def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[str, float]:
+    """How a replicated table's row gradients are synced, and the bytes each rank sends.
+
+    - "all_reduce": one [rows, width + 1] fp32 buffer (summed gradients plus a "touched"
+      count), ring all-reduce: 2 (W-1)/W x rows x (width + 1) x 4 bytes. Best for tiny tables.
+    - "all_gather": each rank's touched rows (at most min(rows, ids_per_rank)) with their
+      gradients, padded to the largest rank's count: (W-1) x U x (width x 4 + 8) bytes. Best
+      when a step touches few of a large table's rows.
+    Every rank makes the same choice from the same numbers, and the planner counts these bytes.
+    """
+    reduce_bytes = 2 * (world - 1) / world * rows * (width + 1) * EMB_BYTES
+    gather_bytes = (world - 1) * min(rows, ids_per_rank) * (width * EMB_BYTES + ID_BYTES)
+    if gather_bytes <= reduce_bytes:  # on one rank both are 0: gathering skips a dense buffer
+        return "all_gather", gather_bytes
+    return "all_reduce", reduce_bytes

@@ -1,0 +1,61 @@
+"""hybridrec-plan: plans for named models and yaml paths, errors as exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrec.planner.cli import main
+
+
+def test_cli_plans_the_113b_model(capsys):
+    assert main("--model dlrm_1tb_uncapped --world-size 8 --hbm-gb 80".split()) == 0
+    out = capsys.readouterr().out
+    assert "cat_19" in out and "column_wise" in out
+    assert "over 8 ranks, peak rank" in out and "of 75.0 GiB budget" in out
+
+
+def test_cli_reports_plans_that_do_not_fit(capsys):
+    assert main("--model dlrm_1tb_uncapped --world-size 4 --hbm-gb 80 --no-host".split()) == 2
+    err = capsys.readouterr().err
+    assert "rank 3: needs" in err and "GiB" in err
+    # without --no-host, auto keeps the largest tables in host memory instead
+    assert main("--model dlrm_1tb_uncapped --world-size 4 --hbm-gb 80".split()) == 0
+    assert "@host(cache" in capsys.readouterr().out
+
+
+def test_cli_accepts_a_yaml_path_and_rejects_bad_input(capsys, tmp_path):
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        "name: m\nembedding_dim: 8\nnum_embeddings_per_feature: [100, 5]\n"
+        "hotness: [2, 1]\npooling: mean\n"
+    )
+    argv = ["--model", str(model)] + (
+        "--world-size 2 --batch-size 64 --mode row_wise --optimizer adam --weight-bytes 2".split()
+    )
+    assert main(argv) == 0
+    assert "row_wise" in capsys.readouterr().out
+    assert main(["--model", "no_such_model"]) == 2
+    assert "dlrm_kaggle" in capsys.readouterr().err  # lists the known models
+    assert main(["--world-size", "3", "--batch-size", "100"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+
+
+def test_cli_shows_host_placement_and_host_memory(capsys):
+    code = main(
+        ["--model", "dlrm_1tb", "--world-size", "1", "--hbm-gb", "80", "--reserve-gb", "64"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "cat_0" in out and "@host(cache" in out
+    assert "host memory per rank for host-resident tables" in out
+
+
+def test_cli_pins_tables(capsys):
+    args = ["--model", "dlrm_kaggle", "--world-size", "2", "--hbm-gb", "80"]
+    assert main([*args, "--pin", "cat_2=row_wise", "--mode", "table_wise"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned by sharding.tables: 2 row ranges" in out
+    assert main([*args, "--pin", "cat_2"]) == 2
+    assert "expected TABLE=MODE" in capsys.readouterr().err
