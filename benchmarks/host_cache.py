@@ -35,6 +35,7 @@ while the device runs this one's): total time / steps, the throughput training g
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -127,15 +128,16 @@ def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -
     reset_device(env.device)
     trainer = Trainer(cfg, env)
     emb = trainer.model.embeddings
-    cached = hasattr(emb, "cache_stats")
+    cached = emb.prefetches  # host-resident tables
     if cached and not args.cold:
         trainer.warm_start_caches()  # as training does: the data's hottest rows first
+
+    pipe = trainer.pipeline(stream(i) for i in itertools.count())
 
     def step(i: int, wait: bool = True) -> None:
         if cached and i == args.warmup:
             emb.cache_stats()  # count the timed steps only
-        batch = stream(i)
-        trainer.train_step(batch, stream(i + 1) if prefetch else None)
+        trainer.train_step(pipe.next(), pipe if prefetch else None)
         if wait:
             sync(env.device)
 

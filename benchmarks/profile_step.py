@@ -18,6 +18,7 @@ time goes below the trainer's phases.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -41,11 +42,11 @@ def profile_one(args: argparse.Namespace, sparse: str, env: DistEnv) -> str:
     source = build_source(cfg)
     batches = [source.batch(s, args.batch_size).to(device) for s in range(args.batches)]
     trainer = Trainer(cfg, env)
-    host = trainer.has_host  # host rows: prefetch the next batch's, as the trainer does
+    # host rows: the pipeline prefetches the next batch's, as training does
+    pipe = trainer.pipeline(batches[i % len(batches)] for i in itertools.count())
 
     def step(i: int) -> None:
-        upcoming = batches[(i + 1) % len(batches)] if host else None
-        trainer.train_step(batches[i % len(batches)], upcoming)
+        trainer.train_step(pipe.next(), pipe)
 
     for i in range(args.warmup):
         step(i)

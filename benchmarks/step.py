@@ -43,7 +43,8 @@ from hybridrec.data import build_source  # noqa: E402
 from hybridrec.distributed import DistEnv, resolve_device  # noqa: E402
 from hybridrec.model import DenseArch, loss_fn  # noqa: E402
 from hybridrec.optim import build_dense_optimizer  # noqa: E402
-from hybridrec.train.trainer import Trainer, compile_dense  # noqa: E402
+from hybridrec.parallelize import compile_dense  # noqa: E402
+from hybridrec.train.trainer import Trainer  # noqa: E402
 from hybridrec.types import Batch  # noqa: E402
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}

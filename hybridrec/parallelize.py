@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridrec.config import TABLE_DTYPES, Config
@@ -46,7 +47,9 @@ from hybridrec.planner import (
 )
 from hybridrec.sparse import EmbeddingCollection, triton_ops
 from hybridrec.sparse.host import check_host_memory
-from hybridrec.sparse.sharded import ShardedEmbeddingCollection, whole_values
+from hybridrec.sparse.layout import whole_values
+from hybridrec.sparse.local import HostOptions
+from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan
 
 log = logging.getLogger("hybridrec")
@@ -176,14 +179,14 @@ def verify_same_everywhere(cfg: Config, plan: ShardingPlan, env: DistEnv) -> Non
             )
 
 
-def _log_built(emb: torch.nn.Module, env: DistEnv, start: float) -> None:
+def _log_built(emb: ShardedEmbeddingCollection, env: DistEnv, start: float) -> None:
     """One line per rank-0 start: the embedding storage just initialised, where, how long
     (the 1TB model's host tables take a while; say what is happening)."""
     if not env.is_main:
         return
     on_device = sum(b.numel() * b.element_size() for b in emb.buffers())  # incl. caches
     on_host = 0  # host-resident tables and their optimizer state (plain attributes)
-    for group in getattr(emb, "host_groups", list)():
+    for group in emb.host_groups():
         for t in (group.weight, *group.state().values()):
             on_host += t.numel() * t.element_size()
     where = f"{human_bytes(on_device)} on {env.device}"
@@ -246,15 +249,15 @@ def build_model(
         plan,
         env.group,
         sparse_opt,
-        cfg.seed,
-        env.device,
-        cfg.train.check_ids,
-        stats,
-        table_dtype(cfg),
-        cfg.sharding.pin_host,
-        cfg.sharding.host_copy,
-        comm_dtype(cfg),
-        cfg.sharding.cache_halflife,
+        seed=cfg.seed,
+        device=env.device,
+        check_ids=cfg.train.check_ids,
+        stats=stats,
+        dtype=table_dtype(cfg),
+        host=HostOptions(
+            cfg.sharding.pin_host, cfg.sharding.host_copy, cfg.sharding.cache_halflife
+        ),
+        comm_dtype=comm_dtype(cfg),
     )
     emb.autocast_output = _handoff_in_autocast_dtype(cfg)
     _log_built(emb, env, start)
@@ -269,3 +272,14 @@ def build_model(
     )
     dense = DistributedDataParallel(dense, device_ids=ids, **{no_sync: False})
     return DLRM(dense, emb), plan
+
+
+def compile_dense(dense: nn.Module, mode: str, device: torch.device) -> nn.Module:
+    """The dense part as `train.compile` says: torch.compile'd for `dense` (and `auto` on
+    CUDA), also replayed as CUDA graphs for `graphs` (static shapes: every step has the same
+    local batch, so per-kernel launch overhead goes), unchanged for `none`. The embedding
+    side stays eager: its backward runs the optimizer."""
+    if mode in ("dense", "graphs") or (mode == "auto" and device.type == "cuda"):
+        compile_mode = "reduce-overhead" if mode == "graphs" else None
+        return torch.compile(dense, dynamic=False, mode=compile_mode)  # type: ignore[return-value]
+    return dense

@@ -3,6 +3,11 @@
 On CUDA each phase records a pair of events on the current stream; they are resolved only
 when `report()` is called (at logging time, which synchronises anyway). On CPU it is plain
 wall-clock time. A disabled timer costs one attribute check per phase.
+
+Library code times itself with the module-level `phase(name)`, which feeds whichever timer
+the caller made active (`with timing.active(timer):`, the trainer's); none active: no cost.
+The active timer is process-wide, not per thread, because autograd runs CUDA backwards (and
+the host cache its prefetch) on other threads.
 """
 
 from __future__ import annotations
@@ -67,3 +72,22 @@ class PhaseTimer:
 
 
 NULL_TIMER = PhaseTimer(enabled=False)
+
+
+_active: PhaseTimer = NULL_TIMER
+
+
+@contextmanager
+def active(timer: PhaseTimer) -> Iterator[PhaseTimer]:
+    """Make `timer` the one `phase()` feeds until the block ends."""
+    global _active
+    previous, _active = _active, timer
+    try:
+        yield timer
+    finally:
+        _active = previous
+
+
+def phase(name: str):  # noqa: ANN201 (a context manager)
+    """Time a named phase on the active timer (see `active`)."""
+    return _active.phase(name)

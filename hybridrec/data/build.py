@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from hybridrec.config import Config
 from hybridrec.data.loader import BatchSource, SliceLoader
@@ -73,3 +74,19 @@ def build_loader(
             source, rank, world_size, batch_size, split, start_step, group, d.prefetch
         )
     return SliceLoader(source, rank, world_size, batch_size, split, start_step, d.prefetch)
+
+
+def steps_for_epochs(epochs: float, source: BatchSource, batch_size: int) -> int:
+    """`train.epochs` as steps: epochs x (train rows // global batch), rounded up."""
+    per_epoch = source.steps_per_epoch(batch_size, "train")
+    if per_epoch is None:  # validate() refuses synthetic data; another endless source
+        raise ValueError(f"train.epochs={epochs}: this dataset is endless; set train.steps")
+    steps = max(1, math.ceil(epochs * per_epoch - 1e-9))
+    log.info(
+        "train.epochs=%g: %d steps (one epoch = %d steps of %d samples)",
+        epochs,
+        steps,
+        per_epoch,
+        batch_size,
+    )
+    return steps

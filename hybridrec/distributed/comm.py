@@ -4,7 +4,7 @@ models or tables. Shapes are per rank; W = world size.
 - all_to_all: x [sum(in_splits), *] -> y [sum(out_splits), *]; row block q of x goes to rank
   q, row block p of y came from rank p. Uses all_to_all_single (gloo rejects list-form
   all_to_all with unequal sizes). Its mirror (the backward of an exchange) is the same call
-  with the splits swapped; hybridrec.sparse.sharded wraps both directions, and the other
+  with the splits swapped; hybridrec.sparse.dist.output wraps both directions, and the other
   backward collectives, in one autograd Function so their order is fixed on every rank.
 - all_gather_rows / all_reduce_sum: replicated tables' row gradients, sparse or dense.
 - ScaleGrad: identity forward, gradient times a constant (the 1/W of the gradient-scaling
@@ -42,6 +42,11 @@ class CommStats:
         self.recv.clear()
 
 
+def world_size(group: dist.ProcessGroup | None) -> int:
+    """Ranks in `group`; None is one process with no process group (nothing to exchange)."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
 def _row_bytes(t: torch.Tensor) -> int:
     return math.prod(t.shape[1:]) * t.element_size()
 
@@ -50,7 +55,7 @@ def all_to_all(
     x: torch.Tensor,
     out_splits: Sequence[int],
     in_splits: Sequence[int],
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
     stats: CommStats | None = None,
     name: str = "all_to_all",
 ) -> torch.Tensor:
@@ -58,7 +63,7 @@ def all_to_all(
 
     On a one-rank group the exchange is the identity: `x` itself comes back, no copy (callers
     never write into what they receive)."""
-    if dist.get_world_size(group) == 1:
+    if world_size(group) == 1:
         return x
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
@@ -85,13 +90,13 @@ class ScaleGrad(torch.autograd.Function):
 
 def all_gather_rows(
     x: torch.Tensor,
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
     stats: CommStats | None = None,
     name: str = "all_gather",
 ) -> torch.Tensor:
     """[n, *] on every rank (same n) -> [W * n, *], rank p's rows at block p (`x` itself on
     a one-rank group)."""
-    world = dist.get_world_size(group)
+    world = world_size(group)
     if world == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(world)]
@@ -104,13 +109,13 @@ def all_gather_rows(
 
 def all_reduce_sum(
     x: torch.Tensor,
-    group: dist.ProcessGroup,
+    group: dist.ProcessGroup | None,
     stats: CommStats | None = None,
     name: str = "all_reduce",
 ) -> torch.Tensor:
     """In-place sum over ranks. Counted as a ring all-reduce moves data: 2 (W-1)/W x bytes
     sent and received per rank. Nothing to do on a one-rank group."""
-    if dist.get_world_size(group) == 1:
+    if world_size(group) == 1:
         return x
     dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
     if stats is not None:
@@ -120,9 +125,9 @@ def all_reduce_sum(
     return x
 
 
-def any_rank(flag: bool, group: dist.ProcessGroup, device: torch.device) -> bool:
+def any_rank(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> bool:
     """True on every rank if `flag` is True on any rank (lets all ranks fail together)."""
-    if dist.get_world_size(group) == 1:
+    if world_size(group) == 1:
         return flag
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

@@ -17,16 +17,16 @@ Legend: N = ids in the call, R = rows in the group, D = group width, U = shards 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from hybridrec import timing
 from hybridrec.sparse import triton_ops
 from hybridrec.sparse.init import init_shard
-from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import ShardSpec, TableConfig
 
 
@@ -151,6 +151,10 @@ def dedupe(
     return unique_rows, grads.index_add_(0, inverse, grad_rows)
 
 
+RowSq = dict[int, torch.Tensor]  # shard index in the group -> full-row mean(g^2) [U_u]
+RowSqSource = Callable[[], "RowSq | None"]  # asked once, in the backward
+
+
 class _GroupLookup(torch.autograd.Function):
     """pooled[bag] = sum_i scale_i * weight[row_i]; backward = in-place optimizer update."""
 
@@ -164,16 +168,18 @@ class _GroupLookup(torch.autograd.Function):
         scale: torch.Tensor | None,
         num_bags: int,
         out_dtype: torch.dtype,
+        row_sq: RowSqSource | None,
     ) -> torch.Tensor:
-        ctx.group = group
+        ctx.group, ctx.row_sq = group, row_sq
         ctx.save_for_backward(rows, bags, scale)
         return group.pool(rows, bags, scale, num_bags, out_dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple:  # type: ignore[override]
         rows, bags, scale = ctx.saved_tensors
-        ctx.group.apply_gradient(rows, bags, scale, grad_pooled)
-        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None, None
+        row_sq = ctx.row_sq() if ctx.row_sq is not None else None
+        ctx.group.apply_gradient(rows, bags, scale, grad_pooled, row_sq)
+        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None, None, None
 
 
 class FusedEmbedding(nn.Module):
@@ -201,10 +207,6 @@ class FusedEmbedding(nn.Module):
         self.shards = [s for _, _, s in shards]
         self.optimizer = optimizer
         self.step_count = 0
-        self.timer: PhaseTimer = NULL_TIMER  # the trainer sets its own
-        # shard index -> full-row mean(g^2) [U_u] for this step, set by the sharded collection
-        # for column shards (see hybridrec.optim.sparse.RowWiseAdagrad), used once.
-        self.row_sq_override: dict[int, torch.Tensor] = {}
         offsets = [0]
         for s in self.shards:
             offsets.append(offsets[-1] + s.num_rows)
@@ -268,10 +270,14 @@ class FusedEmbedding(nn.Module):
         scale_t = torch.cat(scales) if any_scale else None
         return torch.cat(rows), torch.cat(bags), scale_t, sizes
 
-    def forward(self, inputs: Sequence[LookupInput]) -> list[torch.Tensor]:
-        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all)."""
+    def forward(
+        self, inputs: Sequence[LookupInput], row_sq: RowSqSource | None = None
+    ) -> list[torch.Tensor]:
+        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all).
+        `row_sq`: asked in the backward for full-row statistics of column shards, if any."""
         rows_t, bags_t, scale_t, sizes = self.flatten(inputs)
-        return list(torch.split(self.lookup(rows_t, bags_t, scale_t, sum(sizes)), sizes))
+        pooled = self.lookup(rows_t, bags_t, scale_t, sum(sizes), row_sq=row_sq)
+        return list(torch.split(pooled, sizes))
 
     def lookup(
         self,
@@ -280,13 +286,14 @@ class FusedEmbedding(nn.Module):
         scale: torch.Tensor | None,
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
+        row_sq: RowSqSource | None = None,
     ) -> torch.Tensor:
         """pooled [num_bags, D] (out_dtype, summed in fp32) of group rows `rows` [N] (bags [N]
         non-decreasing, in any bag order the caller likes); training applies the optimizer
         in the backward, which takes the gradient in out_dtype and sums it in fp32."""
         if torch.is_grad_enabled() and self.optimizer is not None:
             anchor = torch.zeros(0, device=self.row_offsets.device, requires_grad=True)
-            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags, out_dtype)
+            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags, out_dtype, row_sq)
         return self.pool(rows, bags, scale, num_bags, out_dtype)
 
     def pool(
@@ -318,10 +325,12 @@ class FusedEmbedding(nn.Module):
         bags: torch.Tensor,
         scale: torch.Tensor | None,
         grad_pooled: torch.Tensor,
+        row_sq: RowSq | None = None,
     ) -> None:
-        """Deduplicate the rows' gradients and let the optimizer update them in place."""
-        with self.timer.phase("sparse_update"):
-            if not self.row_sq_override and triton_ops.available(grad_pooled):
+        """Deduplicate the rows' gradients and let the optimizer update them in place;
+        `row_sq`: full-row statistics for some shards (see `update_rows`)."""
+        with timing.phase("sparse_update"):
+            if not row_sq and triton_ops.available(grad_pooled):
                 # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
                 # device, and the update kernels read it: no host sync in the step
                 rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
@@ -334,25 +343,32 @@ class FusedEmbedding(nn.Module):
                 self.update_rows(rows_pad, grads_pad, count)
                 return
             unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
-            self.update_rows(unique_rows, grads)
+            self.update_rows(unique_rows, grads, row_sq=row_sq)
 
     @torch.no_grad()
     def update_rows(
-        self, unique_rows: torch.Tensor, grads: torch.Tensor, count: torch.Tensor | None = None
+        self,
+        unique_rows: torch.Tensor,
+        grads: torch.Tensor,
+        count: torch.Tensor | None = None,
+        row_sq: RowSq | None = None,
     ) -> None:
         """One optimizer step on rows `unique_rows` [U] (sorted) with gradients [U, D]; with
-        `count` (a device tensor), only the first count rows are real (padded inputs)."""
+        `count` (a device tensor), only the first count rows are real (padded inputs).
+        `row_sq`: for some shards, mean(g^2) over each row's full width (column shards of
+        one table share it, see hybridrec.sparse.dist.row_stats); other rows use their own."""
         assert self.optimizer is not None
         self.step_count += 1
-        row_sq = None
-        if self.row_sq_override:
-            row_sq = grads.pow(2).mean(dim=1)
+        row_sq_mean = None
+        if row_sq:
+            row_sq_mean = grads.pow(2).mean(dim=1)
             bounds = torch.searchsorted(unique_rows, self.row_offsets).tolist()
-            for u, stat in self.row_sq_override.items():
-                row_sq[bounds[u] : bounds[u + 1]] = stat
-            self.row_sq_override = {}
+            for u, stat in row_sq.items():
+                row_sq_mean[bounds[u] : bounds[u + 1]] = stat
         weight, state, index = self._update_target(unique_rows)
-        self.optimizer.update(weight, state, index, grads, self.step_count, row_sq, count=count)
+        self.optimizer.update(
+            weight, state, index, grads, self.step_count, row_sq_mean, count=count
+        )
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

@@ -49,6 +49,7 @@ from torch import nn
 
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model.inference import MODEL_CONFIG_KEY
+from hybridrec.sparse.api import EmbeddingModule, ShardView, embedding_modules
 from hybridrec.types import ShardingPlan, TableConfig
 
 log = logging.getLogger("hybridrec")
@@ -211,15 +212,14 @@ def save_checkpoint(
         )
     error = ""
     start = time.perf_counter()
-    emb = model.embeddings
-    replicated = getattr(emb, "replicated_tables", set())
+    modules = embedding_modules(model)
     entries: dict[str, Any] = {}
     shards_meta: list[dict[str, Any]] = []
     error = ""
     try:
         shards = []
-        for spec, weight, st in emb.shard_views():
-            if spec.table in replicated and env.rank != 0:
+        for spec, weight, st in _shard_views(modules):
+            if spec.table in _replicated(modules) and env.rank != 0:
                 continue  # a replica: rank 0's copy is the one saved
             shards.append(
                 {
@@ -247,7 +247,7 @@ def save_checkpoint(
             dense = {
                 "model": unwrap(model.dense).state_dict(),
                 "optimizer": dense_opt.state_dict(),
-                "sparse_step": sparse_step(emb),
+                "sparse_step": sparse_step(modules),
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             }
@@ -326,11 +326,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def sparse_step(emb: nn.Module) -> int:
-    """The sparse optimizers' step count (the same in every group)."""
-    counts = {g.step_count for g in emb.groups.values()}
-    assert len(counts) <= 1, f"fused groups disagree on their step count: {counts}"
+def sparse_step(modules: list[EmbeddingModule]) -> int:
+    """The sparse optimizers' step count (the same in every embedding module)."""
+    counts = {m.sparse_step for m in modules}
+    assert len(counts) <= 1, f"embedding modules disagree on their step count: {counts}"
     return counts.pop() if counts else 0
+
+
+def _shard_views(modules: list[EmbeddingModule]) -> list[ShardView]:
+    return [view for m in modules for view in m.shard_views()]
+
+
+def _replicated(modules: list[EmbeddingModule]) -> set[str]:
+    return {t for m in modules for t in m.replicated_tables()}
 
 
 def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
@@ -402,13 +410,13 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
     return (lo, hi) if lo < hi else None
 
 
-def load_embeddings(path: Path, manifest: dict[str, Any], emb: nn.Module) -> None:
+def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[EmbeddingModule]) -> None:
     """Copy saved rectangles into every local shard (any plan), checking full coverage."""
     files = _Files(Path(path))
     by_table: dict[str, list[dict[str, Any]]] = {}
     for s in manifest["shards"]:
         by_table.setdefault(s["table"], []).append(s)
-    for spec, weight, state in emb.shard_views():
+    for spec, weight, state in _shard_views(modules):
         rows, cols = (spec.row_start, spec.row_end), (spec.col_start, spec.col_end)
         covered = 0
         for saved in by_table.get(spec.table, []):
@@ -454,12 +462,13 @@ def load_checkpoint(
         raise CheckpointError(
             f"checkpoint {path} is for a different model:\n  " + "\n  ".join(diffs)
         )
-    load_embeddings(path, manifest, model.embeddings)
+    modules = embedding_modules(model)
+    load_embeddings(path, manifest, modules)
     dense = torch.load(Path(path) / "dense.pt", map_location="cpu", weights_only=False)
     unwrap(model.dense).load_state_dict(dense["model"])
     dense_opt.load_state_dict(dense["optimizer"])
-    for group in model.embeddings.groups.values():
-        group.step_count = int(dense["sparse_step"])
+    for module in modules:
+        module.set_sparse_step(int(dense["sparse_step"]))
     torch.set_rng_state(dense["rng_cpu"])
     if dense["rng_cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(dense["rng_cuda"][: torch.cuda.device_count()])
@@ -536,7 +545,7 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             diffs.append(f"dense.{k}: file {list(dense_state[k].shape)}, model {list(v.shape)}")
     if diffs:
         raise CheckpointError(f"{file} does not fit this model:\n  " + "\n  ".join(diffs))
-    for spec, weight, _ in model.embeddings.shard_views():
+    for spec, weight, _ in _shard_views(embedding_modules(model)):
         src = state[f"embeddings.{spec.table}.weight"]
         weight.copy_(src[spec.row_start : spec.row_end, spec.col_start : spec.col_end])
     dense.load_state_dict(dense_state, strict=False)

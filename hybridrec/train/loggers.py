@@ -300,3 +300,17 @@ class MultiLogger(NullLogger):
     def close(self) -> None:
         for lg in self.loggers:
             lg.close()
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """After a resume, drop rows logged past the checkpoint (they will be logged again)."""
+    if not path.is_file():
+        return
+    keep = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)

@@ -10,6 +10,7 @@ directory the signals keep their default effect.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType, TracebackType
@@ -44,3 +45,13 @@ class PreemptionGuard:
         for s, handler in self._previous.items():
             signal.signal(s, handler)  # type: ignore[arg-type]
         self._previous.clear()
+
+
+def fault_injection(rank: int) -> int | None:
+    """Test hook: HYBRIDREC_FAULT=<rank>:<step> kills that rank at that step, on the first
+    attempt of a torchrun job only (TORCHELASTIC_RESTART_COUNT=0), to prove crash-resume."""
+    spec = os.environ.get("HYBRIDREC_FAULT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    fault_rank, fault_step = (int(x) for x in spec.split(":"))
+    return fault_step if fault_rank == rank else None

@@ -76,7 +76,7 @@ def deferred_bad_id_on_rank_1(env):
     if env.rank == 1:
         batch.ids[5, 3] = 700
     loss_fn(model(batch.dense, batch.ids), batch.labels).backward()
-    return _try(model.embeddings.raise_bad_ids)
+    return _try(model.embeddings.check_inputs)
 
 
 def test_deferred_id_check_on_one_rank_fails_all_ranks():

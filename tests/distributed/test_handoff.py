@@ -40,7 +40,7 @@ def _train(env: DistEnv, mode: str, sparse: str, handoff: bool) -> dict:
     return {
         "losses": losses,
         "wire": wire,
-        "whole": emb.whole_values,
+        "whole": emb.layout.whole_values,
         "sent": sent,
         **snapshot(trainer),
     }

@@ -46,19 +46,16 @@ def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> di
     with torch.no_grad():
         first = batches[0].to(env.device)
         logits = trainer.model(first.dense, first.ids)
-    losses = []
-    for s, batch in enumerate(batches):
-        upcoming = batches[s + 1] if prefetch and s + 1 < STEPS else None
-        losses.append(trainer.global_mean(trainer.train_step(batch, upcoming)))
+    losses = [trainer.global_mean(v) for v in trainer.train_batches(batches, prefetch)]
     emb = trainer.model.embeddings
-    stats = emb.cache_stats() if hasattr(emb, "cache_stats") else None
+    stats = emb.cache_stats()
     return {
         "logits": logits,
         "losses": losses,
         **snapshot(trainer),
         "stats": stats,
-        "pinned": [g.weight.is_pinned() for g in getattr(emb, "host_groups", list)()],
-        "prefetched": sum(g.prefetched_lookups for g in getattr(emb, "host_groups", list)()),
+        "pinned": [g.weight.is_pinned() for g in emb.host_groups()],
+        "prefetched": sum(g.prefetched_lookups for g in emb.host_groups()),
     }
 
 

@@ -23,14 +23,11 @@ def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefe
     cfg.model.pooling = pooling
     trainer = Trainer(cfg, env)
     emb = trainer.model.embeddings
-    assert emb.one_rank is not None  # this plan qualifies
+    assert emb.sample_major is not None  # this plan qualifies
     if not fast:
-        emb.one_rank = None  # the general path: input dist, per-unit lookups, output dist
+        emb.sample_major = None  # the general path: input dist, per-unit lookups, output dist
     batches = [trainer.train_batch(s) for s in range(STEPS)]
-    losses = []
-    for s, batch in enumerate(batches):
-        upcoming = batches[s + 1] if prefetch and s + 1 < STEPS else None
-        losses.append(trainer.train_step(batch, upcoming))
+    losses = trainer.train_batches(batches, look_ahead=prefetch)
     stats = emb.cache_stats()
     counters = None
     if stats is not None:
@@ -72,7 +69,7 @@ def _layouts(env: DistEnv) -> dict:
     out = {}
     for mode in ("table_wise", "data_parallel", "auto"):
         emb = Trainer(make_cfg(mode, "sgd", env.world_size), env).model.embeddings
-        out[mode] = emb.one_rank is not None
+        out[mode] = emb.sample_major is not None
     return out
 
 

@@ -103,8 +103,9 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
     try:
         trainer = Trainer(cfg, env)
         batches = [trainer.train_batch(s).to("cuda") for s in range(6)]
-        for s in range(2):  # warmup: compiles kernels, fills the cache and allocator
-            trainer.train_step(batches[s], batches[s + 1] if prefetch else None)
+        pipe = trainer.pipeline(iter(batches))
+        for _ in range(2):  # warmup: compiles kernels, fills the cache and allocator
+            trainer.train_step(pipe.next(), pipe if prefetch else None)
         torch.cuda.synchronize()
         counts = []
         on_main: list[bool] = []  # per sync of a step: whether the main thread made it
@@ -113,14 +114,14 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
             if "synchroniz" in str(message):
                 on_main.append(threading.current_thread() is threading.main_thread())
 
-        for s in range(2, 5):
+        for _ in range(2, 5):
             on_main.clear()
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 warnings.showwarning = show
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    trainer.train_step(batches[s], batches[s + 1] if prefetch else None)
+                    trainer.train_step(pipe.next(), pipe if prefetch else None)
                     for g in trainer.model.embeddings.host_groups():
                         g._wait()  # the background admission's sync lands in this step
                 finally:

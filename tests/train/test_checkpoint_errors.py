@@ -11,7 +11,8 @@ import torch
 from hybridrec.distributed import init_distributed
 from hybridrec.train import checkpoint as ckpt
 from hybridrec.train.checkpoint import CheckpointError, list_checkpoints, read_manifest
-from hybridrec.train.trainer import NonFiniteLossError, Trainer
+from hybridrec.train.health import NonFiniteLossError
+from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
 
 

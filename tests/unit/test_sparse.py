@@ -15,9 +15,9 @@ import torch
 
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse import EmbeddingCollection, IdOutOfRangeError
-from hybridrec.sparse.collection import full_shard
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
 from hybridrec.sparse.init import init_shard
+from hybridrec.sparse.local import full_shard
 from hybridrec.types import Pooling, ShardSpec, TableConfig
 
 TABLE = TableConfig("t", num_rows=50, dim=8, hotness=3)
@@ -269,14 +269,14 @@ def test_deferred_id_check_reads_bad_ids_as_zero_and_raises_later():
     tables = [TableConfig("cat_0", 10, 4), TableConfig("cat_1", 5, 4)]
     coll = EmbeddingCollection(tables, None, check_ids=True)
     coll.checker.defer = True
-    coll.raise_bad_ids()  # nothing recorded: no error
+    coll.check_inputs()  # nothing recorded: no error
     good = coll(torch.tensor([[0, 0], [9, 0], [3, 0]]))
     bad = coll(torch.tensor([[0, 0], [9, 5], [3, -2]]))  # two bad ids: the first is named
     torch.testing.assert_close(bad, good, rtol=0, atol=0)
     coll(torch.tensor([[1, 1]]))  # later batches do not overwrite the first record
     with pytest.raises(IdOutOfRangeError, match=r"feature 1 \(cat_1\): id 5 at sample 1 .*5 rows"):
-        coll.raise_bad_ids()
-    coll.raise_bad_ids()  # reported once
+        coll.check_inputs()
+    coll.check_inputs()  # reported once
 
 
 def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):

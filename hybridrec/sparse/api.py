@@ -1,0 +1,89 @@
+"""The one interface between the trainer / checkpoints and embedding modules.
+
+The trainer, its pipeline and the checkpoint code find every embedding module of a model with
+`embedding_modules(model)` (a walk over `model.modules()`, so a model may hold several) and
+use nothing but the methods below: no `getattr` probes, no imports of the host cache, no
+attributes written from outside. Timings go to the active timer (hybridrec.timing.active).
+
+Contract of an EmbeddingModule, at any world size:
+    forward(ids [B_l, H] int64) -> pooled [B_l, T, D]; the sparse optimizer runs in backward
+    sparse_optimizers()          the row optimizers it applies (for learning-rate schedules)
+    prefetches / prefetch(ids)   look-ahead (host caches): stage the next batch, collective
+    use_staged(staged)           the next forward runs on what `prefetch` staged
+    check_inputs()               raise a deferred bad-id error (collective on several ranks)
+    warm_start(counts, batch)    fill caches from id frequencies -> WarmStart
+    take_metrics()               counters since the last call, summable over ranks and modules
+    shard_views(), replicated_tables(), sparse_step / set_sparse_step   checkpoint state
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridrec.sparse.fused import RowOptimizer
+from hybridrec.types import ShardSpec
+
+ShardView = tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]  # spec, weight, state views
+IdCounts = Callable[[int], "np.ndarray | None"]  # table index -> id frequencies [rows] or None
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a warm start did: rows loaded on this rank, and the hit rate those rows give
+    while ids follow the counts (None: nothing was loaded)."""
+
+    rows: int
+    expected_hit_rate: float | None
+
+
+class EmbeddingModule(nn.Module):
+    """Base of the embedding modules the trainer and checkpoints drive (see module doc)."""
+
+    #: whether `prefetch` does anything (host-resident tables): the pipeline then reads ahead
+    prefetches: bool = False
+
+    def sparse_optimizers(self) -> list[RowOptimizer]:
+        raise NotImplementedError
+
+    def prefetch(self, ids: torch.Tensor) -> Any:
+        """Start bringing the rows of the next batch's ids [B_l, H] to the device; returns
+        what the forward of that batch needs (`use_staged`). Collective when `prefetches`."""
+        return None
+
+    def use_staged(self, staged: Any) -> None:
+        """The next forward's ids are the ones `prefetch` returned `staged` for."""
+
+    def check_inputs(self) -> None:
+        """Raise for a bad id a deferred check met since the last call."""
+
+    def warm_start(self, counts: IdCounts, batch_size: int) -> WarmStart:
+        return WarmStart(0, None)
+
+    def take_metrics(self) -> dict[str, float]:
+        """Counters since the last call (e.g. cache hits), to be summed over ranks."""
+        return {}
+
+    def shard_views(self) -> list[ShardView]:
+        raise NotImplementedError
+
+    def replicated_tables(self) -> set[str]:
+        """Tables every rank holds whole: rank 0's copy is the one saved."""
+        return set()
+
+    @property
+    def sparse_step(self) -> int:
+        raise NotImplementedError
+
+    def set_sparse_step(self, step: int) -> None:
+        raise NotImplementedError
+
+
+def embedding_modules(model: nn.Module) -> list[EmbeddingModule]:
+    """Every embedding module in `model`'s tree, in module order."""
+    return [m for m in model.modules() if isinstance(m, EmbeddingModule)]

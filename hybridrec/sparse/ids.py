@@ -1,0 +1,103 @@
+"""Range checks of a batch's ids [B, H] against each column's table, with a precise error.
+
+On the CPU a bad id raises at once. On CUDA that would cost a host sync every step, so the
+check is deferred: bad ids are read as 0 and the first one is recorded on the device, raised
+by the next `check_inputs()` (at logging, evaluation or checkpoint time, which sync anyway),
+so a bad batch never reaches a checkpoint or a metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hybridrec.types import TableConfig, hot_offsets
+
+
+class IdOutOfRangeError(ValueError):
+    """An id outside its table, caught before any kernel reads memory."""
+
+
+class IdChecker:
+    """Range check of ids [B, H] against each column's table size, with a precise error.
+
+    On the CPU a bad id raises at once. On CUDA that would cost a host sync every step, so
+    the check is deferred (`defer`, default: on CUDA): `sanitize` replaces bad ids with 0
+    before any kernel reads memory and records the first bad one on the device; the trainer
+    raises its error (`raise_recorded`) at the next logging step, evaluation or checkpoint,
+    where it syncs anyway, so a bad batch never reaches a checkpoint or a metric.
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], defer: bool | None = None) -> None:
+        self.tables = list(tables)
+        self.offsets = hot_offsets(self.tables)
+        self._limits: dict[torch.device, torch.Tensor] = {}
+        self.defer = defer
+        self._record: torch.Tensor | None = None  # [3] int64: sample, column, id; -1 = none
+
+    def deferred(self, ids: torch.Tensor) -> bool:
+        return ids.is_cuda if self.defer is None else self.defer
+
+    def limits(self, device: torch.device) -> torch.Tensor:
+        if device not in self._limits:
+            lim = [t.num_rows for t in self.tables for _ in range(t.hotness)]
+            self._limits[device] = torch.tensor(lim, dtype=torch.int64, device=device)
+        return self._limits[device]
+
+    def bad_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, H] bool, True where an id is out of range (no host sync)."""
+        if ids.dim() != 2 or ids.shape[1] != self.offsets[-1]:
+            raise ValueError(
+                f"ids must be [batch, {self.offsets[-1]}] (one column per id of the "
+                f"{len(self.tables)} tables), got {list(ids.shape)}"
+            )
+        return (ids < 0) | (ids >= self.limits(ids.device))
+
+    def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
+        """Raise IdOutOfRangeError naming the first bad id's feature, value and table size."""
+        b, col = (int(x) for x in bad.nonzero()[0])
+        raise self._error(col, int(ids[b, col]), f"sample {sample_base + b}")
+
+    def _error(self, col: int, value: int, where: str, then: str = "") -> IdOutOfRangeError:
+        t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
+        table = self.tables[t]
+        return IdOutOfRangeError(
+            f"feature {t} ({table.name}): id {value} at {where} is outside table "
+            f"{table.name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}){then}"
+        )
+
+    def __call__(self, ids: torch.Tensor, sample_base: int = 0) -> None:
+        bad = self.bad_mask(ids)
+        if bool(bad.any()):
+            self.raise_first(ids, bad, sample_base)
+
+    def sanitize(self, ids: torch.Tensor, sample_base: int = 0) -> torch.Tensor:
+        """ids with out-of-range ones replaced by 0; the first bad id (sample, column, value)
+        is remembered on the device until `raise_recorded`. No host sync."""
+        bad = self.bad_mask(ids)
+        flat = bad.reshape(-1)
+        first = flat.to(torch.int8).argmax()  # the first bad position (0 when none is bad)
+        width = ids.shape[1]
+        # index_select, not ids.reshape(-1)[first]: indexing with a tensor reads it (a sync)
+        value = ids.reshape(-1).index_select(0, first.view(1)).squeeze(0)
+        found = torch.stack([first // width + sample_base, first % width, value])
+        if self._record is None or self._record.device != ids.device:
+            self._record = torch.full((3,), -1, dtype=torch.int64, device=ids.device)
+        keep = (self._record[0] >= 0) | ~flat.any()
+        self._record = torch.where(keep, self._record, found)
+        return ids.masked_fill(bad, 0)
+
+    def found(self) -> bool:
+        """Whether `sanitize` has met a bad id since the last `raise_recorded` (a host sync)."""
+        return self._record is not None and int(self._record[0]) >= 0
+
+    def raise_recorded(self) -> None:
+        """Raise IdOutOfRangeError for the first bad id `sanitize` met, if any (a host sync)."""
+        if not self.found():
+            return
+        assert self._record is not None
+        sample, col, value = (int(x) for x in self._record.tolist())
+        self._record = None
+        where = f"sample {sample} of a batch since the last check"
+        raise self._error(col, value, where, "; those ids were read as 0 and the run stops here")

@@ -1,0 +1,199 @@
+"""Where every shard of a plan lives and how one rank's pieces line up: pure, from the plan.
+
+No process group and no tensors of weights: `ShardedLayout.build(tables, plan, rank)` gives
+the index structures the sharded collection and its exchanges read, so they can be tested
+on their own.
+
+A *unit* is one non-replicated shard served by its owner rank. A table is 1 unit (table-wise),
+k units whose outputs are concatenated in column order (column-wise), or k units whose
+outputs are summed in shard order (row-wise). Units of rank q are listed in (table, shard)
+order; the output dist receives them in (source rank, that order), which `table_units` maps
+back to tables. This rank's units are fused into one group per width and placement
+("w<width>" in device memory, "h<width>" in host memory); replicated (data-parallel) tables
+get groups "dp_w<width>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from hybridrec.sparse.costs import id_wire_bytes
+from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, hot_offsets
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One non-replicated shard and the table it belongs to."""
+
+    table_index: int
+    table: TableConfig
+    shard: ShardSpec
+    row_wise: bool
+
+    @property
+    def whole(self) -> bool:
+        """The unit is its whole table (every row and column)."""
+        s, t = self.shard, self.table
+        return (
+            s.row_start == 0 and s.row_end == t.num_rows and s.col_start == 0 and s.width == t.dim
+        )
+
+
+@dataclass(frozen=True)
+class ShardedLayout:
+    """One rank's view of a plan (see the module docstring for units and groups)."""
+
+    tables: tuple[TableConfig, ...]
+    plan: ShardingPlan
+    rank: int
+    units_on: tuple[tuple[Unit, ...], ...]  # per rank: the units it serves
+    table_units: dict[int, list[int]]  # table -> positions in the received list, shard order
+    dp_tables: tuple[int, ...]  # replicated tables, in table order
+    group_units: dict[str, list[int]]  # this rank's group key -> its local units, group order
+    dp_group_tables: dict[str, list[int]]  # replicated group key -> its tables
+    peers: dict[int, list[int]]  # local column unit -> ranks of its table's other columns
+    full_row_stat: bool
+
+    @staticmethod
+    def build(
+        tables: Sequence[TableConfig], plan: ShardingPlan, rank: int, full_row_stat: bool = False
+    ) -> ShardedLayout:
+        """`full_row_stat`: the optimizer keeps one statistic over a row's full width
+        (row-wise Adagrad), so column units of one table must share theirs (`peers`)."""
+        tables = tuple(tables)
+        check_plan(tables, plan)
+        units_on: list[list[Unit]] = [[] for _ in range(plan.world_size)]
+        dp_tables = []
+        for i, tp in enumerate(plan.tables):
+            if tp.sharding == ShardingType.DATA_PARALLEL:
+                dp_tables.append(i)
+                continue
+            for s in tp.shards:
+                units_on[s.rank].append(Unit(i, tables[i], s, tp.sharding == ShardingType.ROW_WISE))
+        position = {}
+        for u in (u for units in units_on for u in units):
+            position[(u.table_index, u.shard)] = len(position)
+        table_units = {
+            i: [position[(i, s)] for s in tp.shards]
+            for i, tp in enumerate(plan.tables)
+            if tp.sharding != ShardingType.DATA_PARALLEL
+        }
+        group_units: dict[str, list[int]] = {}
+        for k, u in enumerate(units_on[rank]):
+            key = f"{'h' if u.shard.on_host else 'w'}{u.shard.width}"
+            group_units.setdefault(key, []).append(k)
+        dp_group_tables: dict[str, list[int]] = {}
+        for i in dp_tables:
+            dp_group_tables.setdefault(f"dp_w{tables[i].dim}", []).append(i)
+        peers = {}
+        if full_row_stat:
+            for k, u in enumerate(units_on[rank]):
+                tp = plan.tables[u.table_index]
+                if tp.sharding == ShardingType.COLUMN_WISE:
+                    peers[k] = [s.rank for s in tp.shards if s.rank != rank]
+        return ShardedLayout(
+            tables,
+            plan,
+            rank,
+            tuple(tuple(units) for units in units_on),
+            table_units,
+            tuple(dp_tables),
+            group_units,
+            dp_group_tables,
+            peers,
+            full_row_stat,
+        )
+
+    @property
+    def world(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def local_units(self) -> tuple[Unit, ...]:
+        return self.units_on[self.rank]
+
+    @cached_property
+    def offsets(self) -> list[int]:
+        """Column offsets of each table's ids in a batch's ids [B, H]."""
+        return hot_offsets(self.tables)
+
+    @cached_property
+    def width_on(self) -> list[int]:
+        """Per rank, the summed width of its units: its share of each sample's output."""
+        return [sum(u.shard.width for u in units) for units in self.units_on]
+
+    @cached_property
+    def id_dtype(self) -> torch.dtype:
+        """Ids cross the input dist as int32 where every table's ids fit (half the bytes)."""
+        return torch.int32 if id_wire_bytes(self.tables) == 4 else torch.int64
+
+    @cached_property
+    def has_row_wise(self) -> bool:
+        return any(u.row_wise for units in self.units_on for u in units)
+
+    @cached_property
+    def has_host(self) -> bool:
+        """Host-resident shards on any rank: every rank then joins the prefetch exchange."""
+        return any(s.on_host for tp in self.plan.tables for s in tp.shards)
+
+    @cached_property
+    def replicated_tables(self) -> set[str]:
+        return {self.tables[i].name for i in self.dp_tables}
+
+    @cached_property
+    def exchange_row_stats(self) -> bool:
+        """Column units share row statistics (on every rank: it is a collective)."""
+        return self.full_row_stat and any(
+            tp.sharding == ShardingType.COLUMN_WISE for tp in self.plan.tables
+        )
+
+    @cached_property
+    def whole_values(self) -> bool:
+        return whole_values(self.plan)
+
+    @cached_property
+    def sample_major_group(self) -> str | None:
+        """The one group that holds every table whole and in order, on one rank with no
+        replicated tables: its lookup can run sample-major with nothing to exchange
+        (hybridrec.sparse.collection.sample_major_layout). None otherwise."""
+        if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
+            return None
+        [(key, ks)] = self.group_units.items()
+        units = [self.local_units[k] for k in ks]
+        if all(u.whole for u in units) and [u.table_index for u in units] == list(
+            range(len(self.tables))
+        ):
+            return key
+        return None
+
+
+def whole_values(plan: ShardingPlan) -> bool:
+    """Whether every value the output dist carries is a whole pooled value: no table is
+    split by rows (whose partial sums must be added in fp32 before any rounding)."""
+    return all(len(tp.shards) == 1 or tp.sharding != ShardingType.ROW_WISE for tp in plan.tables)
+
+
+def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
+    """The plan must cover exactly these tables, in order."""
+    names = [tp.table for tp in plan.tables]
+    if names != [t.name for t in tables]:
+        raise ValueError(f"plan tables {names} do not match the model's {[t.name for t in tables]}")
+    world = plan.world_size
+    for t, tp in zip(tables, plan.tables, strict=True):
+        if tp.sharding == ShardingType.DATA_PARALLEL:
+            if sorted(s.rank for s in tp.shards) != list(range(world)):
+                raise ValueError(f"data-parallel table {t.name} needs one shard on every rank")
+            continue
+        cells = sum(s.num_rows * s.width for s in tp.shards)
+        if cells != t.num_rows * t.dim:
+            raise ValueError(
+                f"shards of table {t.name} cover {cells} cells, not {t.num_rows}x{t.dim}"
+            )
+        if tp.sharding == ShardingType.COLUMN_WISE:
+            starts = [s.col_start for s in tp.shards]
+            if starts != sorted(starts):
+                raise ValueError(f"column shards of table {t.name} must be in column order")

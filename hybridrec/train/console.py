@@ -1,0 +1,196 @@
+"""What a run tells its user: loggers, the progress bar, the lines logged per train row,
+eval and end of run, and the derived rates of the embedding modules' counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from hybridrec.config import Config
+from hybridrec.distributed.env import DistEnv
+from hybridrec.sparse.api import EmbeddingModule
+from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
+from hybridrec.types import ShardingPlan
+
+log = logging.getLogger("hybridrec")
+
+EMBEDDING_PHASES = ("input_dist", "lookup", "output_dist", "data_parallel")
+
+
+def build_loggers(
+    cfg: Config, env: DistEnv, run_dir: Path, wandb_run_id: str | None = None
+) -> NullLogger:
+    if not env.is_main:
+        return NullLogger()
+    loggers: list[NullLogger] = [JsonlLogger(run_dir / "metrics.jsonl")]
+    if cfg.logger.name == "wandb":
+        loggers.append(
+            WandbLogger(
+                run_dir,
+                cfg.logger.project,
+                cfg.logger.mode,
+                dataclasses.asdict(cfg),
+                cfg.logger.entity,
+                list(cfg.logger.tags),
+                wandb_run_id,
+            )
+        )
+    return MultiLogger(loggers)
+
+
+def progress_bar(cfg: Config, env: DistEnv) -> tqdm | None:
+    """A bar on rank 0 when asked for (train.progress=bar) or on a terminal (auto)."""
+    mode = cfg.train.progress
+    use_bar = mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+    if not env.is_main or not use_bar:
+        return None
+    return tqdm(total=cfg.train.steps, desc="train", unit="step", dynamic_ncols=True)
+
+
+def plan_rows(plan: ShardingPlan) -> list[list[str]]:
+    """The plan as table rows (table, sharding, shards, reason) for the loggers."""
+    return [
+        [
+            tp.table,
+            tp.sharding.value,
+            " ".join(
+                f"{s.rank}:r{s.row_start}-{s.row_end}c{s.col_start}-{s.col_end}" for s in tp.shards
+            ),
+            tp.reason,
+        ]
+        for tp in plan.tables
+    ]
+
+
+def phase_columns(phases: dict[str, float]) -> dict[str, float]:
+    """Per-phase ms/step as logged: the forward less its embedding phases is `dense_forward`."""
+    emb = sum(phases.get(k, 0.0) for k in EMBEDDING_PHASES)
+    if "forward" in phases:
+        phases["dense_forward"] = max(phases.pop("forward") - emb, 0.0)
+    return {f"time_ms/{k}": v for k, v in sorted(phases.items())}
+
+
+def cache_rates(counters: dict[str, float], steps: int, world: int) -> dict[str, float]:
+    """Host caches over all ranks (counters summed) -> hit rate, rows moved per step (in and
+    out), copy bandwidth and time the steps waited on host memory. {} without caches."""
+    if "cache.rows_requested" not in counters:
+        return {}
+    c = counters
+    req, transfer_s = c["cache.rows_requested"], c["cache.transfer_s"]
+    return {
+        "cache/hit_rate": c["cache.hits"] / req if req else 1.0,
+        "cache/rows_in_per_step": c["cache.rows_loaded"] / steps,
+        "cache/rows_out_per_step": c["cache.rows_written"] / steps,
+        "cache/copy_gb_s": c["cache.bytes_moved"] / transfer_s / 1e9 if transfer_s else 0.0,
+        "time_ms/host_wait": c["cache.wait_s"] / world / steps * 1e3,
+    }
+
+
+def memory_gb(device: torch.device) -> float:
+    """Peak device memory (CUDA) or peak resident memory of this process (CPU), in GB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB
+
+
+def show_train(row: dict[str, Any], steps: int, bar: tqdm | None) -> None:
+    """A train row on the bar's postfix, or as one log line."""
+    cache = ""
+    if "cache/hit_rate" in row:  # host-resident tables: how the cache does
+        cache = (
+            f"  cache hit {row['cache/hit_rate']:.3f}, "
+            f"{row['cache/rows_in_per_step']:,.0f} rows in / "
+            f"{row['cache/rows_out_per_step']:,.0f} out per step, "
+            f"waited {row['time_ms/host_wait']:.2f} ms/step"
+        )
+    if bar is not None:
+        postfix = {"loss": f"{row['loss']:.4f}", "sps": f"{row['samples_per_sec']:,.0f}"}
+        if cache:
+            postfix["hit"] = f"{row['cache/hit_rate']:.3f}"
+        bar.set_postfix(postfix)
+        return
+    log.info(
+        "step %d/%d  loss %.5f  %.0f samples/s%s",
+        row["step"],
+        steps,
+        row["loss"],
+        row["samples_per_sec"],
+        cache,
+    )
+
+
+def show_eval(step: int, metrics: dict[str, float], split: str) -> None:
+    log.info(
+        "eval @ step %d  auc %.4f  logloss %.4f  ne %.4f  calibration %.3f  accuracy %.4f  "
+        "(%d samples of split %r)",
+        step,
+        metrics["auc"],
+        metrics["logloss"],
+        metrics["ne"],
+        metrics["calibration"],
+        metrics["accuracy"],
+        metrics["eval_samples"],
+        split,
+    )
+
+
+def show_summary(
+    cfg: Config, result: dict[str, Any], steps: int, wall_s: float, run_dir: Path | None
+) -> None:
+    """One closing line: what was trained, the last eval, and where the results are."""
+    parts = [
+        f"done: {steps} steps in {wall_s:.1f} s "
+        f"({steps * cfg.train.batch_size / wall_s:,.0f} samples/s with eval and saves)"
+    ]
+    ev = result.get("eval") or {}
+    if ev:
+        parts.append(f"eval auc {ev['auc']:.4f} ne {ev['ne']:.4f}")
+    if run_dir is not None:
+        parts.append(f"metrics {run_dir / 'metrics.jsonl'} (hybridrec-plot {run_dir})")
+    if cfg.checkpoint.dir:
+        parts.append(f"checkpoints in {cfg.checkpoint.dir}")
+    log.info("; ".join(parts))
+
+
+def module_counters(modules: list[EmbeddingModule], env: DistEnv) -> dict[str, float]:
+    """The embedding modules' counters since the last call, summed over modules and ranks
+    (a collective when any module has counters: every rank has the same keys)."""
+    counters: dict[str, float] = {}
+    for module in modules:
+        for k, v in module.take_metrics().items():
+            counters[k] = counters.get(k, 0.0) + v
+    if counters and env.group is not None:
+        keys = sorted(counters)
+        v = torch.tensor([counters[k] for k in keys], dtype=torch.float64, device=env.device)
+        dist.all_reduce(v, op=dist.ReduceOp.SUM, group=env.group)
+        counters = dict(zip(keys, v.tolist(), strict=True))
+    return counters
+
+
+def show_start(cfg: Config, env: DistEnv, step: int, local_batch: int) -> None:
+    """What the run is about to train (and that there is nothing left, when so)."""
+    steps = cfg.train.steps
+    log.info(
+        "training steps %d..%d, global batch %d (%d per rank x %d ranks) on %s",
+        step + 1,
+        steps,
+        cfg.train.batch_size,
+        local_batch,
+        env.world_size,
+        env.device,
+    )
+    if step >= steps:
+        log.info(
+            "the run is already at step %d >= train.steps=%d: nothing to train (raise "
+            "train.steps to continue, or eval.only=true to evaluate it)",
+            step,
+            steps,
+        )

@@ -1,0 +1,63 @@
+"""Exact evaluation over held-out batches, the same on every rank and for any world size.
+
+Each rank scores its slice of every global eval batch; the logits, labels and a "real
+sample" mask are gathered from all ranks and the metrics (hybridrec.train.metrics) computed
+once over the whole set. A file split's last batch is filled by wrapping around to its start;
+samples at global positions past the split's rows are masked out, so every row counts once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridrec.distributed.env import DistEnv
+from hybridrec.train.metrics import eval_metrics
+from hybridrec.types import Batch
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterator[Batch],
+    env: DistEnv,
+    batch_size: int,
+    batches: int | None,
+    split_rows: int | None,
+    autocast: torch.autocast,
+    check_inputs: Callable[[], None],
+) -> dict[str, float]:
+    """Metrics over `batches` global batches of `batch_size` (None: the whole split of
+    `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
+    model.eval()
+    world = env.world_size
+    local_batch = batch_size // world
+    first = env.rank * local_batch + torch.arange(local_batch, device=env.device)
+    limit = split_rows if split_rows is not None else math.inf
+    logits, labels, real = [], [], []
+    try:
+        for step, batch in enumerate(itertools.islice(loader, batches)):
+            batch = batch.to(env.device)
+            with autocast:
+                logits.append(model(batch.dense, batch.ids).float())
+            labels.append(batch.labels)
+            real.append(first + step * batch_size < limit)
+    finally:
+        loader.close()  # type: ignore[attr-defined]
+    check_inputs()  # no metrics from batches with bad ids
+    if not logits:
+        return {}
+    local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
+    if env.group is not None:
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local, group=env.group)
+        local = torch.cat(parts, dim=1)
+    local = local[:, local[2] > 0]
+    metrics = eval_metrics(local[0], local[1])
+    metrics["eval_samples"] = int(local.shape[1])
+    return metrics

@@ -1,0 +1,50 @@
+"""NaN or inf losses, caught without a host sync per step.
+
+A device-side record keeps the first bad step; it is read (`check`) at the next log or
+checkpoint, which sync anyway (train.nonfinite=error). The `skip` policy must decide before
+the backward, which applies the sparse update, so it reads the loss every step
+(`all_finite`, a collective) and the step's update is dropped on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hybridrec.distributed.env import DistEnv
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or inf; the message names the step."""
+
+
+class NonFiniteWatch:
+    """The first optimizer step whose loss was not finite, over all ranks."""
+
+    def __init__(self, env: DistEnv) -> None:
+        self.env = env
+        self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        """Remember `step` if `loss` is not finite and no earlier step was (no sync)."""
+        bad = ~torch.isfinite(loss.detach())
+        self._first_bad = torch.where(bad & (self._first_bad < 0), step, self._first_bad)
+
+    def all_finite(self, loss: torch.Tensor) -> bool:
+        """Whether the loss is finite on every rank (a collective and a sync)."""
+        ok = torch.isfinite(loss.detach()).to(torch.int64)
+        if self.env.group is not None:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.env.group)
+        return bool(ok.item())
+
+    def check(self) -> None:
+        """Raise if any step so far had a NaN or inf loss, naming the first such step."""
+        first = self._first_bad.clone()
+        if self.env.group is not None:
+            dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.env.group)
+        if int(first) >= 0:
+            raise NonFiniteLossError(
+                f"loss became NaN or inf at step {int(first)}; lower the learning rates "
+                "(optim.dense.lr, optim.sparse.lr), check the data, or set "
+                "train.nonfinite=skip to drop such steps"
+            )

@@ -1,0 +1,125 @@
+"""A run's checkpoints as the trainer uses them: which one a resume loads, restoring it (or
+warm-starting from `model.init_from`), and saving with what the next resume checks.
+
+Which checkpoint a resume will load is known at start, so metric rows logged after it (by a
+run that crashed) can be dropped before the loggers open the file, and a resumed run keeps
+its W&B run. The training stream (`stream`) is saved too: resuming with other values that
+decide which samples global batch k holds is allowed, with a warning naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridrec.config import Config
+from hybridrec.distributed.env import DistEnv
+from hybridrec.train.checkpoint import (
+    TrainState,
+    init_from_export,
+    load_checkpoint,
+    model_signature,
+    read_manifest,
+    resolve_resume,
+    save_checkpoint,
+)
+from hybridrec.types import ShardingPlan
+
+log = logging.getLogger("hybridrec")
+
+
+def stream(cfg: Config) -> dict[str, Any]:
+    """What decides which samples global batch k holds."""
+    d = cfg.data
+    return {
+        "train.batch_size": cfg.train.batch_size,
+        "seed": cfg.seed,
+        "data.name": d.name,
+        "data.path": d.path,
+        "data.shuffle": d.shuffle,
+        "data.last_batch": d.last_batch,
+        "data.zipf_exponent": d.zipf_exponent,
+        "data.teacher_scale": d.teacher_scale,
+        "data.label_noise": d.label_noise,
+    }
+
+
+class Checkpointer:
+    """Checkpoints of one run (`checkpoint.*`), for this rank's model and dense optimizer."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        env: DistEnv,
+        model: nn.Module,
+        dense_opt: torch.optim.Optimizer,
+        plan: ShardingPlan | None,
+    ) -> None:
+        self.cfg, self.env, self.model, self.dense_opt, self.plan = cfg, env, model, dense_opt, plan
+        self.resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
+        self.signature = model_signature(
+            list(cfg.model.tables()), model, cfg.optim.sparse.name, cfg.optim.dense.name
+        )
+
+    def saved_extra(self) -> dict[str, Any]:
+        """The `extra` of the checkpoint a resume will load ({} when none)."""
+        if self.resume_from is None:
+            return {}
+        return read_manifest(self.resume_from, verify=False).get("extra", {})
+
+    def restore(self) -> tuple[int, int]:
+        """Load the resume checkpoint, or model.init_from; returns (step, skipped steps)."""
+        ck, path = self.cfg.checkpoint, self.resume_from
+        if path is None:
+            if self.cfg.model.init_from:
+                init_from_export(
+                    Path(self.cfg.model.init_from), self.model, list(self.cfg.model.tables())
+                )
+                log.info("initialised weights from %s", self.cfg.model.init_from)
+            return 0, 0
+        state = load_checkpoint(path, self.model, self.dense_opt, self.signature, ck.verify)
+        log.info("resumed from %s at step %d", path, state.step)
+        saved = state.extra.get("stream")
+        changed = [
+            f"{k} {saved[k]!r} -> {v!r}"
+            for k, v in stream(self.cfg).items()
+            if saved is not None and k in saved and saved[k] != v
+        ]
+        if changed and self.env.is_main and not self.cfg.eval.only:  # eval.only: no stream
+            log.warning(
+                "resuming with a different training stream (%s): training continues at "
+                "global batch %d of the new stream, not where the saved run stopped, so "
+                "the result will differ from an uninterrupted run",
+                "; ".join(changed),
+                state.step,
+            )
+        return state.step, int(state.extra.get("skipped", 0))
+
+    def save(self, step: int, skipped: int, wandb_run_id: str | None) -> Path | None:
+        """Save at `step` (None when checkpoint.dir is unset)."""
+        ck = self.cfg.checkpoint
+        if not ck.dir:
+            return None
+        extra: dict[str, Any] = {
+            "skipped": skipped,
+            "stream": stream(self.cfg),
+            "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
+        }
+        if wandb_run_id:
+            extra["wandb_run_id"] = wandb_run_id
+        state = TrainState(step, step, extra)
+        return save_checkpoint(
+            Path(ck.dir),
+            state,
+            self.model,
+            self.dense_opt,
+            self.signature,
+            self.plan,
+            self.env,
+            ck.keep,
+        )
