@@ -72,7 +72,7 @@ import torch
 
 from hybridrec.sparse import host_copy, triton_ops
 from hybridrec.sparse.costs import CACHE_META_BYTES, SLOT_BYTES
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, RowSqSource, _pool
 from hybridrec.sparse.host_copy import copy_rows
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.triton_ops import Segments
@@ -407,10 +407,11 @@ class HostCachedEmbedding(FusedEmbedding):
         scale: torch.Tensor | None,
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
+        row_sq: RowSqSource | None = None,
     ) -> torch.Tensor:
         # pool() runs inside an autograd Function, where grad mode is off: note it here
         self._training_lookup = torch.is_grad_enabled() and self.optimizer is not None
-        return super().lookup(rows, bags, scale, num_bags, out_dtype)
+        return super().lookup(rows, bags, scale, num_bags, out_dtype, row_sq)
 
     def pool(
         self,
