@@ -23,8 +23,8 @@ from hybridrec.sparse.host import (
     HostCachedEmbedding,
     HostMemoryError,
     check_host_memory,
-    unique_padded,
 )
+from hybridrec.sparse.host.policy import unique_padded
 from hybridrec.types import Pooling, ShardSpec, TableConfig
 
 T0 = TableConfig("t0", num_rows=300, dim=8, hotness=2)
@@ -355,12 +355,13 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
     128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
     import gc
 
-    from hybridrec.sparse import host, host_copy
+    from hybridrec.sparse import host_copy
+    from hybridrec.sparse.host import memory
 
     calls = []
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: calls.append(("reg", p, n)) or 0)
     monkeypatch.setattr(host_copy, "_cuda_unregister", lambda p: calls.append(("unreg", p)))
-    t = host._empty_host((1000, 24), torch.float32, pin=True, what="tables t0", exact=True)
+    t = memory._empty_host((1000, 24), torch.float32, pin=True, what="tables t0", exact=True)
     assert t.shape == (1000, 24) and t.dtype == torch.float32 and t.is_contiguous()
     assert calls == [("reg", t.data_ptr(), 1000 * 24 * 4)]  # exact size, no rounding
     assert t.data_ptr() % 4096 == 0
@@ -377,11 +378,12 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
 
 
 def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
-    from hybridrec.sparse import host, host_copy
+    from hybridrec.sparse import host_copy
+    from hybridrec.sparse.host import memory
 
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
     with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
-        host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
+        memory._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
 
 
 def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
@@ -444,17 +446,17 @@ def test_warm_start_states_the_hit_rate_its_rows_give():
 def calls(monkeypatch):
     """A list with an entry per sorted admission (unique_padded call) of any host group on
     this thread (a prefetch's admission runs on the group's background thread)."""
-    import hybridrec.sparse.host as host_module
+    from hybridrec.sparse.host import policy
 
     made = []
-    real = host_module.unique_padded
+    real = policy.unique_padded
 
     def counted(*a):  # noqa: ANN002, ANN202
         if threading.current_thread() is threading.main_thread():
             made.append(1)
         return real(*a)
 
-    monkeypatch.setattr(host_module, "unique_padded", counted)
+    monkeypatch.setattr(policy, "unique_padded", counted)
     return made
 
 
