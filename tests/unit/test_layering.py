@@ -53,6 +53,11 @@ def test_never_imports_torch_distributed(sub):
         ),
         ("model", ("hybridrec.distributed", "hybridrec.train", "hybridrec.parallelize")),
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train")),
+        # the host cache's policy: tensor functions, no cache object, copies or threads
+        (
+            "sparse/host/policy.py",
+            ("hybridrec.sparse.host", "hybridrec.sparse.host_copy", "threading", "concurrent"),
+        ),
     ],
 )
 def test_dependencies_point_one_way(sub, forbidden):
