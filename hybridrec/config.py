@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from hybridrec.sparse.host import HOST_COPY_MODES
 from hybridrec.types import CACHE_HALFLIFE, PIN_MODES, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -486,7 +487,7 @@ def _check(c: Config, world_size: int) -> None:
         )
     if c.sharding.cache_gb is not None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
-    _choice("sharding.host_copy", c.sharding.host_copy, ("auto", "kernel", "staged"))
+    _choice("sharding.host_copy", c.sharding.host_copy, HOST_COPY_MODES)
     _positive("sharding.cache_halflife", c.sharding.cache_halflife)
     _check_pins(c)
     _choice("sharding.comm_dtype", c.sharding.comm_dtype, tuple(TABLE_DTYPES))

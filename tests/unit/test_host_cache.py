@@ -8,14 +8,10 @@ only moves rows: every update runs the same kernels on the same values.
 from __future__ import annotations
 
 import math
-import sys
-import threading
-from pathlib import Path
 
 import pytest
 import torch
 
-import hybridrec
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
 from hybridrec.sparse.host import (
@@ -23,7 +19,6 @@ from hybridrec.sparse.host import (
     HostCachedEmbedding,
     HostMemoryError,
     check_host_memory,
-    unique_padded,
 )
 from hybridrec.types import Pooling, ShardSpec, TableConfig
 
@@ -76,24 +71,6 @@ def _assert_free_list(host: HostCachedEmbedding) -> None:
     assert torch.equal(host._free_slots.sort().values, free)
     used = host.row_of_slot >= 0
     assert torch.equal(host.slot_of[host.row_of_slot[used]].long(), used.nonzero().squeeze(1))
-
-
-@pytest.mark.parametrize(
-    "rows",
-    [[5, 3, 5, 0, 3, 3, 9], [4, 4, 4], [7], [2, 1, 0], list(range(40, 0, -3)) * 2, []],
-)
-def test_unique_padded_equals_torch_unique(rows):
-    """The sync-free unique: torch.unique's distinct rows, inverse and counts in the first U
-    entries; past U the largest row with count 0."""
-    t = torch.tensor(rows, dtype=torch.int64)
-    uniq, inverse, counts, n = unique_padded(t)
-    want, want_inverse, want_counts = torch.unique(t, return_inverse=True, return_counts=True)
-    u = int(n)
-    assert u == want.numel() and uniq.shape == counts.shape == inverse.shape == t.shape
-    assert torch.equal(uniq[:u], want) and torch.equal(counts[:u], want_counts)
-    assert torch.equal(inverse, want_inverse)
-    if rows:
-        assert bool((uniq[u:] == max(rows)).all()) and bool((counts[u:] == 0).all())
 
 
 def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
@@ -248,170 +225,6 @@ def test_bad_cache_sizes_are_refused():
         HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=0)
 
 
-# -- the UVA copy kernel (in Triton's CPU interpreter here; on pinned memory on CUDA) ---------
-
-
-# Under the interpreter both groups run the Triton kernels, and both dedupe without a host
-# sync (fixed tiles of sorted ids): the same sums in the same order, bit for bit.
-TRITON_TOL = {"rtol": 0, "atol": 0}
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def test_copy_rows_kernel_copies_rows_and_row_state(interpreter):
-    from hybridrec.sparse.host_copy import copy_rows
-
-    src = torch.randn(50, 7)
-    dst = torch.zeros(9, 7)
-    src_rows, dst_rows = torch.tensor([3, 49, 0, 17]), torch.tensor([8, 0, 2, 5])
-    copy_rows(src, src_rows, dst, dst_rows)
-    want = torch.zeros(9, 7)
-    want[dst_rows] = src[src_rows]
-    assert torch.equal(dst, want)
-    acc, small = torch.arange(50.0), torch.zeros(9)  # a 1-D (row-wise) state
-    copy_rows(acc, src_rows, small, dst_rows)
-    assert small[[8, 0, 2, 5]].tolist() == [3.0, 49.0, 0.0, 17.0]
-    copy_rows(src, src_rows[:0], dst, dst_rows[:0])  # nothing to copy
-    before = dst.clone()
-    copy_rows(src, torch.tensor([1, 2, 3]), dst, torch.tensor([-1, 4, -1]))  # -1: skipped
-    want = before.clone()
-    want[4] = src[2]
-    assert torch.equal(dst, want)
-    with pytest.raises(ValueError, match="must share dtype and row shape"):
-        copy_rows(src, src_rows, torch.zeros(9, 6), dst_rows)
-
-
-@pytest.mark.parametrize("opt", ["rowwise_adagrad", "adam"])
-def test_kernel_copies_give_the_same_training(interpreter, opt):
-    make = _optimizers()[opt]
-    ref = FusedEmbedding(SHARDS, make(), seed=3)
-    host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel")
-    assert host.use_kernel
-    host._compile_copies()  # what CUDA runs at start (each state's layout): host rows untouched
-    assert torch.equal(host.weight, ref.weight)
-    g = torch.Generator().manual_seed(0)
-    batches = [_batch(g) for _ in range(8)]
-    for step, inputs in enumerate(batches):
-        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _step(ref, inputs, coeff)
-        out = host(inputs)
-        if step + 1 < len(batches):
-            host.prefetch(host.flatten(batches[step + 1])[0])
-        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
-        for a, b in zip(out, out_ref, strict=True):
-            torch.testing.assert_close(a.detach(), b, **TRITON_TOL)
-    assert host.take_stats().rows_written > 0
-    host.flush()
-    torch.testing.assert_close(host.weight, ref.weight, **TRITON_TOL)
-    for name, value in ref.state().items():
-        torch.testing.assert_close(host.state()[name], value, **TRITON_TOL)
-
-
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_the_backward_dedupes_with_the_admissions_sort(interpreter, monkeypatch, prefetch):
-    """The backward's dedupe sorts the very rows the lookup's admission sorted (or the
-    prefetch's, for the rows it admitted): a host group takes that sort instead of sorting
-    again, and still trains as the device group, bit for bit."""
-    from hybridrec.sparse import triton_ops
-
-    calls = []
-    real = triton_ops.sorted_segments
-    monkeypatch.setattr(triton_ops, "sorted_segments", lambda r: calls.append(1) or real(r))
-    ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
-    host = HostCachedEmbedding(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
-    g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(6)]
-    for step, (rows, bags, scale, sizes) in enumerate(flat):
-        coeff = torch.randn(sum(sizes), 8, generator=g)
-        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
-        calls.clear()
-        (out_ref * coeff).sum().backward()
-        assert calls == [1]  # the device group sorts in its backward
-        out = host.lookup(rows, bags, scale, sum(sizes))
-        if prefetch and step + 1 < len(flat):
-            host.prefetch(flat[step + 1][0])
-        calls.clear()
-        (out * coeff).sum().backward()
-        assert calls == []
-        assert torch.equal(out.detach(), out_ref.detach())
-    assert host.take_stats().rows_written > 0
-    _assert_same(host, ref)
-
-
-def test_kernel_copy_is_refused_where_it_cannot_run(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="host_copy=kernel: a GPU kernel cannot read"):
-        HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="kernel")
-    with pytest.raises(ValueError, match="is not one of: auto, kernel, staged"):
-        HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=60, copy="uva")
-
-
-def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_view(monkeypatch):
-    """torch's pinned allocator rounds up to a power of two (a 79 GB host group would take
-    128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
-    import gc
-
-    from hybridrec.sparse import host, host_copy
-
-    calls = []
-    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: calls.append(("reg", p, n)) or 0)
-    monkeypatch.setattr(host_copy, "_cuda_unregister", lambda p: calls.append(("unreg", p)))
-    t = host._empty_host((1000, 24), torch.float32, pin=True, what="tables t0", exact=True)
-    assert t.shape == (1000, 24) and t.dtype == torch.float32 and t.is_contiguous()
-    assert calls == [("reg", t.data_ptr(), 1000 * 24 * 4)]  # exact size, no rounding
-    assert t.data_ptr() % 4096 == 0
-    view = t[10:20]
-    t.fill_(1.5)
-    del t
-    gc.collect()
-    assert len(calls) == 1  # a view still uses the memory: still pinned
-    assert float(view.sum()) == 1.5 * 10 * 24
-    ptr = calls[0][1]
-    del view
-    gc.collect()
-    assert calls[1:] == [("unreg", ptr)]  # unregistered once, before numpy frees it
-
-
-def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
-    from hybridrec.sparse import host, host_copy
-
-    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
-    with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
-        host._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)
-
-
-def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
-    """A prefetch's admission (its one read of the device included) and its row moves run
-    on the group's background thread. So in a steady step the main thread, which queues the
-    device's work, reads nothing: the lookup takes the prefetched slots, prefetch() only
-    hands the rows over, the backward dedupes and updates without a read (Triton's padded
-    dedupe, interpreted here as on CUDA; the staged copies run on the thread)."""
-    host = HostCachedEmbedding(
-        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="staged"
-    )
-    host.background = True  # as on CUDA
-    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
-    g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(8)]
-    counts = []
-    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
-        grad = torch.randn(sum(sizes), 8, generator=g)
-        with _HostReads() as reads:
-            out = host.lookup(rows, bags, scale, sum(sizes))
-            host.prefetch(flat[step + 1][0])
-            host.apply_gradient(rows, bags, scale, grad)
-        counts.append(len(reads.calls))
-        assert torch.equal(out, ref.lookup(rows, bags, scale, sum(sizes)).detach())
-        ref.apply_gradient(rows, bags, scale, grad)
-    assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, reads.calls)
-    assert host.take_stats().rows_written > 0  # it evicted dirty rows meanwhile
-    _assert_same(host, ref)
-
-
 def test_warm_start_states_the_hit_rate_its_rows_give():
     """warm_hits: the chance each row is among a step's ids (1 - e^-uses), summed over the
     cached rows and over all rows. With ids drawn by those counts, the cache (LFU with
@@ -438,84 +251,6 @@ def test_warm_start_states_the_hit_rate_its_rows_give():
             host.lookup(ids, torch.arange(n_ids), None, n_ids).sum().backward()
         st = host.take_stats()
         assert want - 0.04 < st.hits / st.rows_requested < want + 0.01, (cache_rows, want)
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """A list with an entry per sorted admission (unique_padded call) of any host group on
-    this thread (a prefetch's admission runs on the group's background thread)."""
-    import hybridrec.sparse.host as host_module
-
-    made = []
-    real = host_module.unique_padded
-
-    def counted(*a):  # noqa: ANN002, ANN202
-        if threading.current_thread() is threading.main_thread():
-            made.append(1)
-        return real(*a)
-
-    monkeypatch.setattr(host_module, "unique_padded", counted)
-    return made
-
-
-@pytest.mark.parametrize("evict_between", [False, True])
-def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(calls, evict_between):
-    """The training lookup of the very rows tensor the last prefetch admitted takes that
-    prefetch's slots: no sort, no host sync. Not when an admission evicted rows in between
-    (an evaluation's lookup, say): then it admits them again. Training equals the device
-    group either way."""
-    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
-    host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
-    g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(6)]
-    reused, expected = [], []
-    for step, (rows, bags, scale, sizes) in enumerate(flat):
-        coeff = torch.randn(sum(sizes), 8, generator=g)
-        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
-        (out_ref * coeff).sum().backward()
-        calls.clear()
-        out = host.lookup(rows, bags, scale, sum(sizes))
-        reused.append(not calls)
-        if step + 1 < len(flat):
-            host.prefetch(flat[step + 1][0])
-            host._wait()  # the prefetch's admission (on the group's thread) has run
-            evictions = host.evictions
-            if evict_between:  # an eval lookup of rows never seen: once full, the cache evicts
-                with torch.no_grad():
-                    other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
-                    host.lookup(other, torch.arange(other.numel()), None, other.numel())
-            expected.append(host.evictions == evictions)
-        (out * coeff).sum().backward()
-        assert torch.equal(out.detach(), out_ref.detach())
-        _assert_free_list(host)
-    assert not reused[0] and reused[1:] == expected
-    assert all(expected) != evict_between  # with evaluations, some did evict
-    _assert_same(host, ref)
-
-
-def test_a_forward_of_the_inputs_just_prefetched_reuses_their_slots(calls):
-    """On several ranks prefetch() flattens the distributed inputs and the forward flattens
-    the same inputs again: it gets the same rows tensor back, so it takes the prefetch's
-    slots too (no sort, no sync). New inputs are flattened anew."""
-    ref = FusedEmbedding(SHARDS, SparseSGD(0.1), seed=3)
-    host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
-    g = torch.Generator().manual_seed(0)
-    batches = [_batch(g) for _ in range(6)]
-    reused = []
-    for step, inputs in enumerate(batches):
-        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _step(ref, inputs, coeff)
-        calls.clear()
-        out = host(inputs)
-        reused.append(not calls)
-        if step + 1 < len(batches):
-            host.prefetch(host.flatten(batches[step + 1])[0])
-        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
-        for a, b in zip(out, out_ref, strict=True):
-            assert torch.equal(a.detach(), b)
-    assert reused == [False] + [True] * (len(batches) - 1)
-    assert host.prefetched_lookups == len(batches) - 1
-    _assert_same(host, ref)
 
 
 class _NeverForeseesEvictions(HostCachedEmbedding):
@@ -551,70 +286,40 @@ def test_evictions_foreseen_or_not_train_alike(group):
     _assert_same(host, ref)
 
 
-TORCH_ROOT = str(Path(torch.__file__).parent)
+# -- host memory ----------------------------------------------------------------------------
 
 
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts the calls from hybridrec's code that make a CUDA program wait for the device
-    (values read on the host, sizes that depend on data: nonzero, unique, boolean masks)."""
+def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_view(monkeypatch):
+    """torch's pinned allocator rounds up to a power of two (a 79 GB host group would take
+    128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
+    import gc
 
-    READS = {
-        torch.Tensor.tolist,
-        torch.Tensor.item,
-        torch.Tensor.__bool__,
-        torch.Tensor.__int__,
-        torch.Tensor.__float__,
-        torch.Tensor.__index__,
-        torch.Tensor.nonzero,
-        torch.nonzero,
-        torch.unique,
-        torch.Tensor.unique,
-        torch.unique_consecutive,
-        torch.masked_select,
-        torch.Tensor.masked_select,
-        torch.Tensor.cpu,
-    }
+    from hybridrec.sparse import host_copy
+    from hybridrec.sparse.host import memory
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-        self.root = str(Path(hybridrec.__file__).parent)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        frame = sys._getframe(1)
-        while frame.f_code.co_filename.startswith(TORCH_ROOT):  # torch's own wrappers
-            frame = frame.f_back
-        if frame.f_code.co_filename.startswith(self.root):  # hybridrec's call, not triton's
-            read = func in self.READS
-            if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
-                read = isinstance(args[1], torch.Tensor) and args[1].dtype == torch.bool
-            if read:
-                where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
-                self.calls.append(f"{func.__name__} at {where}")
-        return func(*args, **(kwargs or {}))
+    calls = []
+    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: calls.append(("reg", p, n)) or 0)
+    monkeypatch.setattr(host_copy, "_cuda_unregister", lambda p: calls.append(("unreg", p)))
+    t = memory._empty_host((1000, 24), torch.float32, pin=True, what="tables t0", exact=True)
+    assert t.shape == (1000, 24) and t.dtype == torch.float32 and t.is_contiguous()
+    assert calls == [("reg", t.data_ptr(), 1000 * 24 * 4)]  # exact size, no rounding
+    assert t.data_ptr() % 4096 == 0
+    view = t[10:20]
+    t.fill_(1.5)
+    del t
+    gc.collect()
+    assert len(calls) == 1  # a view still uses the memory: still pinned
+    assert float(view.sum()) == 1.5 * 10 * 24
+    ptr = calls[0][1]
+    del view
+    gc.collect()
+    assert calls[1:] == [("unreg", ptr)]  # unregistered once, before numpy frees it
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_a_host_step_reads_the_device_once(interpreter, prefetch):
-    """What a CUDA step would wait for, counted on the CPU (kernels interpreted, kernel
-    copies, a cache that evicts every step): an evicting admission reads the device once
-    (its sizes and how many slots may go, together, once misses outnumber free slots); the
-    backward never; a lookup of the rows just prefetched never. So one read per step, two
-    at most while the cache fills."""
-    host = HostCachedEmbedding(
-        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel"
-    )
-    g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(8)]
-    counts = []
-    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
-        with _HostReads() as reads:
-            out = host.lookup(rows, bags, scale, sum(sizes))
-            if prefetch:
-                host.prefetch(flat[step + 1][0])
-            # what the lookup's backward runs (called here: modes are off inside autograd)
-            host.apply_gradient(rows, bags, scale, torch.randn(out.shape, generator=g))
-        counts.append(len(reads.calls))
-        assert len(reads.calls) <= 2, reads.calls
-    assert counts[2:] == [1] * len(counts[2:]), counts
-    assert host.take_stats().rows_written > 0  # it evicted dirty rows: the costly path ran
+def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
+    from hybridrec.sparse import host_copy
+    from hybridrec.sparse.host import memory
+
+    monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
+    with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
+        memory._empty_host((2 << 20, 1), torch.float32, pin=True, what="tables t0", exact=True)

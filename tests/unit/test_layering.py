@@ -64,6 +64,12 @@ def test_never_imports_torch_distributed(sub):
             ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train"),
             (),
         ),
+        # the host cache's policy: tensor functions, no cache object, copies or threads
+        (
+            "sparse/host/policy.py",
+            ("hybridrec.sparse.host", "hybridrec.sparse.host_copy", "threading", "concurrent"),
+            (),
+        ),
     ],
 )
 def test_dependencies_point_one_way(sub, forbidden, allowed):
