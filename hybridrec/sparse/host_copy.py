@@ -3,7 +3,7 @@
 `copy_rows(src, src_rows, dst, dst_rows)`: dst[dst_rows[i]] = src[src_rows[i]] for every i,
 one Triton program per block of rows. With CUDA's unified addressing a pinned host tensor is
 readable and writable from a kernel, so a cache fill is one kernel reading the rows straight
-over PCIe (sorted rows read best: 66M rows/s on the H100 vs 28.6M random, DESIGN.md) and a
+over PCIe (sorted rows read faster than random ones) and a
 write-back one kernel writing them: no CPU gather, no staging buffer, no copy of the row ids
 to the host. The alternative (`host.HostCachedEmbedding`'s staged path) gathers on the CPU
 into a pinned buffer and copies it; `sharding.host_copy` chooses (auto: the kernel when it

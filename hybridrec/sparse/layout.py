@@ -159,7 +159,7 @@ class ShardedLayout:
     def sample_major_group(self) -> str | None:
         """The one group that holds every table whole and in order, on one rank with no
         replicated tables: its lookup can run sample-major with nothing to exchange
-        (hybridrec.sparse.collection.sample_major_layout). None otherwise."""
+        (hybridrec.sparse.local.sample_major_layout). None otherwise."""
         if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
             return None
         [(key, ks)] = self.group_units.items()

@@ -163,8 +163,8 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                 ids_per_step += batch_size * u.table.hotness * share
             if known:
                 loaded += group.warm_start(freq, ids_per_step)
-        cached = sum(g.warm_hits[0] for g in self.host_groups())
-        total = sum(g.warm_hits[1] for g in self.host_groups())
+        hits = [g.warm_hits for g in self.host_groups()]
+        cached, total = sum(h[0] for h in hits), sum(h[1] for h in hits)
         return WarmStart(loaded, cached / total if total else None)
 
     def cache_stats(self) -> CacheStats | None:

@@ -1,4 +1,4 @@
-"""Dependency direction (DESIGN.md section 2), checked by reading imports, not by convention."""
+"""Dependency direction (docs/architecture.md, Layering), checked by reading imports, not by convention."""
 
 from __future__ import annotations
 
