@@ -116,6 +116,15 @@ class ShardedLayout:
     def local_units(self) -> tuple[Unit, ...]:
         return self.units_on[self.rank]
 
+    def locate(self, table_index: int) -> tuple[str, int]:
+        """The group key and position in that group of this rank's first unit of a table
+        (KeyError where this rank holds none of it)."""
+        for key, ks in self.group_units.items():
+            for pos, k in enumerate(ks):
+                if self.local_units[k].table_index == table_index:
+                    return key, pos
+        raise KeyError(f"rank {self.rank} holds no shard of table {table_index}")
+
     @cached_property
     def offsets(self) -> list[int]:
         """Column offsets of each table's ids in a batch's ids [B, H]."""

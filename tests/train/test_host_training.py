@@ -91,7 +91,7 @@ def _warm(env, tmp_path):
     emb = trainer.model.embeddings
     # table 2's hottest id: which group and row it is in, and whether it is cached
     hottest = int(trainer.source.id_counts(2).argmax())
-    key, pos = emb.slots[2]
+    key, pos = emb.layout.locate(2)
     group = emb.groups[key]
     cached = int(group.slot_of[group.offsets_list[pos] + hottest]) >= 0
     fractions = [g.cached_fraction() for g in emb.host_groups()]
