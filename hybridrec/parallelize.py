@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hybridrec.config import TABLE_DTYPES, Config
 from hybridrec.distributed.comm import CommStats
 from hybridrec.distributed.env import DistEnv
+from hybridrec.kernels.dispatch import set_kernels
 from hybridrec.model import DLRM, DenseArch
 from hybridrec.optim import build_sparse_optimizer
 from hybridrec.planner import (
@@ -44,7 +45,7 @@ from hybridrec.planner import (
     plan_sharding,
     rank_memory,
 )
-from hybridrec.sparse import EmbeddingCollection, triton_ops
+from hybridrec.sparse import EmbeddingCollection
 from hybridrec.sparse.host import check_host_memory
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection, whole_values
 from hybridrec.types import ShardingPlan
@@ -206,7 +207,7 @@ def build_model(
 ) -> tuple[DLRM, ShardingPlan | None]:
     """The model for this rank and the sharding plan (None for sharding=none)."""
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
-    triton_ops.set_kernels(cfg.train.kernels, env.device)
+    set_kernels(cfg.train.kernels, env.device)
     dense = DenseArch(cfg.model).to(env.device)
     sparse_opt = build_sparse_optimizer(cfg.optim.sparse)
     tables = cfg.model.tables()

@@ -70,12 +70,14 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridrec.kernels import host_copy
+from hybridrec.kernels import segment as triton_ops
+from hybridrec.kernels.host_copy import copy_rows
+from hybridrec.kernels.lookup import pool as _pool
+from hybridrec.kernels.segment import Segments
 from hybridrec.planner.planner import CACHE_META_BYTES, SLOT_BYTES
-from hybridrec.sparse import host_copy, triton_ops
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, _pool
-from hybridrec.sparse.host_copy import copy_rows
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer
 from hybridrec.sparse.init import init_shard
-from hybridrec.sparse.triton_ops import Segments
 from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
 
 GIB = 1 << 30

@@ -59,6 +59,7 @@ from hybridrec.distributed.comm import (
     all_to_all,
     any_rank,
 )
+from hybridrec.kernels.segment import dedupe
 from hybridrec.planner.planner import id_wire_bytes, replica_sync
 from hybridrec.sparse.collection import (
     IdChecker,
@@ -69,13 +70,7 @@ from hybridrec.sparse.collection import (
     sample_major_layout,
     sample_major_rows,
 )
-from hybridrec.sparse.fused import (
-    FusedEmbedding,
-    LookupInput,
-    RowOptimizer,
-    dedupe,
-    regular_bags,
-)
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, regular_bags
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.timing import NULL_TIMER, PhaseTimer
 from hybridrec.types import (

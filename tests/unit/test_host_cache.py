@@ -263,7 +263,7 @@ def interpreter(monkeypatch):
 
 
 def test_copy_rows_kernel_copies_rows_and_row_state(interpreter):
-    from hybridrec.sparse.host_copy import copy_rows
+    from hybridrec.kernels.host_copy import copy_rows
 
     src = torch.randn(50, 7)
     dst = torch.zeros(9, 7)
@@ -316,11 +316,11 @@ def test_the_backward_dedupes_with_the_admissions_sort(interpreter, monkeypatch,
     """The backward's dedupe sorts the very rows the lookup's admission sorted (or the
     prefetch's, for the rows it admitted): a host group takes that sort instead of sorting
     again, and still trains as the device group, bit for bit."""
-    from hybridrec.sparse import triton_ops
+    from hybridrec.kernels import segment
 
     calls = []
-    real = triton_ops.sorted_segments
-    monkeypatch.setattr(triton_ops, "sorted_segments", lambda r: calls.append(1) or real(r))
+    real = segment.sorted_segments
+    monkeypatch.setattr(segment, "sorted_segments", lambda r: calls.append(1) or real(r))
     ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
     host = HostCachedEmbedding(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)
@@ -355,7 +355,8 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
     128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
     import gc
 
-    from hybridrec.sparse import host, host_copy
+    from hybridrec.kernels import host_copy
+    from hybridrec.sparse import host
 
     calls = []
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: calls.append(("reg", p, n)) or 0)
@@ -377,7 +378,8 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
 
 
 def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
-    from hybridrec.sparse import host, host_copy
+    from hybridrec.kernels import host_copy
+    from hybridrec.sparse import host
 
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation
     with pytest.raises(HostMemoryError, match=r"0\.01 GiB of pinned host memory for tables t0.*"):
