@@ -208,6 +208,8 @@ class Trainer:
                 self._eval_rows(),
                 self.autocast,
                 self.check_inputs,
+                # host caches hold one training batch's rows: evaluate in chunks that fit
+                self.local_batch if any(m.prefetches for m in self.embeddings) else None,
             )
 
     def _eval_rows(self) -> int | None:
@@ -368,6 +370,10 @@ class Trainer:
                         step,
                     )
                     stop = True
+            saved = False
+            if (ck_every and step % ck_every == 0) or step == steps or preempted:
+                self.save()  # before evaluating: an error there cannot cost the training
+                saved = True
             if not preempted and ((every and step % every == 0) or step == steps):
                 final_eval = self.evaluate()
                 if final_eval:
@@ -377,7 +383,7 @@ class Trainer:
                     if target is not None and final_eval["auc"] >= target:
                         log.info("reached eval.target_auc=%.5f at step %d: stopping", target, step)
                         stop = True
-            if (ck_every and step % ck_every == 0) or step == steps or stop:
+            if stop and not saved:
                 self.save()
             if (every and step % every == 0) or step == steps or stop:
                 self.timer.report(1)
