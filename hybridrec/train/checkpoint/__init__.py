@@ -4,6 +4,7 @@
     save.py     atomic saves from every rank; checking checkpoint.dir before training
     load.py     manifest checks, choosing the resume checkpoint, resharding loads
     export.py   one file with the full model (hybridrec-export), and model.init_from
+    convert.py  the one trusted, explicit rewrite of checkpoints holding pickled objects
 
 Why not torch.distributed.checkpoint: its resharding works on DTensor placements, which
 cannot express our uneven column and row splits (8 columns over 3 ranks: 3/3/2), and

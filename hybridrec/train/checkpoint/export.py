@@ -1,6 +1,7 @@
 """A checkpoint as one file with the full model (`hybridrec-export`), and warm starts from
 such a file (`model.init_from`). The file is a flat state dict: `embeddings.<table>.weight`
-[rows, dim], `dense.<module path>` and `model_config` (JSON); no optimizer state.
+[rows, dim], `dense.<module path>` and `model_config` (JSON); no optimizer state. Files
+are read as data only: one holding anything else is refused, and its code never runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from hybridrec.model.inference import MODEL_CONFIG_KEY
+from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
@@ -22,7 +24,7 @@ from hybridrec.train.checkpoint.format import (
     unwrap,
     write_file,
 )
-from hybridrec.train.checkpoint.load import read_manifest
+from hybridrec.train.checkpoint.load import load_dense, read_manifest
 from hybridrec.types import TableConfig
 
 
@@ -43,7 +45,7 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
         if covered != t["num_rows"] * t["dim"]:
             raise CheckpointError(f"checkpoint {path} does not cover table {t['name']}")
         out[f"embeddings.{t['name']}.weight"] = full
-    dense = torch.load(path / "dense.pt", map_location="cpu", weights_only=False)
+    dense = load_dense(path)
     out.update({f"dense.{k}": v for k, v in dense["model"].items()})
     model_cfg = manifest.get("extra", {}).get("model")
     if model_cfg is not None:  # so hybridrec.model.load_export needs nothing else
@@ -67,7 +69,9 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
     if not file.is_file():
         raise CheckpointError(f"model.init_from={str(file)!r}: no such file")
     try:
-        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        state = load_tensors(file, mmap=True)
+    except UnsafeFileError as e:
+        raise CheckpointError(f"model.init_from={str(file)!r}: {e.reason}") from None
     except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
         raise CheckpointError(
             f"model.init_from={str(file)!r}: cannot be read as a hybridrec-export file "

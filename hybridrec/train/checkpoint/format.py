@@ -10,6 +10,9 @@ One directory per checkpoint, `<checkpoint.dir>/step_<N>/`:
     dense.pt             the dense module's state dict, the dense optimizer's state dict, the
                          sparse optimizers' step count and RNG states
 
+Every file holds data only (tensors, numbers, strings, lists, dicts) and is loaded that way
+(`load_file`): a file holding anything else is refused, and the code in it never runs.
+
 Embedding rows are stored as the rectangles each rank held, not as whole tables, so a save
 never gathers a table on one rank. Replicated tables are saved once (by rank 0). A
 directory without a complete manifest is never loaded.
@@ -27,11 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, ShardView
 from hybridrec.types import TableConfig
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+FILE_NAME = re.compile(r"^(dense|shards_rank\d+)\.pt$")  # the only files a manifest may list
+CONVERT = "python -m hybridrec.train.checkpoint.convert --trust"
 
 
 class CheckpointError(RuntimeError):
@@ -147,6 +153,18 @@ def replicated_tables(modules: list[EmbeddingModule]) -> set[str]:
     return {t for m in modules for t in m.replicated_tables()}
 
 
+def load_file(path: Path, mmap: bool = False) -> Any:
+    """A checkpoint file as data only; a file holding anything else is refused with one
+    line that names it and the conversion for checkpoints an older writer left."""
+    try:
+        return load_tensors(path, mmap=mmap)
+    except UnsafeFileError as e:
+        raise CheckpointError(
+            f"{e}. If you wrote this checkpoint (with an older hybridrec) and trust it, "
+            f"convert it once: {CONVERT} {path.parent}"
+        ) from None
+
+
 class ShardFiles:
     """Memory-mapped shard files, opened once each."""
 
@@ -155,7 +173,5 @@ class ShardFiles:
 
     def __call__(self, name: str) -> dict[str, Any]:
         if name not in self.cache:
-            self.cache[name] = torch.load(
-                self.root / name, map_location="cpu", mmap=True, weights_only=True
-            )
+            self.cache[name] = load_file(self.root / name, mmap=True)
         return self.cache[name]

@@ -4,7 +4,8 @@ A load copies into each of this rank's shards the overlapping parts of the saved
 (shard files are memory-mapped, so a rank reads only what it needs) and checks that every
 cell was covered. Before anything is copied, the manifest's file sizes (and sha256 sums,
 unless `verify=False`) and the model signature are checked; every problem is a
-CheckpointError naming the file.
+CheckpointError naming the file. Files are read as data only (format.load_file), and a
+manifest may list only the checkpoint's own file names.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from torch import nn
 
 from hybridrec.sparse.api import EmbeddingModule, embedding_modules
 from hybridrec.train.checkpoint.format import (
+    FILE_NAME,
     FORMAT_VERSION,
     CheckpointError,
     ShardFiles,
     TrainState,
     list_checkpoints,
+    load_file,
     sha256,
     shard_views,
     signature_differences,
@@ -40,10 +43,18 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{mf} is corrupt: {e}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{mf} is corrupt: a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{mf}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
         )
+    for name in [*manifest["files"], *(s["file"] for s in manifest["shards"])]:
+        if not isinstance(name, str) or not FILE_NAME.match(name) or name not in manifest["files"]:
+            raise CheckpointError(
+                f"{mf} lists file {name!r}, which is not one of this checkpoint's files "
+                "(dense.pt, shards_rank<r>.pt); refused"
+            )
     for name, meta in manifest["files"].items():
         f = path / name
         if not f.is_file():
@@ -123,6 +134,18 @@ def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[Embeddin
             )
 
 
+DENSE_KEYS = ("model", "optimizer", "sparse_step", "rng_cpu", "rng_cuda")
+
+
+def load_dense(path: Path) -> dict[str, Any]:
+    """Checkpoint `path`'s dense.pt (data only), with every entry a load needs."""
+    dense = load_file(path / "dense.pt")
+    missing = [k for k in DENSE_KEYS if not isinstance(dense, dict) or k not in dense]
+    if missing:
+        raise CheckpointError(f"{path / 'dense.pt'} lacks {', '.join(missing)}: not a dense state")
+    return dense
+
+
 def load_checkpoint(
     path: Path,
     model: nn.Module,
@@ -139,7 +162,7 @@ def load_checkpoint(
         )
     modules = embedding_modules(model)
     load_embeddings(path, manifest, modules)
-    dense = torch.load(Path(path) / "dense.pt", map_location="cpu", weights_only=False)
+    dense = load_dense(Path(path))
     unwrap(model.dense).load_state_dict(dense["model"])
     dense_opt.load_state_dict(dense["optimizer"])
     for module in modules:

@@ -4,7 +4,9 @@ Every rank writes into `.step_<N>.tmp`, the ranks agree that all writes succeede
 rank 0 writes the manifest and renames the directory to `step_<N>` (a rename is atomic on
 one filesystem; multi-node runs need a shared filesystem). A failure midway (a full disk)
 leaves the previous checkpoints untouched, and every rank raises the same CheckpointError.
-Old checkpoints are rotated out (`checkpoint.keep`).
+Old checkpoints are rotated out (`checkpoint.keep`). The directories it creates
+(checkpoint.dir, each step_<N>) are owner-only (0o700): a checkpoint is as sensitive as
+the model, and only its writer should be able to change it.
 """
 
 from __future__ import annotations
@@ -86,9 +88,9 @@ def save_checkpoint(
     tmp = root / f".step_{state.step}.tmp"
 
     def make_tmp() -> None:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)
 
     failed = _on_main(make_tmp, env)  # the directory exists before anyone writes
     if failed:
@@ -191,7 +193,7 @@ def check_writable(root: Path, env: DistEnv) -> None:
     save after hours of steps."""
 
     def try_write() -> None:
-        Path(root).mkdir(parents=True, exist_ok=True)
+        Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=".write_test."):
             pass
 
