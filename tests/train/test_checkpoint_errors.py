@@ -11,6 +11,7 @@ import torch
 from hybridrec.distributed import init_distributed
 from hybridrec.train import checkpoint as ckpt
 from hybridrec.train.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from hybridrec.train.checkpoint import save as ckpt_save
 from hybridrec.train.health import NonFiniteLossError
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
@@ -47,14 +48,14 @@ def test_periodic_saves_rotate_and_resume_continues(tmp_path):
 def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
     t = _trainer(tmp_path, steps=2, every=2)
     t.fit()
-    real_write = ckpt._write
+    real_write = ckpt_save.write_file
 
     def full_disk(obj, path):
         if path.name == "dense.pt":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(obj, path)
 
-    monkeypatch.setattr(ckpt, "_write", full_disk)
+    monkeypatch.setattr(ckpt_save, "write_file", full_disk)
     t.step = 4
     with pytest.raises(CheckpointError, match=r"No space left on device.*step_2 is intact"):
         t.save()
@@ -204,7 +205,7 @@ def test_real_full_disk_error_says_so(tmp_path, monkeypatch):
                 )
         return real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     t.step = 4
     with pytest.raises(
         CheckpointError,
@@ -250,7 +251,7 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(OSError, match="No space left on device"):
         ckpt.export_checkpoint(tmp_path / "ck" / "step_2", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "m.pt"]
