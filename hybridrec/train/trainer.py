@@ -44,7 +44,7 @@ from hybridrec.train.loggers import NullLogger, truncate_metrics
 from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
-from hybridrec.train.resume import Checkpointer
+from hybridrec.train.resume import Checkpointer, check_resume
 from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
@@ -59,6 +59,7 @@ class Trainer:
         self.source = build_source(cfg)
         if cfg.train.epochs is not None:
             cfg.train.steps = steps_for_epochs(cfg.train.epochs, self.source, cfg.train.batch_size)
+        check_resume(cfg)  # a checkpoint of another model is refused before any allocation
         self.model, self.plan = build_model(cfg, env)
         self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
         self.dense_opt = build_dense_optimizer(

@@ -15,12 +15,15 @@ exact. The names below are the interface the trainer and the export CLI use.
 from hybridrec.train.checkpoint.export import export_checkpoint, init_from_export
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
+    CorruptCheckpointError,
     TrainState,
     list_checkpoints,
     model_signature,
 )
 from hybridrec.train.checkpoint.load import (
+    check_matches,
     checkpoint_step,
+    intact_before,
     load_checkpoint,
     read_manifest,
     resolve_resume,
@@ -29,11 +32,14 @@ from hybridrec.train.checkpoint.save import check_writable, save_checkpoint
 
 __all__ = [
     "CheckpointError",
+    "CorruptCheckpointError",
     "TrainState",
+    "check_matches",
     "check_writable",
     "checkpoint_step",
     "export_checkpoint",
     "init_from_export",
+    "intact_before",
     "list_checkpoints",
     "load_checkpoint",
     "model_signature",

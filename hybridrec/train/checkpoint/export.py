@@ -66,6 +66,12 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
     """Warm start: copy an exported state dict's weights into this rank's shards and dense
     part (optimizer state starts fresh). Shapes must match; differences are listed."""
     file = Path(file)
+    if (file / "manifest.json").is_file():
+        raise CheckpointError(
+            f"model.init_from={str(file)!r} is a checkpoint directory, not an export: resume "
+            f"from it with checkpoint.resume={file} (weights and optimizer state), or write an "
+            f"export with `hybridrec-export {file} model.pt` and pass model.init_from=model.pt"
+        )
     if not file.is_file():
         raise CheckpointError(f"model.init_from={str(file)!r}: no such file")
     try:

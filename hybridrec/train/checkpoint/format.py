@@ -44,6 +44,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete, corrupt or for a different model."""
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files are missing, truncated or fail their checksum (not a mismatch
+    with the model): an older checkpoint may still be intact."""
+
+
 def unwrap(module: nn.Module) -> nn.Module:
     """The plain module inside DDP and/or torch.compile wrappers (or the module itself)."""
     while True:
@@ -67,7 +72,9 @@ def model_signature(
 
 
 def signature_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Human-readable differences between two model signatures (empty = compatible)."""
+    """Human-readable differences between two model signatures (empty = compatible); a
+    `current` without "dense" or an optimizer key leaves those out (checked before the
+    model exists)."""
     diffs = []
     saved_t = {t["name"]: t for t in saved["tables"]}
     cur_t = {t["name"]: t for t in current["tables"]}
@@ -82,14 +89,30 @@ def signature_differences(saved: dict[str, Any], current: dict[str, Any]) -> lis
                 f"table {name}: checkpoint {a['num_rows']}x{a['dim']}, "
                 f"model {b['num_rows']}x{b['dim']}"
             )
-    for key in sorted(set(saved["dense"]) | set(current["dense"])):
+    for key in sorted(set(saved["dense"]) | set(current["dense"])) if "dense" in current else []:
         a, b = saved["dense"].get(key), current["dense"].get(key)
         if a != b:
             diffs.append(f"dense {key}: checkpoint {a}, model {b}")
     for key in ("sparse_optimizer", "dense_optimizer"):
-        if saved[key] != current[key]:
+        if key in current and saved[key] != current[key]:
             diffs.append(f"{key}: checkpoint {saved[key]}, model {current[key]}")
     return diffs
+
+
+def summarise(diffs: list[str], first: int = 4) -> str:
+    """The first differences and how many of each kind are left (a 26-table model against a
+    6-table one is not a 60-line list)."""
+    shown = "; ".join(diffs[:first])
+    rest = diffs[first:]
+    if not rest:
+        return shown
+    kinds: dict[str, int] = {}
+    for d in rest:
+        kind = d.split(" ", 1)[0].rstrip(":")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    names = {"dense": "dense tensor"}
+    counts = ", ".join(f"{n} {names.get(k, k)}{'s' if n > 1 else ''}" for k, n in kinds.items())
+    return f"{shown}; and {len(rest)} more ({counts})"
 
 
 def sha256(path: Path) -> str:

@@ -22,6 +22,7 @@ from hybridrec.train.checkpoint.format import (
     FILE_NAME,
     FORMAT_VERSION,
     CheckpointError,
+    CorruptCheckpointError,
     ShardFiles,
     TrainState,
     list_checkpoints,
@@ -29,8 +30,10 @@ from hybridrec.train.checkpoint.format import (
     sha256,
     shard_views,
     signature_differences,
+    summarise,
     unwrap,
 )
+from hybridrec.types import TableConfig
 
 
 def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
@@ -38,13 +41,14 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
     path = Path(path)
     mf = path / "manifest.json"
     if not mf.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint: {mf} is missing")
+        raise CorruptCheckpointError(f"{path} is not a complete checkpoint: {mf} is missing")
     try:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{mf} is corrupt: {e}") from None
+        raise CorruptCheckpointError(f"{mf} is corrupt: {e}") from None
     if not isinstance(manifest, dict):
-        raise CheckpointError(f"{mf} is corrupt: a JSON {type(manifest).__name__}, not an object")
+        kind = type(manifest).__name__
+        raise CorruptCheckpointError(f"{mf} is corrupt: a JSON {kind}, not an object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{mf}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
@@ -58,15 +62,15 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
     for name, meta in manifest["files"].items():
         f = path / name
         if not f.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing its file {name}")
+            raise CorruptCheckpointError(f"checkpoint {path} is missing its file {name}")
         size = f.stat().st_size
         if size != meta["bytes"]:
-            raise CheckpointError(
+            raise CorruptCheckpointError(
                 f"checkpoint file {f} has {size} bytes, the manifest says "
                 f"{meta['bytes']} (truncated or overwritten)"
             )
         if verify and sha256(f) != meta["sha256"]:
-            raise CheckpointError(
+            raise CorruptCheckpointError(
                 f"checkpoint file {f} is corrupt: sha256 differs from the manifest"
             )
     return manifest
@@ -75,6 +79,38 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint was saved at (from its manifest)."""
     return int(read_manifest(path, verify=False)["step"])
+
+
+def intact_before(path: Path) -> list[Path]:
+    """The complete checkpoints older than `path` in its directory whose files all pass
+    their checks, newest first (what a user can resume from when `path` is damaged)."""
+    intact = []
+    for older in reversed(list_checkpoints(Path(path).parent)):
+        if checkpoint_step(older) >= checkpoint_step(path):
+            continue
+        try:
+            read_manifest(older)
+        except CheckpointError:
+            continue
+        intact.append(older)
+    return intact
+
+
+def check_matches(path: Path, tables: list[TableConfig], sparse_opt: str, dense_opt: str) -> None:
+    """Before any table is built: the checkpoint holds these tables and optimizers (the
+    dense part's shapes are checked once the model exists)."""
+    saved = read_manifest(path, verify=False)["signature"]
+    current = {
+        "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables],
+        "sparse_optimizer": sparse_opt,
+        "dense_optimizer": dense_opt,
+    }
+    diffs = signature_differences(saved, current)
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: {summarise(diffs)}; pick the model it "
+            "was saved with (its manifest.json names the tables), or checkpoint.resume=never"
+        )
 
 
 def resolve_resume(root: str | None, resume: str) -> Path | None:
@@ -157,9 +193,7 @@ def load_checkpoint(
     manifest = read_manifest(path, verify)
     diffs = signature_differences(manifest["signature"], signature)
     if diffs:
-        raise CheckpointError(
-            f"checkpoint {path} is for a different model:\n  " + "\n  ".join(diffs)
-        )
+        raise CheckpointError(f"checkpoint {path} is for a different model: {summarise(diffs)}")
     modules = embedding_modules(model)
     load_embeddings(path, manifest, modules)
     dense = load_dense(Path(path))

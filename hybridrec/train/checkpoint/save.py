@@ -149,7 +149,9 @@ def save_checkpoint(
         previous = list_checkpoints(root)
         raise CheckpointError(
             f"saving checkpoint step {state.step} failed ({'; '.join(errors)}); "
-            f"the previous checkpoint {previous[-1] if previous else '(none)'} is intact"
+            f"the previous checkpoint {previous[-1] if previous else '(none)'} is intact: "
+            f"checkpoint.keep removes old checkpoints only after a save succeeds, so free space "
+            f"in {root} (or lower checkpoint.keep) and resume"
         )
     if env.is_main:
         files = {k: v for g in gathered for k, v in g[0].items()}
@@ -181,7 +183,10 @@ def save_checkpoint(
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     if not _sync_ok(not error, env):
-        raise CheckpointError(f"saving checkpoint step {state.step} failed: {error or 'on rank 0'}")
+        raise CheckpointError(
+            f"saving checkpoint step {state.step} failed: {error or 'on rank 0'}; the previous "
+            f"checkpoints are intact (checkpoint.keep rotates only after a successful save)"
+        )
     if env.is_main:
         log.info("saved checkpoint %s (%.1fs)", final, time.perf_counter() - start)
     return final
