@@ -28,7 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from hybridrec import timing
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
-from hybridrec.data.build import steps_for_epochs
+from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed.comm import any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
@@ -59,6 +59,8 @@ class Trainer:
         self.source = build_source(cfg)
         if cfg.train.epochs is not None:
             cfg.train.steps = steps_for_epochs(cfg.train.epochs, self.source, cfg.train.batch_size)
+        elif env.is_main and not cfg.eval.only:
+            warn_many_epochs(cfg.train.steps, self.source, cfg.train.batch_size)
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
         self.model, self.plan = build_model(cfg, env)
         self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
