@@ -3,7 +3,11 @@ blocks (caught against the manifest), and a model whose tables do not fit the da
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -317,3 +321,62 @@ def test_manifest_split_outside_the_rows_is_named(dataset_copy, split):
         match=rf"manifest.json: split 'train' \[{split[0]}, {split[1]}\) is not within the dataset's 200 rows",
     ):
         open_dataset(dataset_copy)
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "hybridrec.data.preprocess_cli", *argv, "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_binary_and_corrupt_inputs_are_one_line(tmp_path, sample_tsv):
+    """A binary file is said to be neither gzip nor text (it was a leaked UnicodeDecodeError
+    from pyarrow's row handler and a gzip hint); a corrupt gzip is one line naming it; a gzip
+    of binary says so. Nothing is left behind: no output directory, no .work/."""
+    import gzip
+
+    npy = tmp_path / "day_0.npy"
+    np.save(npy, np.arange(1000.0))
+    noise = tmp_path / "day_1"
+    noise.write_bytes(np.random.default_rng(0).bytes(5000))
+    data = gzip.compress(sample_tsv.read_bytes())
+    corrupt = tmp_path / "day_2.gz"
+    corrupt.write_bytes(data[:100] + b"x" * 60 + data[160:])
+    zipped_binary = tmp_path / "day_3.gz"
+    zipped_binary.write_bytes(gzip.compress(npy.read_bytes()))
+    cases = {
+        npy: f"{npy}: is not a gzip file nor text (it starts with b'\\x93NUMPY",
+        noise: f"{noise}: is not a gzip file nor text (it starts with b'",
+        corrupt: f"{corrupt}: cannot be read after 0 row(s): ",
+        zipped_binary: f"{zipped_binary}: is a gzip file whose content is not text",
+    }
+    for k, (path, message) in enumerate(cases.items()):
+        out = tmp_path / f"out{k}"
+        r = _cli("--input", str(path), "--output", str(out), "--split", "rows")
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith(f"hybridrec-preprocess: error: {message}")
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+        assert "UnicodeDecodeError" not in r.stderr
+        assert ("gzip file?" in r.stderr) == (path is corrupt)
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("encoding", ["hash", "vocab"])
+def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
+    """A worker failing on a bad row of the second file, after the first file's part is
+    written: the run raises and removes .work/; the output directory it did not create stays."""
+    path, message = _corrupt_copy(sample_tsv, tmp_path, "hex", 150)
+    good = tmp_path / "day_0.tsv"
+    shutil.copy(sample_tsv, good)
+    bad = path.rename(tmp_path / "day_1.tsv")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = PreprocessOptions(split="rows", encoding=encoding)
+    with pytest.raises(MalformedRowError, match=f"{bad}:150: "):
+        preprocess([good, bad], out, opts, workers=1, progress=False)
+    assert out.is_dir() and list(out.iterdir()) == []
+    # with keep_work the parts stay, for a look (and the good file's part is there)
+    with pytest.raises(MalformedRowError):
+        preprocess([good, bad], out, opts, workers=1, progress=False, keep_work=True)
+    stage = "count" if encoding == "vocab" else "parts"
+    assert (out / ".work" / stage / "0000_day_0.tsv" / "meta.json").is_file()
