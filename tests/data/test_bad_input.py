@@ -380,3 +380,49 @@ def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
         preprocess([good, bad], out, opts, workers=1, progress=False, keep_work=True)
     stage = "count" if encoding == "vocab" else "parts"
     assert (out / ".work" / stage / "0000_day_0.tsv" / "meta.json").is_file()
+
+
+def _criteo_cfg(path):
+    overrides = [
+        "data=criteo",
+        f"data.path={path}",
+        "data.verify=size",  # the poisoned block's checksum no longer matches
+        "model=criteo_sample",
+        "train.batch_size=24",
+        "eval.batch_size=6",
+        "train.steps=3",
+        "eval.every=0",
+        "device=cpu",
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("train", overrides=overrides))
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_nonfinite_dense_feature_names_the_dataset_row(tmp_path, sample_dataset, split):
+    """A NaN or inf dense value in a dataset (written by something else than
+    hybridrec-preprocess, or damaged without checksums) is bad input: the error names the
+    feature, its name in the manifest, the sample and the dataset row (train or eval)."""
+    from hybridrec.distributed import init_distributed
+    from hybridrec.train.dense_check import NonFiniteInputError
+    from hybridrec.train.trainer import Trainer
+
+    ds = shutil.copytree(sample_dataset, tmp_path / "ds")
+    t = Trainer(_criteo_cfg(ds), init_distributed("cpu"))
+    if split == "train":  # sample 5 of the second step
+        lo, hi = t.source.plan(24, "train").segments(1, 5, 6)[0]
+    else:  # the first val row
+        lo = t.source.dataset.split("val")[0]
+    dense = np.load(ds / "dense.npy", mmap_mode="r+")
+    block_rows = dense.shape[1]
+    dense[lo // block_rows, lo % block_rows, 3] = np.inf
+    dense.flush()
+    del dense
+    t = Trainer(_criteo_cfg(ds), init_distributed("cpu"))
+    with pytest.raises(NonFiniteInputError) as e:
+        t.fit()
+    where = "sample 5 of training step 2" if split == "train" else "sample 0 of eval batch 0"
+    assert str(e.value).startswith(
+        f"dense feature 3 (I4) is inf at {where} (row {lo} of dataset {ds}): bad input data"
+    )
+    assert "\n" not in str(e.value)
