@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input or options: one clear line, no traceback
         print(f"hybridrec-preprocess: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # an output that cannot be written, an input that cannot be read
+        print(f"hybridrec-preprocess: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     m = report.manifest
     if report.up_to_date:
         print(f"{args.output}: up to date ({m.num_rows:,} rows, fingerprint {m.fingerprint})")

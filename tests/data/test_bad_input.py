@@ -361,6 +361,16 @@ def test_binary_and_corrupt_inputs_are_one_line(tmp_path, sample_tsv):
         assert not out.exists()
 
 
+def test_unwritable_output_is_one_line(tmp_path, sample_tsv):
+    (tmp_path / "file").write_text("")
+    r = _cli("--input", str(sample_tsv), "--output", str(tmp_path / "file" / "out"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.endswith(
+        f"hybridrec-preprocess: error: NotADirectoryError: [Errno 20] Not a directory: "
+        f"'{tmp_path / 'file' / 'out'}'\n"
+    )
+
+
 @pytest.mark.parametrize("encoding", ["hash", "vocab"])
 def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
     """A worker failing on a bad row of the second file, after the first file's part is
