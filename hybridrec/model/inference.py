@@ -65,7 +65,8 @@ class InferenceDLRM(nn.Module):
 
     def check_inputs(self, dense: torch.Tensor, ids: torch.Tensor) -> None:
         """Raise PredictInputError unless dense is [B, num_dense_features] of finite floats
-        and ids [B, H] integers, each inside its table (a host sync: the checks read values)."""
+        and ids [B, H] int64 or int32, each inside its table (a host sync: the checks read
+        values)."""
         nd, h = self.cfg.num_dense_features, self.offsets[-1]
         if not isinstance(dense, torch.Tensor) or not isinstance(ids, torch.Tensor):
             raise PredictInputError(
@@ -77,9 +78,9 @@ class InferenceDLRM(nn.Module):
                 f"dense must be a float tensor [batch, {nd}] (model.num_dense_features), got "
                 f"{dense.dtype} {list(dense.shape)}"
             )
-        if ids.dim() != 2 or ids.shape[1] != h or ids.is_floating_point() or ids.is_complex():
+        if ids.dim() != 2 or ids.shape[1] != h or ids.dtype not in (torch.int64, torch.int32):
             raise PredictInputError(
-                f"ids must be an integer tensor [batch, {h}] (one column per id of the "
+                f"ids must be an int64 (or int32) tensor [batch, {h}] (one column per id of the "
                 f"{len(self.tables)} tables), got {ids.dtype} {list(ids.shape)}"
             )
         if dense.shape[0] != ids.shape[0]:

@@ -96,10 +96,11 @@ BAD_PREDICT = {
     ),
     "ids width": (
         lambda d, i: (d, i[:, :7]),
-        r"^ids must be an integer tensor \[batch, 8\] \(one column per id of the 5 tables\), "
+        r"^ids must be an int64 \(or int32\) tensor \[batch, 8\] \(one column per id of the 5 tables\), "
         r"got torch.int64 \[8, 7\]$",
     ),
-    "ids float": (lambda d, i: (d, i.float()), r"^ids must be an integer tensor .* torch.float32"),
+    "ids float": (lambda d, i: (d, i.float()), r"^ids must be an int64 .* got torch.float32"),
+    "ids bool": (lambda d, i: (d, i > 0), r"^ids must be an int64 .* got torch.bool \[8, 8\]$"),
     "rows": (lambda d, i: (d[:5], i), r"^dense has 5 rows but ids has 8; one row per sample$"),
     "nan": (
         lambda d, i: (d.index_put((torch.tensor(3), torch.tensor(4)), torch.tensor(math.nan)), i),
