@@ -103,3 +103,24 @@ def test_without_a_checkpoint_dir_signals_keep_their_default(tmp_path):
     t.train_step = lambda *a, **k: (seen.append(signal.getsignal(signal.SIGTERM)), step(*a, **k))[1]
     assert not t.fit()["preempted"]
     assert seen == [before, before]
+
+
+def test_ctrl_c_saves_like_sigterm_and_a_later_second_one_aborts(tmp_path, monkeypatch):
+    env = init_distributed("cpu")
+    t = Trainer(_cfg(str(tmp_path / "ck")), env)
+    _signal_at(t, 5, signal.SIGINT)
+    result = t.fit()
+    assert result["preempted"] and t.step == 8
+    assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["step_8"]
+    from hybridrec.train import preemption
+
+    clock = [100.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    with preemption.PreemptionGuard(enabled=True) as guard:
+        os.kill(os.getpid(), signal.SIGINT)
+        clock[0] += 0.5  # the same Ctrl-C passed on by a launcher: still one request
+        os.kill(os.getpid(), signal.SIGINT)
+        assert guard.received == "SIGINT"
+        clock[0] += 5.0  # a second Ctrl-C, later: stop now
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
