@@ -86,6 +86,17 @@ def _default_split(inputs: list[str], train_fraction: float) -> str:
     return "rows"
 
 
+def summarise_counts(values: list[int]) -> str:
+    """Runs of equal values as `value x count` (26 capped tables are not 26 numbers)."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return ", ".join(f"{v:,}" + (f" x{n}" if n > 1 else "") for v, n in runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(m.sources)} file(s) in {report.seconds:.1f}s"
         + (f", {report.reused_files} file(s) reused" if report.reused_files else "")
     )
-    print(f"cardinalities: {m.cardinalities}")
+    print(f"cardinalities: {summarise_counts(m.cardinalities)}")
     if m.skipped_rows:
         per_file = ", ".join(f"{s.file}: {s.skipped_rows}" for s in m.sources if s.skipped_rows)
         print(f"skipped {m.skipped_rows:,} malformed row(s) ({per_file}); first:")

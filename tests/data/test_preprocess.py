@@ -157,6 +157,8 @@ def test_cli(tmp_path):
     assert open_dataset(tmp_path / "bin").manifest.cardinalities == [5000] * 26
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "up to date" in again.stdout
+    assert (again.stdout + again.stderr).count("up to date") == 1
+    assert "cardinalities: 5,000 x26" in out.stdout
     bad = subprocess.run(
         cmd[:-4] + ["--hash-cap", "0"], env=env, capture_output=True, text=True, timeout=120
     )
@@ -217,3 +219,10 @@ def test_readme_preprocess_examples_run_on_the_shipped_sample(tmp_path, sample_t
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.count("\n") == 1 and "use split=rows" in bad.stderr
     assert not (tmp_path / "days").exists()
+
+
+def test_cardinalities_are_summarised_as_runs():
+    from hybridrec.data.preprocess_cli import summarise_counts
+
+    assert summarise_counts([40_000_000] * 26) == "40,000,000 x26"
+    assert summarise_counts([3, 3, 7, 40, 40, 40, 3]) == "3 x2, 7, 40 x3, 3"

@@ -84,7 +84,7 @@ def preprocess(
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
         if old.fingerprint == fp:
-            log.info("%s is up to date (fingerprint %s)", output, fp)
+            log.debug("%s is up to date (fingerprint %s)", output, fp)  # the caller says so
             return PreprocessReport(old, up_to_date=True)
         if not overwrite:
             raise ValueError(
