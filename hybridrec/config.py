@@ -12,6 +12,7 @@ the key and what it accepts:
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,18 @@ def _check_schedule(s: ScheduleConfig) -> None:
         )
 
 
+_KINDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
+def _value_message(key: str, msg: str) -> str:
+    """OmegaConf's conversion error as `<key> must be an integer, got 'abc'` (one line)."""
+    m = re.match(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
+    if m and m.group(2) in _KINDS:
+        return f"{key} must be {_KINDS[m.group(2)]}, got '{m.group(1)}'"
+    first = msg.strip().splitlines()[0] if msg.strip() else "invalid value"
+    return f"invalid config value for '{key}': {first}"
+
+
 def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
     """Merge a composed config into the schema, check every value, return a typed Config.
 
@@ -384,7 +397,7 @@ def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
         allowed = ", ".join(_fields_at(parent)) or "(none)"
         raise ValueError(f"unknown config key '{full}'; keys {where}: {allowed}") from None
     except OmegaConfBaseException as e:
-        raise ValueError(f"invalid config value for '{e.full_key}': {e.msg}") from None
+        raise ValueError(_value_message(str(e.full_key), str(e.msg))) from None
     c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     _check(c, world_size)
     return c

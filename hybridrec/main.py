@@ -18,12 +18,28 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.config import CONF_DIR, Config, check_override_keys, validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
+from hybridrec.train.exits import (
+    FAILED_EXIT,
+    PREEMPTED_EXIT,
+    RUN_ERRORS,
+    USAGE_EXIT,
+    fail,
+    show_traceback,
+)
 from hybridrec.train.loggers import init_logging
-from hybridrec.train.sweep import environ, final_metrics, launch_ranks, wandb_environ
+from hybridrec.train.sweep import (
+    RanksFailed,
+    check_launch,
+    environ,
+    final_metrics,
+    launch_ranks,
+    wandb_environ,
+)
 
 log = logging.getLogger("hybridrec")
 
@@ -83,6 +99,7 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
         trainer = Trainer(cfg, env, run_dir)
         result = trainer.evaluate_only() if cfg.eval.only else trainer.fit()
         ok = True
+        preempted_at = trainer.step if result.get("preempted") else None
     finally:
         # Free the model (DDP's reducer and the collectives' work objects) while the
         # interpreter is fully alive: left to the last garbage collection at exit, gloo's
@@ -91,6 +108,12 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
         del trainer
         gc.collect()
         destroy_distributed(env, barrier=ok)
+    if preempted_at is not None:
+        fail(
+            f"stopped on a signal after saving checkpoint step {preempted_at} in "
+            f"{cfg.checkpoint.dir}; run the same command again to resume",
+            PREEMPTED_EXIT,
+        )
     auc = result["eval"].get("auc")
     return None if auc is None else float(auc)
 
@@ -101,8 +124,29 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
 def main(raw: DictConfig) -> float | None:
     """Train (or launch the ranks that train); returns the final eval AUC for Hydra sweeps."""
     init_logging(int(os.environ.get("RANK", 0)))
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN or show_traceback():  # a sweep records each job's error
+        return _run(raw, Path(hydra_cfg.runtime.output_dir))
+    try:
+        cfg, launch = _validated(raw)
+        if launch:
+            check_launch(cfg)
+    except ValueError as e:  # the config: nothing ran
+        fail(str(e), USAGE_EXIT)
+    try:
+        return _run_validated(cfg, launch, Path(hydra_cfg.runtime.output_dir))
+    except RanksFailed as e:
+        fail(str(e), e.exitcode)
+    except RUN_ERRORS as e:
+        fail(f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e), FAILED_EXIT)
+
+
+def _run(raw: DictConfig, run_dir: Path) -> float | None:
     cfg, launch = _validated(raw)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    return _run_validated(cfg, launch, run_dir)
+
+
+def _run_validated(cfg: Config, launch: bool, run_dir: Path) -> float | None:
     if launch:
         launch_ranks(cfg, run_dir)
         return final_metrics(run_dir / "metrics.jsonl")["auc"]
@@ -116,8 +160,7 @@ def cli() -> None:
     try:
         check_override_keys(sys.argv[1:])
     except ValueError as e:
-        print(f"hybridrec-train: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(str(e), USAGE_EXIT)
     main()
 
 

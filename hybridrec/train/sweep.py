@@ -24,6 +24,7 @@ import atexit
 import json
 import logging
 import os
+import signal
 import statistics
 import sys
 import time
@@ -40,12 +41,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.train.exits import FAILED_EXIT, PREEMPTED_EXIT, USAGE_EXIT, first_failure
 from hybridrec.train.loggers import read_metrics
 
 if TYPE_CHECKING:
     from hybridrec.config import Config
 
 log = logging.getLogger("hybridrec")
+SHUTDOWN_GRACE_S = 600  # after a stop signal, how long ranks may take to save before a kill
 
 # Hydra overrides that belong to the sweep (or the parent's own run dir), not to one run.
 _PARENT_ONLY = (
@@ -170,11 +173,13 @@ def check_launch(cfg: Config) -> None:
 def launch_ranks(cfg: Config, run_dir: Path) -> None:
     """Run this job as `launcher.nproc_per_node` local ranks and wait for them.
 
-    Raises ValueError for a run that cannot start (`check_launch`) and RuntimeError naming
-    the failed ranks and their exit codes; their tracebacks are in their output above and in
-    `<run dir>/ranks/`.
+    Raises ValueError for a run that cannot start (`check_launch`) and RanksFailed with the
+    rank that failed first, its message and the exit code to end with (every rank's output is
+    above and in `<run dir>/ranks/`). SIGTERM, SIGINT and SIGUSR1 to this process reach the
+    ranks, which save a checkpoint (with checkpoint.dir) and stop; they get
+    `SHUTDOWN_GRACE_S` to do so before they are killed.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -194,6 +199,8 @@ def launch_ranks(cfg: Config, run_dir: Path) -> None:
         max_restarts=launcher.max_restarts,
         monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), tee=Std.ALL),
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        shutdown_timeout=SHUTDOWN_GRACE_S,
     )
     argv = rank_argv(run_dir)
     log.info("launching %d ranks: %s %s", n, sys.executable, " ".join(argv))
@@ -201,11 +208,34 @@ def launch_ranks(cfg: Config, run_dir: Path) -> None:
         with environ(**rank_environ()):
             elastic_launch(config, sys.executable)(*argv)
     except ChildFailedError as e:
-        failed = ", ".join(
-            f"rank {r} (exit code {f.exitcode})" for r, f in sorted(e.failures.items())
-        )
-        where = f"their output is above and in {logs}"
-        raise RuntimeError(f"{len(e.failures)} of {n} ranks failed: {failed}; {where}") from None
+        rank, message, code = first_failure(e.failures)
+        if {f.exitcode for f in e.failures.values()} == {PREEMPTED_EXIT}:
+            raise RanksFailed(message or "the ranks saved and stopped", PREEMPTED_EXIT) from None
+        failed = f"{len(e.failures)} of {n} ranks failed; their output is above and in {logs}"
+        raise RanksFailed(
+            f"rank {rank} failed first: {message or f'exit code {code}'} ({failed})",
+            code if code in (USAGE_EXIT, FAILED_EXIT) else FAILED_EXIT,
+        ) from None
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        if cfg.checkpoint.dir:
+            raise RanksFailed(
+                f"{name} received: the ranks saved a checkpoint at their next logging step and "
+                "stopped; run the same command again to resume",
+                PREEMPTED_EXIT,
+            ) from None
+        raise RanksFailed(
+            f"{name} received: the ranks stopped without saving (no checkpoint.dir)",
+            128 + int(e.sigval),
+        ) from None
+
+
+class RanksFailed(RuntimeError):
+    """A multi-rank run ended early: `exitcode` is what the launching process exits with."""
+
+    def __init__(self, message: str, exitcode: int) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
 
 
 def final_metrics(metrics_path: Path) -> dict[str, float | None]:

@@ -90,7 +90,7 @@ def test_a_data_key_of_another_dataset_names_the_datasets_that_have_it():
         ("model.top_mlp=[64,2]", r"model.top_mlp must end with 1"),
         ("train.steps=0", r"train.steps must be > 0"),
         ("optim.sparse.lr=-1", r"optim.sparse.lr must be > 0"),
-        ("train.steps=abc", r"invalid config value for 'train.steps'"),
+        ("train.steps=abc", r"^train.steps must be an integer, got 'abc'$"),
         ("sharding.cache_halflife=0", r"sharding.cache_halflife must be > 0"),
     ],
 )
