@@ -22,7 +22,9 @@ def _last(out: subprocess.CompletedProcess) -> str:
 
 def test_config_and_runtime_errors_are_one_line_with_their_exit_codes(tmp_path):
     bad = run_cli("train.steps=-3", cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr == "hybridrec-train: train.steps must be > 0, got -3\n"
+    assert (
+        bad.returncode == 2 and bad.stderr == "hybridrec-train: train.steps must be > 0, got -3\n"
+    )
     typed = run_cli("train.steps=abc", cwd=tmp_path)
     assert typed.returncode == 2
     assert typed.stderr == "hybridrec-train: train.steps must be an integer, got 'abc'\n"
