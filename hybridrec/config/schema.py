@@ -69,19 +69,22 @@ class ModelConfig:
     """DLRM shape (defaults: the dlrm_tiny model). `hotness`: one int for all tables or one
     per table."""
 
-    name: str = "dlrm_tiny"
-    arch: str = "dlrm"
-    num_dense_features: int = 13
-    embedding_dim: int = 16
+    name: str = "dlrm_tiny"  # the model's name (conf/model/<name>.yaml)
+    arch: str = "dlrm"  # dlrm (dot interaction) | dcnv2 (low-rank cross network)
+    num_dense_features: int = 13  # dense (continuous) inputs per sample
+    embedding_dim: int = 16  # width of every table
+    # rows of each table (one table per categorical feature, named cat_0, cat_1, ...)
     num_embeddings_per_feature: list[int] = field(
         default_factory=lambda: [5000, 1200, 400, 100, 20, 4]
     )
-    hotness: Any = 1
-    pooling: str = "sum"
+    hotness: Any = 1  # ids per sample per table: one int, or one per table
+    pooling: str = "sum"  # sum | mean (over a table's ids in one sample)
+    # last width must equal embedding_dim
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    # last width must be 1 (one logit)
     top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
-    dcn_layers: int = 3
-    dcn_rank: int = 64
+    dcn_layers: int = 3  # dcnv2 only: cross layers
+    dcn_rank: int = 64  # dcnv2 only: rank of each cross layer
     init_from: str | None = None  # warm start from a hybridrec-export file
     table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
 
@@ -104,14 +107,14 @@ class PreprocessConfig:
     """How data.name=criteo_sample preprocesses its raw file (hybridrec-preprocess options)."""
 
     encoding: str = "vocab"  # hash (id = value mod hash_cap) | vocab (frequency threshold)
-    hash_cap: int = 40_000_000
+    hash_cap: int = 40_000_000  # hash: ids per table
     min_count: int = 2  # vocab: values seen fewer times in train share one id
     split: str = "rows"  # rows (train_fraction of each file) | days (last file = val + test)
-    train_fraction: float = 0.8
-    holdout_days: int = 1
-    block_rows: int = 8
+    train_fraction: float = 0.8  # split=rows: the first fraction of rows is train
+    holdout_days: int = 1  # split=days: files held out for val + test
+    block_rows: int = 8  # rows per checksummed block
     on_error: str = "error"  # error | skip: a malformed row
-    checksums: bool = True
+    checksums: bool = True  # write a sha256 per block
 
 
 @dataclass
@@ -119,7 +122,7 @@ class DataConfig:
     """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream;
     `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows."""
 
-    name: str = "synthetic"
+    name: str = "synthetic"  # synthetic | criteo | criteo_sample
     zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
     teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
     label_noise: float = 0.0  # probability that a label is flipped after sampling
@@ -141,7 +144,7 @@ class DataConfig:
 class ShardingConfig:
     """How embedding tables are placed. `none` = one process holds every table."""
 
-    type: str = "none"
+    type: str = "none"  # none | table_wise | column_wise | row_wise | data_parallel | auto | host
     hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
     data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
     # Host-resident tables (type=host, or auto past hbm_gb) keep a device cache of hot rows:
@@ -162,22 +165,22 @@ class ShardingConfig:
 
 @dataclass
 class DenseOptimConfig:
-    name: str = "adam"
-    lr: float = 1e-3
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    name: str = "adam"  # sgd | adagrad | adam (torch.optim)
+    lr: float = 1e-3  # learning rate of the MLPs
+    eps: float = 1e-8  # adagrad, adam
+    beta1: float = 0.9  # adam
+    beta2: float = 0.999  # adam
+    momentum: float = 0.0  # sgd
+    weight_decay: float = 0.0  # every optimizer
 
 
 @dataclass
 class SparseOptimConfig:
-    name: str = "rowwise_adagrad"
-    lr: float = 0.05
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
+    name: str = "rowwise_adagrad"  # sgd | rowwise_adagrad | adam (touched rows only)
+    lr: float = 0.05  # learning rate of the embedding tables
+    eps: float = 1e-8  # rowwise_adagrad, adam
+    beta1: float = 0.9  # adam
+    beta2: float = 0.999  # adam
 
 
 @dataclass
@@ -187,7 +190,7 @@ class ScheduleConfig:
     warmup_steps: int = 0  # linear warm-up over this many steps (0 = none)
     decay_start: int = 0  # polynomial decay starts after this step ...
     decay_steps: int = 0  # ... and lasts this many steps (0 = no decay)
-    decay_power: float = 2.0
+    decay_power: float = 2.0  # polynomial degree of the decay
     end_factor: float = 0.0  # lr multiplier once the decay has ended
 
 
@@ -200,10 +203,10 @@ class OptimConfig:
 
 @dataclass
 class TrainLoopConfig:
-    steps: int = 3000
+    steps: int = 3000  # optimizer steps (global batches)
     epochs: float | None = None  # passes over the train split (file data): sets `steps`
     batch_size: int = 1024  # the global batch, split evenly over ranks
-    log_every: int = 100
+    log_every: int = 100  # log and write metrics.jsonl every this many steps
     check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
@@ -237,11 +240,11 @@ class CheckpointConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"
-    project: str = "hybridrec"
+    name: str = "none"  # none (metrics.jsonl and console) | wandb (also W&B, rank 0)
+    project: str = "hybridrec"  # W&B project
     mode: str = "auto"  # auto = online if logged in to W&B, else offline
-    entity: str | None = None
-    tags: list[str] = field(default_factory=list)
+    entity: str | None = None  # W&B entity (null: the default)
+    tags: list[str] = field(default_factory=list)  # W&B tags
 
 
 @dataclass
@@ -260,8 +263,8 @@ class LauncherConfig:
 
 @dataclass
 class Config:
-    seed: int = 0
-    device: str = "auto"
+    seed: int = 0  # seeds data, initialisation and shuffling
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
