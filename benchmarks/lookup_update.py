@@ -2,9 +2,9 @@
 the torch path (hybridrec.sparse.fused / hybridrec.optim.sparse) vs the Triton kernels
 (hybridrec.sparse.triton_ops), side by side on the same table, ids and gradients.
 
-    python benchmarks/lookup_update.py --device cuda --optimizer all \\
+    python -m benchmarks.lookup_update --device cuda --optimizer all \\
         --out benchmarks/results/lookup_update_h100.md        # dlrm_kaggle tables, batch 65536
-    python benchmarks/lookup_update.py --device cpu --rows 100000 --batch-size 4096   # smoke
+    python -m benchmarks.lookup_update --device cpu --rows 100000 --batch-size 4096   # smoke
 
 Default tables: the 26 dlrm_kaggle cardinalities (33.8M rows, conf/model/dlrm_kaggle.yaml);
 `--rows R` instead splits R rows evenly over `--tables`. Each table gets batch * hotness ids
@@ -31,20 +31,17 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from omegaconf import OmegaConf
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
-from hybridrec.config import CONF_DIR  # noqa: E402
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
-from hybridrec.sparse import triton_ops  # noqa: E402
-from hybridrec.sparse.fused import _pool, dedupe  # noqa: E402
+from benchmarks.common import command_line, hardware, markdown_table, median, time_steps
+from hybridrec.config import CONF_DIR
+from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.sparse import triton_ops
+from hybridrec.sparse.fused import _pool, dedupe
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")

@@ -27,7 +27,7 @@ def test_cli_accepts_a_yaml_path_and_rejects_bad_input(capsys, tmp_path):
     model = tmp_path / "m.yaml"
     model.write_text(
         "name: m\nembedding_dim: 8\nnum_embeddings_per_feature: [100, 5]\n"
-        "hotness: [2, 1]\npooling: mean\n"
+        "hotness: [2, 1]\npooling: mean\nbottom_mlp: [32, 8]\n"
     )
     argv = ["--model", str(model)] + (
         "--world-size 2 --batch-size 64 --mode row_wise --optimizer adam --weight-bytes 2".split()
