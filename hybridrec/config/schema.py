@@ -211,8 +211,8 @@ class TrainLoopConfig:
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain
     autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
     nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
-    compile: str = "auto"  # dense: torch.compile the dense part | graphs: + CUDA graphs | none
-    # | auto (dense on CUDA)
+    # auto (dense on CUDA) | dense: torch.compile the dense part | graphs: + CUDA graphs | none
+    compile: str = "auto"
     kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
     profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
     profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
