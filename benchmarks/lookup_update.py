@@ -35,23 +35,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from benchmarks.common import command_line, hardware, markdown_table, median, time_steps
-from hybridrec.config import CONF_DIR
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.config import load_model_config
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS, RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse import triton_ops
 from hybridrec.sparse.fused import _pool, dedupe
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
-OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 HASH = 2654435761  # prime > any table size: rank -> (rank * HASH + 17) % n is a bijection
 
 
 def table_sizes(args: argparse.Namespace) -> list[int]:
     if args.rows is None:
-        cfg = OmegaConf.load(CONF_DIR / "model" / "dlrm_kaggle.yaml")
-        return list(cfg.num_embeddings_per_feature)
+        return list(load_model_config("dlrm_kaggle").num_embeddings_per_feature)
     base, extra = divmod(args.rows, args.tables)
     return [base + (t < extra) for t in range(args.tables)]
 
@@ -224,10 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    names = OPTIMIZERS if args.optimizer == "all" else tuple(args.optimizer.split(","))
-    unknown = set(names) - set(OPTIMIZERS)
+    names = SPARSE_OPTIMIZERS if args.optimizer == "all" else tuple(args.optimizer.split(","))
+    unknown = set(names) - set(SPARSE_OPTIMIZERS)
     if unknown:
-        p.error(f"--optimizer: unknown {sorted(unknown)}; one of sgd, rowwise_adagrad, adam, all")
+        choices = ", ".join((*SPARSE_OPTIMIZERS, "all"))
+        p.error(f"--optimizer: unknown {sorted(unknown)}; one of {choices}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     torch.manual_seed(0)
 
