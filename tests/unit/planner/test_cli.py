@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
+from hybridrec.planner import OPTIMIZERS
 from hybridrec.planner.cli import main
 
 
@@ -59,3 +61,14 @@ def test_cli_pins_tables(capsys):
     assert "pinned by sharding.tables: 2 row ranges" in out
     assert main([*args, "--pin", "cat_2"]) == 2
     assert "expected TABLE=MODE" in capsys.readouterr().err
+
+
+def test_cli_sizes_every_optimizer_the_trainer_offers(capsys):
+    """--optimizer takes the trainer's choices; the planner has a state footprint for each."""
+    assert set(SPARSE_OPTIMIZERS) <= set(OPTIMIZERS)
+    for name in SPARSE_OPTIMIZERS:
+        assert main(f"--model dlrm_tiny --world-size 2 --optimizer {name}".split()) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main("--model dlrm_tiny --optimizer adamw".split())
+    assert "invalid choice: 'adamw'" in capsys.readouterr().err
