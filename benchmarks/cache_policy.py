@@ -19,7 +19,7 @@ back when evicted). `--cold` starts with an empty cache instead.
 Per cache size, after `--warmup` steps: the hit rate over each batch's distinct rows, rows
 loaded and written back per step, and the bytes those rows need at the real row width, with
 the time they would take at an H100's sorted unified-addressing gather rate (66M rows/s,
-hybridrec.sparse.host_copy's kernel; a model, not a measurement). `--cycle N` replays only N
+hybridrec.kernels.host_copy's kernel; a model, not a measurement). `--cycle N` replays only N
 distinct batches, as a benchmark that cycles pre-staged batches does: once the cache holds
 them all it hits rows it has already seen, which a real data stream would not.
 """

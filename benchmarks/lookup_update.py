@@ -1,6 +1,6 @@
 """Embedding microbenchmark: one lookup + gradient dedupe + row-optimizer update on a fused table,
 the torch path (hybridrec.sparse.fused / hybridrec.optim.sparse) vs the Triton kernels
-(hybridrec.sparse.triton_ops), side by side on the same table, ids and gradients.
+(hybridrec.kernels), side by side on the same table, ids and gradients.
 
     python -m benchmarks.lookup_update --device cuda --optimizer all \\
         --out benchmarks/results/lookup_update_h100.md        # dlrm_kaggle tables, batch 65536
@@ -38,9 +38,10 @@ import torch
 
 from benchmarks.common import command_line, hardware, markdown_table, median, time_steps
 from hybridrec.config import load_model_config
+from hybridrec.kernels import dispatch, lookup, row_update, segment
+from hybridrec.kernels.lookup import pool
+from hybridrec.kernels.segment import dedupe
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS, RowWiseAdagrad, SparseAdam, SparseSGD
-from hybridrec.sparse import triton_ops
-from hybridrec.sparse.fused import _pool, dedupe
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 HASH = 2654435761  # prime > any table size: rank -> (rank * HASH + 17) % n is a bijection
@@ -92,19 +93,19 @@ def _offsets(bags: torch.Tensor, num_bags: int) -> torch.Tensor:
 
 
 def torch_path(opt, weight, state):
-    """(lookup, dedupe, update) callables of the torch path (`_pool` and `dedupe` would take
+    """(lookup, dedupe, update) callables of the torch path (`pool` and `dedupe` would take
     the Triton kernels where they run: held to torch ops here)."""
 
     def lookup(b):
-        with triton_ops.use_kernels("torch"):
-            return _pool(weight, b["rows"], b["bags"], None, b["num_bags"])
+        with dispatch.use_kernels("torch"):
+            return pool(weight, b["rows"], b["bags"], None, b["num_bags"])
 
     def dedup(b):
-        with triton_ops.use_kernels("torch"):
+        with dispatch.use_kernels("torch"):
             return dedupe(b["rows"], b["bags"], None, b["grad"])
 
     def update(rows, grads, step):
-        with triton_ops.use_kernels("torch"):
+        with dispatch.use_kernels("torch"):
             opt.update(weight, state, rows, grads, step)
 
     return lookup, dedup, update
@@ -115,19 +116,19 @@ def triton_path(opt, weight, state):
 
     def lookup(b):
         offsets = _offsets(b["bags"], b["num_bags"])
-        return triton_ops.pooled_lookup(weight, b["rows"], offsets, None, b["num_bags"])
+        return lookup.pooled_lookup(weight, b["rows"], offsets, None, b["num_bags"])
 
     def dedup(b):
-        return triton_ops.segment_grads(b["grad"], b["rows"], b["bags"], None)
+        return segment.segment_grads(b["grad"], b["rows"], b["bags"], None)
 
     def update(rows, grads, step):
         if opt.name == "sgd":
-            triton_ops.sgd_update(weight, rows, grads, opt.lr)
+            row_update.sgd_update(weight, rows, grads, opt.lr)
         elif opt.name == "rowwise_adagrad":
-            triton_ops.rowwise_adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
+            row_update.rowwise_adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
         else:
             step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-            triton_ops.adam_update(
+            row_update.adam_update(
                 weight,
                 state["exp_avg"],
                 state["exp_avg_sq"],
@@ -189,11 +190,11 @@ def measure(path, batches, device, args) -> dict[str, float]:
 
 def check_agreement(batch, weight) -> str:
     """Max |difference| of the two paths' pooled output and deduplicated gradients."""
-    a = _pool(weight, batch["rows"], batch["bags"], None, batch["num_bags"])
+    a = pool(weight, batch["rows"], batch["bags"], None, batch["num_bags"])
     offsets = _offsets(batch["bags"], batch["num_bags"])
-    b = triton_ops.pooled_lookup(weight, batch["rows"], offsets, None, batch["num_bags"])
+    b = lookup.pooled_lookup(weight, batch["rows"], offsets, None, batch["num_bags"])
     ra, ga = dedupe(batch["rows"], batch["bags"], None, batch["grad"])
-    rb, gb = triton_ops.segment_grads(batch["grad"], batch["rows"], batch["bags"], None)
+    rb, gb = segment.segment_grads(batch["grad"], batch["rows"], batch["bags"], None)
     assert torch.equal(ra, rb), "the two paths found different unique rows"
     return (
         f"pooled max |diff| {(a - b).abs().max().item():.2e}, "
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = [make_batch(args, sizes, s, device) for s in range(args.batches)]
     n, num_bags = batches[0]["rows"].numel(), batches[0]["num_bags"]
     u = sum(torch.unique(b["rows"]).numel() for b in batches) / len(batches)
-    with_triton = triton_ops.available(weight)
+    with_triton = dispatch.available(weight)
     agreement = check_agreement(batches[0], weight) if with_triton else "triton path not run"
     print(
         f"{len(sizes)} tables, {sum(sizes):,} rows x {args.dim} {args.dtype}; {n:,} ids, "

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hybridrec.config import TABLE_DTYPES, Config
 from hybridrec.distributed.comm import CommStats
 from hybridrec.distributed.env import DistEnv
+from hybridrec.kernels.dispatch import set_kernels
 from hybridrec.model import DLRM, DenseArch
 from hybridrec.optim import build_sparse_optimizer
 from hybridrec.planner import (
@@ -45,7 +46,7 @@ from hybridrec.planner import (
     plan_sharding,
     rank_memory,
 )
-from hybridrec.sparse import EmbeddingCollection, triton_ops
+from hybridrec.sparse import EmbeddingCollection
 from hybridrec.sparse.host import check_host_memory
 from hybridrec.sparse.layout import whole_values
 from hybridrec.sparse.local import HostOptions
@@ -209,7 +210,7 @@ def build_model(
 ) -> tuple[DLRM, ShardingPlan | None]:
     """The model for this rank and the sharding plan (None for sharding=none)."""
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
-    triton_ops.set_kernels(cfg.train.kernels, env.device)
+    set_kernels(cfg.train.kernels, env.device)
     dense = DenseArch(cfg.model).to(env.device)
     sparse_opt = build_sparse_optimizer(cfg.optim.sparse)
     tables = cfg.model.tables()

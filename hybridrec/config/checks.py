@@ -26,10 +26,10 @@ from hybridrec.config.schema import (
 from hybridrec.data.build import SOURCES
 from hybridrec.data.loader import LOADERS
 from hybridrec.data.readers import READERS
+from hybridrec.kernels.dispatch import KERNEL_MODES
 from hybridrec.optim.dense import DENSE_OPTIMIZERS
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
 from hybridrec.sparse.host import HOST_COPY_MODES
-from hybridrec.sparse.triton_ops import KERNEL_MODES
 from hybridrec.train.loggers import LOGGERS, WANDB_MODES
 from hybridrec.types import PIN_MODES, SHARDING_TYPES, Pooling
 

@@ -16,10 +16,10 @@ column-wise, the sharded collection computes it across the column shards and pas
 `row_sq_mean`, so the update equals the unsharded one.
 
 Weights may be stored in fp16/bf16 (`model.table_dtype`); optimizer state and all optimizer
-math stay fp32, and each updated row is rounded once, when it is written back (`_apply`).
+math stay fp32, and each updated row is rounded once, when it is written back (`apply_delta`).
 
 On CUDA (and under TRITON_INTERPRET=1) each update is one Triton kernel with the same math
-(hybridrec.sparse.triton_ops); `train.kernels=torch` keeps the torch ops.
+(hybridrec.kernels.row_update); `train.kernels=torch` keeps the torch ops.
 
 Touching only the batch's rows is the standard sparse semantics (torch SparseAdam, FBGEMM);
 where every row is touched each step it equals the dense optimizer.
@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybridrec.sparse import triton_ops
+from hybridrec.kernels.dispatch import available
+from hybridrec.kernels.row_update import (
+    adam_update,
+    apply_delta,
+    rowwise_adagrad_update,
+    sgd_update,
+)
 
 if TYPE_CHECKING:
     from hybridrec.config import SparseOptimConfig
@@ -46,16 +52,6 @@ def _real(count: torch.Tensor | None, *tensors: torch.Tensor | None) -> tuple:
     return tuple(None if t is None else t[:n] for t in tensors)
 
 
-def _apply(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float) -> None:
-    """weight[rows] -= scale * delta, in fp32 (rows unique). fp32 weights take the fused
-    index_add_; low-precision weights are read, updated in fp32 and rounded once."""
-    if weight.dtype == torch.float32:
-        weight.index_add_(0, rows, delta, alpha=-scale)
-    else:
-        new = weight.index_select(0, rows).float().sub_(delta, alpha=scale)
-        weight.index_copy_(0, rows, new.to(weight.dtype))
-
-
 class SparseSGD:
     name = "sgd"
 
@@ -66,11 +62,11 @@ class SparseSGD:
         return {}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
-        if triton_ops.available(weight):
-            triton_ops.sgd_update(weight, rows, grads, self.lr, count=count)
+        if available(weight):
+            sgd_update(weight, rows, grads, self.lr, count=count)
             return
         rows, grads = _real(count, rows, grads)
-        _apply(weight, rows, grads, self.lr)
+        apply_delta(weight, rows, grads, self.lr)
 
 
 class RowWiseAdagrad:
@@ -85,8 +81,8 @@ class RowWiseAdagrad:
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         acc = state["sum"]
-        if triton_ops.available(weight):
-            triton_ops.rowwise_adagrad_update(
+        if available(weight):
+            rowwise_adagrad_update(
                 weight, acc, rows, grads, self.lr, self.eps, row_sq_mean, count=count
             )
             return
@@ -96,7 +92,7 @@ class RowWiseAdagrad:
         new_sum = acc.index_select(0, rows) + row_sq_mean
         acc.index_copy_(0, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps).unsqueeze(1)
-        _apply(weight, rows, delta, self.lr)
+        apply_delta(weight, rows, delta, self.lr)
 
 
 class SparseAdam:
@@ -112,10 +108,10 @@ class SparseAdam:
         bias1 = 1 - self.beta1**step
         bias2 = 1 - self.beta2**step
         step_size = self.lr * math.sqrt(bias2) / bias1
-        if triton_ops.available(weight):
+        if available(weight):
             m, v = state["exp_avg"], state["exp_avg_sq"]
             args = (self.beta1, self.beta2, self.eps)
-            triton_ops.adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
+            adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
             return
         rows, grads = _real(count, rows, grads)
         m_old = state["exp_avg"].index_select(0, rows)
@@ -125,7 +121,7 @@ class SparseAdam:
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
         delta = m / (v.sqrt() + self.eps)
-        _apply(weight, rows, delta, step_size)
+        apply_delta(weight, rows, delta, step_size)
 
 
 RowOptimizerT = SparseSGD | RowWiseAdagrad | SparseAdam

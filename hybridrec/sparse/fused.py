@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from hybridrec import timing
-from hybridrec.sparse import triton_ops
+from hybridrec.kernels.dispatch import available
+from hybridrec.kernels.lookup import pool
+from hybridrec.kernels.segment import Segments, dedupe, scale_tensor, segment_grads_padded
 from hybridrec.sparse.init import init_shard
 from hybridrec.types import ShardSpec, TableConfig
 
@@ -72,83 +74,6 @@ class LookupInput:
     bags: torch.Tensor
     num_bags: int
     scale: float = 1.0
-
-
-def _pool(
-    weight: torch.Tensor,
-    rows: torch.Tensor,
-    bags: torch.Tensor,
-    scale: torch.Tensor | None,
-    num_bags: int,
-    out_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """pooled [num_bags, D]: pooled[bags[i]] += scale[i] * weight[rows[i]], summed in fp32,
-    returned in out_dtype (rounded once: the bits of the fp32 sum's .to(out_dtype)).
-
-    `bags` must be non-decreasing (every producer in hybridrec lays ids out bag by bag). fp32
-    tables use torch's embedding_bag kernel (2-3x faster than gather + index_add_ on CPU).
-    Bag starts: bincount on CPU (fastest there); searchsorted on CUDA, where bincount would
-    sync with the host to size its output. Low-precision tables gather, convert and sum in
-    fp32. Where Triton runs (CUDA; hybridrec.sparse.triton_ops) one kernel does it all."""
-    if triton_ops.available(weight):
-        ends = torch.arange(num_bags + 1, device=bags.device, dtype=bags.dtype)
-        offsets = torch.searchsorted(bags, ends)
-        return triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags, out_dtype)
-    return _pool_fp32(weight, rows, bags, scale, num_bags).to(out_dtype)
-
-
-def _pool_fp32(
-    weight: torch.Tensor,
-    rows: torch.Tensor,
-    bags: torch.Tensor,
-    scale: torch.Tensor | None,
-    num_bags: int,
-) -> torch.Tensor:
-    if weight.dtype == torch.float32:
-        if bags.is_cuda:
-            starts = torch.arange(num_bags, device=bags.device, dtype=bags.dtype)
-            offsets = torch.searchsorted(bags, starts)
-        else:
-            counts = torch.bincount(bags, minlength=num_bags)
-            offsets = counts.cumsum(0) - counts
-        return torch.nn.functional.embedding_bag(
-            rows, weight, offsets, mode="sum", per_sample_weights=scale
-        )
-    gathered = weight.index_select(0, rows).float()
-    if scale is not None:
-        gathered = gathered * scale.unsqueeze(1)
-    pooled = torch.zeros(num_bags, weight.shape[1], dtype=torch.float32, device=weight.device)
-    return pooled.index_add_(0, bags, gathered)
-
-
-def _scale_tensor(scale: torch.Tensor | float | None, rows: torch.Tensor) -> torch.Tensor | None:
-    """Per-id pooling scale [N] fp32 for the Triton kernels (None: all ones)."""
-    if isinstance(scale, torch.Tensor) or scale is None:
-        return scale
-    if scale == 1.0:
-        return None
-    return torch.full(rows.shape, float(scale), dtype=torch.float32, device=rows.device)
-
-
-def dedupe(
-    rows: torch.Tensor,
-    bags: torch.Tensor,
-    scale: torch.Tensor | float | None,
-    grad_pooled: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32).
-
-    With Triton: a sort and one segment-sum kernel (deterministic, no atomics)."""
-    if triton_ops.available(grad_pooled):
-        return triton_ops.segment_grads(grad_pooled, rows, bags, _scale_tensor(scale, rows))
-    grad_rows = grad_pooled.float().index_select(0, bags)
-    if isinstance(scale, torch.Tensor):
-        grad_rows = grad_rows * scale.unsqueeze(1)
-    elif scale is not None and scale != 1.0:
-        grad_rows = grad_rows * scale
-    unique_rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
-    grads = torch.zeros(unique_rows.numel(), grad_pooled.shape[1], device=grad_rows.device)
-    return unique_rows, grads.index_add_(0, inverse, grad_rows)
 
 
 RowSq = dict[int, torch.Tensor]  # shard index in the group -> full-row mean(g^2) [U_u]
@@ -304,12 +229,12 @@ class FusedEmbedding(nn.Module):
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
-        """pooled [num_bags, D] of group rows `rows` [N] (see `_pool`)."""
-        return _pool(self.weight, rows, bags, scale, num_bags, out_dtype)
+        """pooled [num_bags, D] of group rows `rows` [N] (see hybridrec.kernels.lookup.pool)."""
+        return pool(self.weight, rows, bags, scale, num_bags, out_dtype)
 
-    def _sorted_segments(self, rows: torch.Tensor) -> triton_ops.Segments | None:
-        """triton_ops.sorted_segments(rows) when the lookup made it already (a host cache's
-        admission sorts the same rows), else None."""
+    def _sorted_segments(self, rows: torch.Tensor) -> Segments | None:
+        """hybridrec.kernels.segment.sorted_segments(rows) when the lookup made it already (a
+        host cache's admission sorts the same rows), else None."""
         return None
 
     def _update_target(
@@ -330,14 +255,14 @@ class FusedEmbedding(nn.Module):
         """Deduplicate the rows' gradients and let the optimizer update them in place;
         `row_sq`: full-row statistics for some shards (see `update_rows`)."""
         with timing.phase("sparse_update"):
-            if not row_sq and triton_ops.available(grad_pooled):
+            if not row_sq and available(grad_pooled):
                 # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
                 # device, and the update kernels read it: no host sync in the step
-                rows_pad, grads_pad, count = triton_ops.segment_grads_padded(
+                rows_pad, grads_pad, count = segment_grads_padded(
                     grad_pooled,
                     rows,
                     bags,
-                    _scale_tensor(scale, rows),
+                    scale_tensor(scale, rows),
                     segments=self._sorted_segments(rows),
                 )
                 self.update_rows(rows_pad, grads_pad, count)

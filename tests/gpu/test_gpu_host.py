@@ -18,13 +18,13 @@ pytestmark = pytest.mark.gpu
 
 
 def test_a_kernel_reads_and_writes_pinned_host_memory():
-    from hybridrec.sparse.host_copy import kernel_works
+    from hybridrec.kernels.host_copy import kernel_works
 
     assert kernel_works(torch.device("cuda"))  # else host_copy=auto falls back to staged
 
 
 def test_registered_host_tables_are_pinned_and_copy_both_ways():
-    from hybridrec.sparse.host_copy import pinned_empty
+    from hybridrec.kernels.host_copy import pinned_empty
 
     t = pinned_empty((1000, 3), torch.float32)  # cudaHostRegister, exact size
     assert t.is_pinned()

@@ -1,4 +1,4 @@
-"""The Triton kernels (hybridrec.sparse.triton_ops) compiled on CUDA, against the torch path on
+"""The Triton kernels (hybridrec.kernels) compiled on CUDA, against the torch path on
 the same GPU, at a realistic size: a 1M-row fused table (26 tables), D = 128, 65536 * 26
 Zipf(1.05) ids, so hot rows collect thousands of ids and take segment_grads' split path.
 
@@ -25,9 +25,10 @@ import torch
 
 pytest.importorskip("triton")
 
+from hybridrec.kernels import lookup, row_update, segment  # noqa: E402
+from hybridrec.kernels.lookup import pool  # noqa: E402
+from hybridrec.kernels.segment import dedupe  # noqa: E402
 from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
-from hybridrec.sparse import triton_ops  # noqa: E402
-from hybridrec.sparse.fused import _pool, dedupe  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -70,22 +71,20 @@ def _case(dtype: torch.dtype, hotness: int = 1, seed: int = 0):
 def test_pooled_lookup_on_gpu(dtype, with_scale, hotness):
     weight, rows, bags, offsets, num_bags, gen = _case(dtype, hotness)
     scale = torch.rand(rows.numel(), device="cuda", generator=gen) + 0.5 if with_scale else None
-    got = triton_ops.pooled_lookup(weight, rows, offsets, scale, num_bags)
+    got = lookup.pooled_lookup(weight, rows, offsets, scale, num_bags)
     want = torch.nn.functional.embedding_bag(
         rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
     )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(
-        got, _pool(weight, rows, bags, scale, num_bags), rtol=1e-5, atol=1e-6
-    )
+    torch.testing.assert_close(got, pool(weight, rows, bags, scale, num_bags), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("hotness", [1, 4])
 def test_pooled_lookup_bf16_output_on_gpu(hotness):
     """bf16 output (DLRM under autocast): the fp32 sum rounded once, .to(bf16)'s bits."""
     weight, rows, _, offsets, num_bags, _ = _case(torch.float32, hotness)
-    full = triton_ops.pooled_lookup(weight, rows, offsets, None, num_bags)
-    half = triton_ops.pooled_lookup(weight, rows, offsets, None, num_bags, torch.bfloat16)
+    full = lookup.pooled_lookup(weight, rows, offsets, None, num_bags)
+    half = lookup.pooled_lookup(weight, rows, offsets, None, num_bags, torch.bfloat16)
     assert torch.equal(half.view(torch.int16), full.to(torch.bfloat16).view(torch.int16))
 
 
@@ -116,12 +115,12 @@ def test_segment_grads_on_gpu(with_scale, hotness):
     _, rows, bags, _, num_bags, gen = _case(torch.float32, hotness, seed=1)
     scale = torch.rand(rows.numel(), device="cuda", generator=gen) if with_scale else None
     grad = torch.randn(num_bags, DIM, device="cuda", generator=gen)
-    got = triton_ops.segment_grads(grad, rows, bags, scale)
+    got = segment.segment_grads(grad, rows, bags, scale)
     counts = torch.unique(rows, return_counts=True)[1]
-    assert counts.max() > 4 * triton_ops.SEGMENT_TILE  # rows across tiles: the fix-up ran
+    assert counts.max() > 4 * segment.SEGMENT_TILE  # rows across tiles: the fix-up ran
     _check_against_fp64(got, rows, bags, scale, grad)
     _check_against_fp64(dedupe(rows, bags, scale, grad), rows, bags, scale, grad)
-    again = triton_ops.segment_grads(grad, rows, bags, scale)
+    again = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
 
 
@@ -131,7 +130,7 @@ def test_segment_grads_one_row_for_every_id():
     rows = torch.full((n,), 12345, device="cuda")
     bags = torch.arange(n, device="cuda")
     grad = torch.randn(n, DIM, device="cuda")
-    _check_against_fp64(triton_ops.segment_grads(grad, rows, bags, None), rows, bags, None, grad)
+    _check_against_fp64(segment.segment_grads(grad, rows, bags, None), rows, bags, None, grad)
 
 
 def _touched(seed: int = 2):
@@ -152,7 +151,7 @@ def test_sgd_update_on_gpu(dtype):
     rows, grads, _ = _touched()
     want = weight.clone()
     SparseSGD(0.05).update(want, {}, rows, grads, 1)
-    triton_ops.sgd_update(weight, rows, grads, 0.05)
+    row_update.sgd_update(weight, rows, grads, 0.05)
     _assert_weights_close(weight, want)
 
 
@@ -166,7 +165,7 @@ def test_rowwise_adagrad_update_on_gpu(dtype, given_row_sq):
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):
         RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
-        triton_ops.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+        row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
     else:
@@ -185,7 +184,7 @@ def test_adam_update_on_gpu(dtype):
     for step in (1, 2, 3):
         opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
         step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-        triton_ops.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+        row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
     _assert_weights_close(weight, want)
 
@@ -225,19 +224,19 @@ def test_padded_step_without_host_sync(opt):
     def update(tensors, urows, grads, count):
         w, *st = tensors
         if opt == "sgd":
-            triton_ops.sgd_update(w, urows, grads, 0.05, count=count)
+            row_update.sgd_update(w, urows, grads, 0.05, count=count)
         elif opt == "adagrad":
-            triton_ops.rowwise_adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
+            row_update.rowwise_adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
         else:
-            triton_ops.adam_update(w, *st, urows, grads, 1e-3, 0.9, 0.999, 1e-8, count=count)
+            row_update.adam_update(w, *st, urows, grads, 1e-3, 0.9, 0.999, 1e-8, count=count)
 
     def padded_step(tensors):
-        urows, grads, count = triton_ops.segment_grads_padded(grad, rows, bags, scale)
+        urows, grads, count = segment.segment_grads_padded(grad, rows, bags, scale)
         update(tensors, urows, grads, count)
         return urows, grads, count
 
     want = [t.clone() for t in (weight, *state)]
-    want_rows, want_grads = triton_ops.segment_grads(grad, rows, bags, scale)
+    want_rows, want_grads = segment.segment_grads(grad, rows, bags, scale)
     update(want, want_rows, want_grads, None)
     padded_step([t.clone() for t in (weight, *state)])  # compile the kernels first
     got = [t.clone() for t in (weight, *state)]

@@ -294,7 +294,7 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
     128 GB): tables are registered instead. Fake cudart calls record what would be pinned."""
     import gc
 
-    from hybridrec.sparse import host_copy
+    from hybridrec.kernels import host_copy
     from hybridrec.sparse.host import memory
 
     calls = []
@@ -317,7 +317,7 @@ def test_tables_are_pinned_at_exactly_their_size_and_unpinned_after_the_last_vie
 
 
 def test_a_refused_pin_is_a_host_memory_error_naming_size_and_tables(monkeypatch):
-    from hybridrec.sparse import host_copy
+    from hybridrec.kernels import host_copy
     from hybridrec.sparse.host import memory
 
     monkeypatch.setattr(host_copy, "_cuda_register", lambda p, n: 2)  # cudaErrorMemoryAllocation

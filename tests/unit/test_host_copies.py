@@ -25,7 +25,7 @@ def interpreter(monkeypatch):
 
 
 def test_copy_rows_kernel_copies_rows_and_row_state(interpreter):
-    from hybridrec.sparse.host_copy import copy_rows
+    from hybridrec.kernels.host_copy import copy_rows
 
     src = torch.randn(50, 7)
     dst = torch.zeros(9, 7)

@@ -36,11 +36,11 @@ def test_the_backward_dedupes_with_the_admissions_sort(interpreter, monkeypatch,
     """The backward's dedupe sorts the very rows the lookup's admission sorted (or the
     prefetch's, for the rows it admitted): a host group takes that sort instead of sorting
     again, and still trains as the device group, bit for bit."""
-    from hybridrec.sparse import triton_ops
+    from hybridrec.kernels import segment
 
     calls = []
-    real = triton_ops.sorted_segments
-    monkeypatch.setattr(triton_ops, "sorted_segments", lambda r: calls.append(1) or real(r))
+    real = segment.sorted_segments
+    monkeypatch.setattr(segment, "sorted_segments", lambda r: calls.append(1) or real(r))
     ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
     host = HostCachedEmbedding(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)

@@ -13,14 +13,13 @@ dedupes with torch.unique and must be flagged, so the detector is shown to work.
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from hybridrec.distributed import DistEnv
-from hybridrec.sparse import triton_ops
+from hybridrec.kernels import _common, dispatch
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
 
@@ -68,7 +67,7 @@ def interpreted_kernels(monkeypatch):
     """Triton in its CPU interpreter; the interpreter's own tensor handling during a launch is
     not the step's and is not recorded."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    real = triton_ops._kernels()
+    real = _common.jitted
 
     class Unrecorded:
         def __init__(self, kernel) -> None:  # noqa: ANN001
@@ -81,10 +80,9 @@ def interpreted_kernels(monkeypatch):
 
             return launch
 
-    wrapped = SimpleNamespace(**{n: Unrecorded(getattr(real, n)) for n in vars(real)})
-    monkeypatch.setattr(triton_ops, "_kernels", lambda: wrapped)
+    monkeypatch.setattr(_common, "jitted", lambda fn: Unrecorded(real(fn)))
     yield
-    triton_ops.set_kernels("auto")
+    dispatch.set_kernels("auto")
 
 
 def _syncing_ops(sparse: str, kernels: str, check_ids: bool = False) -> SyncRecorder:

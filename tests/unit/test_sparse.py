@@ -178,12 +178,12 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
     """One group of every table numbers its bags sample-major and returns [B, T, D] without a
     stack (nor a cat in the backward); it must give what the per-table path gives, bit for
     bit: pooled values, and weights and state after updates (multi-hot, mean and sum)."""
-    from hybridrec.sparse import triton_ops
+    from hybridrec.kernels import dispatch
 
     if kernels == "triton":
         pytest.importorskip("triton")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    triton_ops.set_kernels(kernels)
+    dispatch.set_kernels(kernels)
     tables = [
         TableConfig("a", 30, 8, hotness=2, pooling=Pooling.MEAN),
         TableConfig("b", 7, 8),
@@ -215,7 +215,7 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
             for k in st:
                 torch.testing.assert_close(st[k], st2[k], rtol=0, atol=0)
     finally:
-        triton_ops.set_kernels("auto")
+        dispatch.set_kernels("auto")
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
@@ -225,7 +225,7 @@ def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monke
     bf16 gradient) trains exactly like fp32 pooled embeddings that the dot interaction casts:
     same losses, same tables and optimizer state, same dense weights (CPU autocast here)."""
     from hybridrec.distributed import DistEnv
-    from hybridrec.sparse import triton_ops
+    from hybridrec.kernels import dispatch
     from hybridrec.train.trainer import Trainer
     from tests.distributed.test_equivalence import make_cfg
 
@@ -251,7 +251,7 @@ def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monke
         ref_losses, ref_state = run(False)
         losses, state = run(True)
     finally:
-        triton_ops.set_kernels("auto")
+        dispatch.set_kernels("auto")
     assert torch.equal(torch.stack(losses), torch.stack(ref_losses))
     for a, b in zip(state, ref_state, strict=True):
         assert torch.equal(a, b)

@@ -12,7 +12,6 @@ JIT at the first step. A kernel that only works interpreted fails here, in CI.
 from __future__ import annotations
 
 import inspect
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ triton = pytest.importorskip("triton")
 compiler = pytest.importorskip("triton.compiler")
 backends = pytest.importorskip("triton.backends.compiler")
 
-from hybridrec.sparse import host_copy, triton_ops  # noqa: E402
+from hybridrec.kernels import _common, host_copy, lookup, row_update, segment  # noqa: E402
 
 TYPES = {
     torch.float32: "fp32",
@@ -76,14 +75,8 @@ class _Recorder:
 def launches(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     found: dict = {}
-    real = triton_ops._kernels()
-    wrapped = {
-        name: _Recorder(getattr(triton_ops, "_" + name), getattr(real, name), found)
-        for name in vars(real)
-    }
-    monkeypatch.setattr(triton_ops, "_kernels", lambda: SimpleNamespace(**wrapped))
-    copy = _Recorder(host_copy._copy_kernel, host_copy._kernel(), found)
-    monkeypatch.setattr(host_copy, "_kernel", lambda: copy)
+    real = _common.jitted
+    monkeypatch.setattr(_common, "jitted", lambda fn: _Recorder(fn, real(fn), found))
     return found
 
 
@@ -93,26 +86,26 @@ def _exercise_ops() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for width in (16, 48, 128):
             weight = torch.randn(40, width, generator=g).to(dtype)
-            n = 3 * triton_ops.SEGMENT_TILE + 40
+            n = 3 * segment.SEGMENT_TILE + 40
             rows = torch.randint(0, 40, (n,), generator=g)
             rows[: n - 40] = 3  # a row across tiles: its pieces need the fix-up kernel
             offsets = torch.linspace(0, n, 9).long()
             bags = torch.arange(8).repeat_interleave(offsets.diff())
             for scale in (None, torch.rand(n, generator=g)):
-                triton_ops.pooled_lookup(weight, rows, offsets, scale, 8)
+                lookup.pooled_lookup(weight, rows, offsets, scale, 8)
                 grad = torch.randn(8, width, generator=g)
-                uniq, grads = triton_ops.segment_grads(grad, rows, bags, scale)
-                triton_ops.segment_grads_padded(grad, rows, bags, scale)
+                uniq, grads = segment.segment_grads(grad, rows, bags, scale)
+                segment.segment_grads_padded(grad, rows, bags, scale)
             for count in (None, torch.tensor([uniq.numel()])):
-                triton_ops.sgd_update(weight, uniq, grads, 0.1, count=count)
+                row_update.sgd_update(weight, uniq, grads, 0.1, count=count)
                 acc = torch.zeros(40)
-                triton_ops.rowwise_adagrad_update(weight, acc, uniq, grads, 0.1, 1e-8, count=count)
+                row_update.rowwise_adagrad_update(weight, acc, uniq, grads, 0.1, 1e-8, count=count)
                 row_sq = grads.pow(2).mean(1)
-                triton_ops.rowwise_adagrad_update(
+                row_update.rowwise_adagrad_update(
                     weight, acc, uniq, grads, 0.1, 1e-8, row_sq, count=count
                 )
                 m, v = torch.zeros(40, width), torch.zeros(40, width)
-                triton_ops.adam_update(
+                row_update.adam_update(
                     weight, m, v, uniq, grads, 0.01, 0.9, 0.999, 1e-8, count=count
                 )
             host_copy.copy_rows(weight, uniq, weight.clone(), uniq.flip(0))

@@ -1,8 +1,8 @@
-"""Triton kernels (hybridrec.sparse.triton_ops) against the torch path, on CPU through Triton's
+"""Triton kernels (hybridrec.kernels) against the torch path, on CPU through Triton's
 interpreter (TRITON_INTERPRET=1); tests/gpu/test_triton_gpu.py runs them compiled on CUDA.
 
 References are the torch functions the kernels replace, called on copies of the same inputs:
-`_pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, RowWiseAdagrad,
+`pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, RowWiseAdagrad,
 SparseAdam). Tolerances:
 - SGD: at most 1 ulp of the weight dtype. The kernels round like torch's CPU ops (fp32 math,
   one fused multiply-add for w - lr * g as torch's index_add_/sub_ with alpha, one rounding to
@@ -18,8 +18,8 @@ SparseAdam). Tolerances:
 - the padded, sync-free variant (segment_grads_padded, the updates' count=) against the synced
   kernels: exact (the same computation, cut to U rows).
 
-The interpreter is chosen when a kernel is jitted, and triton_ops jits on first use per mode
-(interpreted or compiled), so setting TRITON_INTERPRET here, before the first call, suffices:
+The interpreter is chosen when a kernel is jitted, and hybridrec.kernels jits on first use per
+mode (interpreted or compiled), so setting TRITON_INTERPRET here, before the first call, suffices:
 no import order or module reload is needed. The module fixture restores the environment.
 """
 
@@ -32,9 +32,10 @@ import torch
 
 pytest.importorskip("triton")
 
+from hybridrec.kernels import _common, dispatch, lookup, row_update, segment  # noqa: E402
+from hybridrec.kernels.lookup import pool  # noqa: E402
+from hybridrec.kernels.segment import dedupe  # noqa: E402
 from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
-from hybridrec.sparse import triton_ops  # noqa: E402
-from hybridrec.sparse.fused import _pool, dedupe  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTHS = [1, 3, 16, 130]  # 130: not a power of two, more than one column block
@@ -92,14 +93,14 @@ def _lookup_case(width: int, dtype: torch.dtype, seed: int = 0):
 def test_pooled_lookup_matches_torch(width, dtype, with_scale):
     weight, rows, bags, offsets, scale = _lookup_case(width, dtype)
     scale = scale if with_scale else None
-    got = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
+    got = lookup.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
     assert got.dtype == torch.float32 and got.shape == (len(COUNTS), width)
     want = torch.nn.functional.embedding_bag(
         rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
     )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(
-        got, _pool(weight, rows, bags, scale, len(COUNTS)), rtol=1e-5, atol=1e-6
+        got, pool(weight, rows, bags, scale, len(COUNTS)), rtol=1e-5, atol=1e-6
     )
     empty = [b for b, c in enumerate(COUNTS) if c == 0]
     assert torch.equal(got[empty], torch.zeros(len(empty), width))
@@ -110,8 +111,8 @@ def test_pooled_lookup_matches_torch(width, dtype, with_scale):
 def test_pooled_lookup_rounds_once_to_out_dtype(width, out_dtype):
     """A bf16/fp16 output is the fp32 sum rounded once to nearest even: .to()'s bits."""
     weight, rows, _, offsets, scale = _lookup_case(width, torch.float32)
-    full = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
-    half = triton_ops.pooled_lookup(weight, rows, offsets, scale, len(COUNTS), out_dtype)
+    full = lookup.pooled_lookup(weight, rows, offsets, scale, len(COUNTS))
+    half = lookup.pooled_lookup(weight, rows, offsets, scale, len(COUNTS), out_dtype)
     assert half.dtype == out_dtype
     assert torch.equal(half.view(torch.int16), full.to(out_dtype).view(torch.int16))
 
@@ -119,11 +120,10 @@ def test_pooled_lookup_rounds_once_to_out_dtype(width, out_dtype):
 def test_pooled_lookup_no_ids_and_no_bags():
     weight = torch.randn(5, 4)
     none = torch.zeros(0, dtype=torch.int64)
-    out = triton_ops.pooled_lookup(weight, none, torch.zeros(4, dtype=torch.int64), None, 3)
+    out = lookup.pooled_lookup(weight, none, torch.zeros(4, dtype=torch.int64), None, 3)
     assert torch.equal(out, torch.zeros(3, 4))
-    assert triton_ops.pooled_lookup(
-        weight, none, torch.zeros(1, dtype=torch.int64), None, 0
-    ).shape == (0, 4)
+    empty = lookup.pooled_lookup(weight, none, torch.zeros(1, dtype=torch.int64), None, 0)
+    assert empty.shape == (0, 4)
 
 
 @pytest.mark.parametrize("with_scale", [False, True])
@@ -133,7 +133,7 @@ def test_segment_grads_match_dedupe(width, with_scale):
     scale = scale if with_scale else None
     grad = torch.randn(len(COUNTS), width, generator=torch.Generator().manual_seed(2))
     want_rows, want = dedupe(rows, bags, scale, grad)
-    got_rows, got = triton_ops.segment_grads(grad, rows, bags, scale)
+    got_rows, got = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -150,11 +150,11 @@ def test_segment_grads_split_hot_rows(tile):
     scale = torch.rand(rows.numel(), generator=g)
     grad = torch.randn(6, 130, generator=g)
     want_rows, want = dedupe(rows, bags, scale, grad)
-    got_rows, got = triton_ops._segment_grads(grad, rows, bags, scale, tile)
+    got_rows, got = segment._segment_grads(grad, rows, bags, scale, tile)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # deterministic: no atomics, a fixed summation order
-    again = triton_ops._segment_grads(grad, rows, bags, scale, tile)[1]
+    again = segment._segment_grads(grad, rows, bags, scale, tile)[1]
     assert torch.equal(got, again)
 
 
@@ -162,11 +162,11 @@ def test_segment_grads_low_precision_grad_and_no_ids():
     _, rows, bags, _, scale = _lookup_case(16, torch.float32, seed=4)
     grad = torch.randn(len(COUNTS), 16).bfloat16()
     want_rows, want = dedupe(rows, bags, scale, grad)
-    got_rows, got = triton_ops.segment_grads(grad, rows, bags, scale)
+    got_rows, got = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     none = torch.zeros(0, dtype=torch.int64)
-    u, g = triton_ops.segment_grads(grad, none, none, None)
+    u, g = segment.segment_grads(grad, none, none, None)
     assert u.numel() == 0 and g.shape == (0, 16)
 
 
@@ -184,7 +184,7 @@ def test_sgd_update_matches_sparse_sgd(width, dtype):
     weight, rows, grads, _ = _update_case(width, dtype)
     want = weight.clone()
     SparseSGD(0.05).update(want, {}, rows, grads, 1)
-    triton_ops.sgd_update(weight, rows, grads, 0.05)
+    row_update.sgd_update(weight, rows, grads, 0.05)
     assert _ulps(weight, want) <= 1
 
 
@@ -198,7 +198,7 @@ def test_rowwise_adagrad_update_matches(width, dtype, given_row_sq):
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):  # the second step reads the first one's state
         RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
-        triton_ops.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+        row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
     else:  # mean(g^2) sums in a different order than torch's mean: round-off in acc
@@ -219,7 +219,7 @@ def test_adam_update_matches_sparse_adam(width, dtype):
     for step in (1, 2):
         opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
         step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-        triton_ops.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+        row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
     _assert_step_close(weight, want)
 
@@ -258,17 +258,17 @@ def test_segment_grads_padded_equals_segment_grads(tile, kind, with_scale):
     grad, rows, bags, scale = _padded_case(kind)
     scale = scale if with_scale else None
     n = rows.numel()
-    want_rows, want = triton_ops._segment_grads(grad, rows, bags, scale, tile)
-    got_rows, got, count = triton_ops._segment_grads_padded(grad, rows, bags, scale, tile)
+    want_rows, want = segment._segment_grads(grad, rows, bags, scale, tile)
+    got_rows, got, count = segment._segment_grads_padded(grad, rows, bags, scale, tile)
     assert count.shape == (1,) and count.dtype == torch.int64
     u = int(count)
     assert u == want_rows.numel()
     assert got_rows.shape == (n,) and got.shape == (n, grad.shape[1])
     assert torch.equal(got_rows[:u], want_rows)
     assert torch.equal(got[:u], want)
-    again = triton_ops._segment_grads_padded(grad, rows, bags, scale, tile)
+    again = segment._segment_grads_padded(grad, rows, bags, scale, tile)
     assert torch.equal(again[1][:u], got[:u])  # deterministic
-    got_rows, got, count = triton_ops.segment_grads_padded(grad, rows, bags, scale)
+    got_rows, got, count = segment.segment_grads_padded(grad, rows, bags, scale)
     assert int(count) == u and torch.equal(got_rows[:u], want_rows)
     torch.testing.assert_close(got[:u], want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[:u], dedupe(rows, bags, scale, grad)[1], rtol=1e-5, atol=1e-6)
@@ -276,10 +276,10 @@ def test_segment_grads_padded_equals_segment_grads(tile, kind, with_scale):
 
 def test_segment_grads_padded_no_ids_and_no_width():
     none = torch.zeros(0, dtype=torch.int64)
-    rows, grads, count = triton_ops.segment_grads_padded(torch.randn(3, 4), none, none, None)
+    rows, grads, count = segment.segment_grads_padded(torch.randn(3, 4), none, none, None)
     assert rows.shape == (0,) and grads.shape == (0, 4) and torch.equal(count, torch.tensor([0]))
     rows = torch.tensor([4, 1, 4])
-    got_rows, grads, count = triton_ops.segment_grads_padded(torch.zeros(3, 0), rows, rows, None)
+    got_rows, grads, count = segment.segment_grads_padded(torch.zeros(3, 0), rows, rows, None)
     assert int(count) == 2 and torch.equal(got_rows[:2], torch.tensor([1, 4]))
     assert grads.shape == (3, 0)
 
@@ -309,10 +309,10 @@ def test_padded_updates_equal_unpadded(width, dtype):
         (want, (rows, grads, row_sq, None)),
         (got, (p_rows, p_grads, p_row_sq, count)),
     ):
-        triton_ops.sgd_update(w, r, gr, 0.05, count=c)
-        triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=c)
-        triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, rsq, count=c)
-        triton_ops.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=c)
+        row_update.sgd_update(w, r, gr, 0.05, count=c)
+        row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=c)
+        row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, rsq, count=c)
+        row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=c)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
@@ -323,9 +323,9 @@ def test_padded_updates_with_count_zero():
     before = [t.clone() for t in (weight, acc, m, v)]
     zero, none = torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
     for r, gr in ((rows, grads), (none, torch.zeros(0, 3))):
-        triton_ops.sgd_update(weight, r, gr, 0.1, count=zero)
-        triton_ops.rowwise_adagrad_update(weight, acc, r, gr, 0.1, 1e-8, count=zero)
-        triton_ops.adam_update(weight, m, v, r, gr, 0.1, 0.9, 0.999, 1e-8, count=zero)
+        row_update.sgd_update(weight, r, gr, 0.1, count=zero)
+        row_update.rowwise_adagrad_update(weight, acc, r, gr, 0.1, 1e-8, count=zero)
+        row_update.adam_update(weight, m, v, r, gr, 0.1, 0.9, 0.999, 1e-8, count=zero)
     for a, b in zip((weight, acc, m, v), before):
         assert torch.equal(a, b)
 
@@ -338,16 +338,16 @@ def test_padded_step_equals_synced_step(opt):
     weight = torch.randn(ROWS, 16)
     acc, m, v = torch.rand(ROWS), torch.randn(ROWS, 16), torch.rand(ROWS, 16)
     states = [[t.clone() for t in (weight, acc, m, v)] for _ in range(2)]
-    synced = triton_ops._segment_grads(grad, rows, bags, scale, 4)
-    padded = triton_ops._segment_grads_padded(grad, rows, bags, scale, 4)
+    synced = segment._segment_grads(grad, rows, bags, scale, 4)
+    padded = segment._segment_grads_padded(grad, rows, bags, scale, 4)
     for (w, a, mm, vv), (r, gr, *c) in zip(states, (synced, padded)):
         count = c[0] if c else None
         if opt == "sgd":
-            triton_ops.sgd_update(w, r, gr, 0.05, count=count)
+            row_update.sgd_update(w, r, gr, 0.05, count=count)
         elif opt == "adagrad":
-            triton_ops.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=count)
+            row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=count)
         else:
-            triton_ops.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=count)
+            row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=count)
     for a, b in zip(*states):
         assert torch.equal(a, b)
 
@@ -358,7 +358,7 @@ def test_bf16_rounds_to_nearest_even():
     weight = torch.ones(1, 4, dtype=torch.bfloat16)
     # 1 + k * 2^-9 around the tie between 1 and 1 + 2^-7 (bf16's ulp at 1)
     grads = -torch.tensor([[1.0, 2.0, 3.0, 2.0 + 2**-12]]) * 2**-9
-    triton_ops.sgd_update(weight, torch.tensor([0]), grads, 1.0)
+    row_update.sgd_update(weight, torch.tensor([0]), grads, 1.0)
     want = (torch.ones(1, 4) - grads).bfloat16()
     assert torch.equal(weight, want)
 
@@ -368,28 +368,28 @@ def test_updates_with_no_rows_do_nothing():
     m, v = torch.zeros(4, 3), torch.zeros(4, 3)
     before = weight.clone()
     none, no_grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, 3)
-    triton_ops.sgd_update(weight, none, no_grads, 0.1)
-    triton_ops.rowwise_adagrad_update(weight, acc, none, no_grads, 0.1, 1e-8)
-    triton_ops.adam_update(weight, m, v, none, no_grads, 0.1, 0.9, 0.999, 1e-8)
+    row_update.sgd_update(weight, none, no_grads, 0.1)
+    row_update.rowwise_adagrad_update(weight, acc, none, no_grads, 0.1, 1e-8)
+    row_update.adam_update(weight, m, v, none, no_grads, 0.1, 0.9, 0.999, 1e-8)
     assert torch.equal(weight, before)
 
 
 def test_available_follows_environment(monkeypatch):
     t = torch.zeros(1)
-    assert triton_ops.available(t)
+    assert dispatch.available(t)
     monkeypatch.setenv("HYBRIDREC_KERNELS", "torch")
-    assert not triton_ops.available(t)
+    assert not dispatch.available(t)
     monkeypatch.delenv("HYBRIDREC_KERNELS")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not triton_ops.available(t)  # CPU tensors need the interpreter
+    assert not dispatch.available(t)  # CPU tensors need the interpreter
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        triton_ops.sgd_update(torch.zeros(2, 2), torch.tensor([0]), torch.zeros(1, 2), 0.1)
+        row_update.sgd_update(torch.zeros(2, 2), torch.tensor([0]), torch.zeros(1, 2), 0.1)
 
 
 def test_kernels_are_jitted_per_mode():
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert isinstance(triton_ops._kernels().pool_kernel, InterpretedFunction)
+    assert isinstance(_common.jitted(lookup._pool_kernel), InterpretedFunction)
 
 
 def _bad(match: str, fn, *args) -> None:
@@ -400,32 +400,32 @@ def _bad(match: str, fn, *args) -> None:
 def test_bad_inputs_raise_clear_errors():
     w, rows, offsets = torch.randn(10, 4), torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
     grads, acc = torch.zeros(3, 4), torch.zeros(10)
-    lookup = triton_ops.pooled_lookup
-    _bad("weight must be \\[R, D\\] fp32/bf16/fp16", lookup, w.double(), rows, offsets, None, 2)
-    _bad("weight must be \\[R, D\\]", lookup, torch.randn(10), rows, offsets, None, 2)
-    _bad("weight must be contiguous", lookup, w.t(), rows, offsets, None, 2)
-    _bad("rows must be a 1-d int64", lookup, w, rows.int(), offsets, None, 2)
-    _bad("offsets must have 3 entries", lookup, w, rows, offsets[:2], None, 2)
-    _bad("scale must be \\[3\\] fp32", lookup, w, rows, offsets, torch.ones(2), 2)
-    _bad("scale must be \\[3\\] fp32", lookup, w, rows, offsets, torch.ones(3).double(), 2)
-    _bad("num_bags must be >= 0", lookup, w, rows, offsets, None, -1)
+    pooled = lookup.pooled_lookup
+    _bad("weight must be \\[R, D\\] fp32/bf16/fp16", pooled, w.double(), rows, offsets, None, 2)
+    _bad("weight must be \\[R, D\\]", pooled, torch.randn(10), rows, offsets, None, 2)
+    _bad("weight must be contiguous", pooled, w.t(), rows, offsets, None, 2)
+    _bad("rows must be a 1-d int64", pooled, w, rows.int(), offsets, None, 2)
+    _bad("offsets must have 3 entries", pooled, w, rows, offsets[:2], None, 2)
+    _bad("scale must be \\[3\\] fp32", pooled, w, rows, offsets, torch.ones(2), 2)
+    _bad("scale must be \\[3\\] fp32", pooled, w, rows, offsets, torch.ones(3).double(), 2)
+    _bad("num_bags must be >= 0", pooled, w, rows, offsets, None, -1)
 
-    seg = triton_ops.segment_grads
+    seg = segment.segment_grads
     _bad("grad_pooled must be \\[B, D\\]", seg, torch.zeros(2, 4).long(), rows, rows, None)
     _bad("bags must have 3 entries", seg, torch.zeros(2, 4), rows, rows[:2], None)
     _bad("bags must be a 1-d int64", seg, torch.zeros(2, 4), rows, rows.float(), None)
-    pad = triton_ops.segment_grads_padded
+    pad = segment.segment_grads_padded
     _bad("grad_pooled must be \\[B, D\\]", pad, torch.zeros(2, 4).long(), rows, rows, None)
     _bad("bags must have 3 entries", pad, torch.zeros(2, 4), rows, rows[:2], None)
     _bad("scale must be \\[3\\] fp32", pad, torch.zeros(2, 4), rows, rows, torch.ones(2))
     bad_counts = (torch.tensor([3], dtype=torch.int32), torch.tensor([3, 3]))
     for count in bad_counts:
         with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            triton_ops.sgd_update(w, rows, grads, 0.1, count=count)
+            row_update.sgd_update(w, rows, grads, 0.1, count=count)
         with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            triton_ops.rowwise_adagrad_update(w, acc, rows, grads, 0.1, 1e-8, count=count)
+            row_update.rowwise_adagrad_update(w, acc, rows, grads, 0.1, 1e-8, count=count)
         with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            triton_ops.adam_update(
+            row_update.adam_update(
                 w,
                 torch.zeros(10, 4),
                 torch.zeros(10, 4),
@@ -438,12 +438,12 @@ def test_bad_inputs_raise_clear_errors():
                 count=count,
             )
 
-    _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads[:2], 0.1)
-    _bad("grads must be \\[3, 4\\] fp32", triton_ops.sgd_update, w, rows, grads.double(), 0.1)
-    ada = triton_ops.rowwise_adagrad_update
+    _bad("grads must be \\[3, 4\\] fp32", row_update.sgd_update, w, rows, grads[:2], 0.1)
+    _bad("grads must be \\[3, 4\\] fp32", row_update.sgd_update, w, rows, grads.double(), 0.1)
+    ada = row_update.rowwise_adagrad_update
     _bad("acc must be \\[10\\] fp32", ada, w, acc[:5], rows, grads, 0.1, 1e-8)
     _bad("row_sq_mean must be \\[3\\] fp32", ada, w, acc, rows, grads, 0.1, 1e-8, acc)
-    adam = triton_ops.adam_update
+    adam = row_update.adam_update
     m = torch.zeros(10, 4)
     _bad("exp_avg must be \\[10, 4\\] fp32", adam, w, m[:5], m, rows, grads, 0.1, 0.9, 0.99, 1e-8)
     _bad(

@@ -2,7 +2,7 @@
 training through the torch ops: sharding=none and host-resident tables, every optimizer.
 
 Tolerance: the kernels sum pooled rows and per-row gradients in another order than torch's
-ops (see tests/unit/test_triton_ops.py), so results agree to float32 round-off.
+ops (see tests/unit/test_dispatch.py), so results agree to float32 round-off.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridrec.distributed import DistEnv
-from hybridrec.sparse import triton_ops
+from hybridrec.kernels import dispatch
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 from tests.distributed.test_equivalence import make_cfg
@@ -25,7 +25,7 @@ STEPS = 3
 def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     yield
-    triton_ops.set_kernels("auto")
+    dispatch.set_kernels("auto")
 
 
 def _train(cfg) -> tuple[list[float], list[torch.Tensor]]:
@@ -44,7 +44,7 @@ def test_triton_kernels_train_like_torch_ops(interpreter, sparse):
     ref_losses, ref_state = _train(cfg)
     cfg.train.kernels = "triton"
     losses, state = _train(cfg)
-    assert triton_ops.available(torch.zeros(1))  # the kernels really ran (interpreted)
+    assert dispatch.available(torch.zeros(1))  # the kernels really ran (interpreted)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     for a, b in zip(state, ref_state, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -73,7 +73,7 @@ def test_host_cache_through_triton_kernels(interpreter):
 def test_triton_mode_is_refused_where_it_cannot_run(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="train.kernels=triton needs a CUDA device"):
-        triton_ops.set_kernels("triton", torch.device("cpu"))
+        dispatch.set_kernels("triton", torch.device("cpu"))
     with pytest.raises(ValueError, match="is not one of: auto, torch, triton"):
-        triton_ops.set_kernels("cuda")
-    triton_ops.set_kernels("auto")
+        dispatch.set_kernels("cuda")
+    dispatch.set_kernels("auto")

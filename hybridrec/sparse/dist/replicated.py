@@ -18,7 +18,8 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, all_gather_rows, all_reduce_sum
 from hybridrec.sparse.costs import replica_sync
 from hybridrec.sparse.local import pooling_scale
-from hybridrec.sparse.fused import LookupInput, dedupe, regular_bags
+from hybridrec.kernels.segment import dedupe
+from hybridrec.sparse.fused import LookupInput, regular_bags
 from hybridrec.sparse.layout import ShardedLayout
 
 ReplicaInputs = dict[str, list[LookupInput]]  # replicated group key -> its tables' inputs

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
-from hybridrec.sparse.fused import LookupInput, dedupe
+from hybridrec.kernels.segment import dedupe
+from hybridrec.sparse.fused import LookupInput
 from hybridrec.sparse.layout import ShardedLayout
 
 

@@ -24,15 +24,16 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridrec.sparse import triton_ops
+from hybridrec.kernels import segment
+from hybridrec.kernels.lookup import pool
+from hybridrec.kernels.segment import Segments
 from hybridrec.sparse.costs import CACHE_META_BYTES, SLOT_BYTES
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, RowSqSource, _pool
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, RowSqSource
 from hybridrec.sparse.host import copies, policy
 from hybridrec.sparse.host.memory import GIB, _empty_host
 from hybridrec.sparse.host.prefetch import Background, PrefetchMixin, _Prefetched
 from hybridrec.sparse.host.stats import CacheStats
 from hybridrec.sparse.init import init_shard
-from hybridrec.sparse.triton_ops import Segments
 from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
 
 
@@ -209,7 +210,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
             self._protected = slots  # their backward is pending: never evict them before it
         with self._lock:
             self.stats.wait_s += time.perf_counter() - start
-        return _pool(self.cache_weight, slots_per_id, bags, scale, num_bags, out_dtype)
+        return pool(self.cache_weight, slots_per_id, bags, scale, num_bags, out_dtype)
 
     def _sorted_segments(self, rows: torch.Tensor) -> Segments | None:
         """The admission's sort of the very `rows` tensor of the lookup being updated (the
@@ -278,7 +279,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
             self.prefetched_lookups += 1
             self._count_admission()
             return ahead.per_id, ahead.slots
-        segments = triton_ops.sorted_segments(rows) if rows.numel() else None
+        segments = segment.sorted_segments(rows) if rows.numel() else None
         if self._training_lookup and not prefetch:
             self._segments = (rows, segments)
         uniq, inverse, counts, n_unique = policy.unique_padded(rows, segments)

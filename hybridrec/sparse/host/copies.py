@@ -1,7 +1,7 @@
 """The two ways rows move between host tensors and a device cache (`sharding.host_copy`).
 
 `kernel`: a GPU kernel reads and writes the pinned host rows directly through unified
-addressing (hybridrec.sparse.host_copy): no CPU work, and a write-back skips entries whose
+addressing (hybridrec.kernels.host_copy): no CPU work, and a write-back skips entries whose
 row is -1, so clean victims need no host sync to be left out. `staged`: a CPU gather into a
 pinned buffer, then one DMA copy (a write-back the reverse; it syncs for the CPU side).
 `auto`: the kernel where it can run, and on CUDA whichever of the two fills faster, timed
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridrec.sparse import host_copy
+from hybridrec.kernels import host_copy
+from hybridrec.kernels.host_copy import copy_rows
 from hybridrec.sparse.host.memory import _empty_host
-from hybridrec.sparse.host_copy import copy_rows
 
 log = logging.getLogger("hybridrec")
 
@@ -33,7 +33,7 @@ Pairs = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
 def _choose_copy(mode: str, device: torch.device, pinned: bool) -> bool:
-    """Whether rows move by the UVA kernel (hybridrec.sparse.host_copy) rather than staged
+    """Whether rows move by the UVA kernel (hybridrec.kernels.host_copy) rather than staged
     copies: `sharding.host_copy` auto = the kernel where it works (CUDA, pinned tables; the
     group then also times both and keeps the faster)."""
     if mode not in HOST_COPY_MODES:

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from hybridrec.sparse import host_copy
+from hybridrec.kernels import host_copy
 
 GIB = 1 << 30
 

@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from hybridrec.sparse import triton_ops
-from hybridrec.sparse.triton_ops import Segments
+from hybridrec.kernels import segment
+from hybridrec.kernels.segment import Segments
 
 
 def unique_padded(
@@ -29,10 +29,10 @@ def unique_padded(
     """torch.unique(rows, return_inverse=True, return_counts=True) without a host sync:
     (distinct rows [N] ascending, inverse [N], counts [N], U [] on the device). Entries past
     U repeat the largest row with count 0, so they index valid rows and add nothing.
-    `segments`: triton_ops.sorted_segments(rows), when made already."""
+    `segments`: segment.sorted_segments(rows), when made already."""
     if rows.numel() == 0:
         return rows, rows, rows, torch.zeros((), dtype=torch.int64, device=rows.device)
-    perm, seg, uniq = segments if segments is not None else triton_ops.sorted_segments(rows)
+    perm, seg, uniq = segments if segments is not None else segment.sorted_segments(rows)
     inverse = torch.empty_like(seg).index_put_((perm,), seg)
     counts = torch.zeros_like(seg).index_add_(0, seg, torch.ones_like(seg))
     return uniq, inverse, counts, seg[-1] + 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridrec.sparse.triton_ops import Segments
+from hybridrec.kernels.segment import Segments
 
 
 @dataclass
@@ -32,7 +32,7 @@ class _Prefetched:
     per_id: torch.Tensor  # [N] slot of each id
     slots: torch.Tensor  # [U] slots of the distinct rows
     evictions: int
-    segments: Segments | None  # triton_ops.sorted_segments(rows), for the backward too
+    segments: Segments | None  # kernels.segment.sorted_segments(rows), for the backward too
 
     def made(self) -> list[torch.Tensor]:
         """The tensors the admission made (on the side stream, when it ran there)."""

@@ -3,14 +3,14 @@
 `copy_rows(src, src_rows, dst, dst_rows)`: dst[dst_rows[i]] = src[src_rows[i]] for every i,
 one Triton program per block of rows. With CUDA's unified addressing a pinned host tensor is
 readable and writable from a kernel, so a cache fill is one kernel reading the rows straight
-over PCIe (sorted rows read faster than random ones) and a
-write-back one kernel writing them: no CPU gather, no staging buffer, no copy of the row ids
-to the host. The alternative (`host.HostCachedEmbedding`'s staged path) gathers on the CPU
-into a pinned buffer and copies it; `sharding.host_copy` chooses (auto: the kernel when it
-works on this machine, checked once by `kernel_works`).
+over PCIe (sorted rows read faster than random ones) and a write-back one kernel writing
+them: no CPU gather, no staging buffer, no copy of the row ids to the host. The alternative
+(the host cache's staged path) gathers on the CPU into a pinned buffer and copies it;
+`sharding.host_copy` chooses (auto: the kernel when it works on this machine, checked once by
+`kernel_works`). `pinned_empty` makes host tables the kernel can use.
 
-Like the other kernels (hybridrec.sparse.triton_ops) it is jitted on first use per mode, uses
-builtins only, and runs in Triton's CPU interpreter (TRITON_INTERPRET=1) for tests.
+Like the other kernels it is jitted on first use per mode, uses builtins only, and runs in
+Triton's CPU interpreter (TRITON_INTERPRET=1) for tests.
 
 Legend: M = rows copied, D = width (a 1-D state tensor is treated as [R, 1]).
 """
@@ -23,7 +23,10 @@ import weakref
 import numpy as np
 import torch
 
-from hybridrec.sparse.triton_ops import _interpreting, tl, triton
+from hybridrec.kernels import _common
+
+# _interpreting: the host cache asks whether kernels run interpreted (on CPU tensors)
+from hybridrec.kernels._common import _interpreting, tl, triton  # noqa: F401
 
 BLOCK_ROWS = 16
 _REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped (kernels address it)
@@ -82,16 +85,6 @@ def _copy_kernel(
         tl.store(dst + d[:, None] * width + c[None, :], vals, mask=ok)
 
 
-_JITTED: dict[bool, object] = {}
-
-
-def _kernel():  # noqa: ANN202
-    mode = _interpreting()
-    if mode not in _JITTED:
-        _JITTED[mode] = triton.jit(_copy_kernel)
-    return _JITTED[mode]
-
-
 def copy_rows(
     src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor
 ) -> None:
@@ -119,7 +112,9 @@ def copy_rows(
     width = 1 if src.dim() == 1 else src[0].numel()
     block_d = min(128, triton.next_power_of_2(width))
     grid = (triton.cdiv(n, BLOCK_ROWS),)
-    _kernel()[grid](src, src_rows, dst, dst_rows, n, width, BLOCK_R=BLOCK_ROWS, BLOCK_D=block_d)
+    _common.jitted(_copy_kernel)[grid](
+        src, src_rows, dst, dst_rows, n, width, BLOCK_R=BLOCK_ROWS, BLOCK_D=block_d
+    )
 
 
 _WORKS: dict[int, bool] = {}

@@ -1,0 +1,12 @@
+"""Embedding kernels: Triton kernels and the torch ops they replace, one module per concern.
+
+- dispatch: which path runs (`train.kernels`: set_kernels, use_kernels, available)
+- lookup: pooled lookup (`pool`: the Triton kernel, or torch's embedding_bag / index_add_)
+- segment: gradient dedupe per distinct row (`dedupe`, the sync-free `segment_grads_padded`)
+- row_update: SGD / row-wise Adagrad / Adam on the touched rows, and the torch write-back
+- host_copy: row copies between pinned host memory and the device (UVA kernel)
+- _common: the triton import, per-mode jitting, argument checks, the one rounding to bf16/fp16
+
+Imports nothing else of hybridrec: embedding storage (hybridrec.sparse) and the row
+optimizers (hybridrec.optim) both build on it.
+"""
