@@ -209,21 +209,14 @@ def _check(c: Config, world_size: int) -> None:
     _positive("data.zipf_exponent", c.data.zipf_exponent)
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
-    uneven = [
-        (key, b)
-        for key, b in (
-            ("train.batch_size", c.train.batch_size),
-            ("eval.batch_size", c.eval.batch_size),
-        )
-        if b % world_size
-    ]
-    if uneven:  # both at once, not one per attempt
-        keys = " and ".join(f"{key}={b}" for key, b in uneven)
-        fix = " ".join(f"{key}={b - b % world_size or world_size}" for key, b in uneven)
+    # eval.batch_size need not divide: ranks pad their slices and the evaluator masks them
+    b = c.train.batch_size
+    if b % world_size:
+        down, up = b - b % world_size, b + world_size - b % world_size
+        fits = f"{down} or {up}" if down else str(up)
         raise ValueError(
-            f"{keys} {'is the global batch' if len(uneven) == 1 else 'are global batches'} "
-            f"and must be divisible by the world size {world_size} (every rank takes an equal "
-            f"slice); try {fix}"
+            f"train.batch_size={b} is the global batch and must be divisible by the world size "
+            f"{world_size} (every rank takes an equal slice); try train.batch_size={fits}"
         )
 
 

@@ -30,7 +30,15 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from hybridrec.data.loader import BatchSource, Prefetcher, epoch_limit, pin_default, pinned
+from hybridrec.data.loader import (
+    BatchSource,
+    Prefetcher,
+    epoch_limit,
+    padded,
+    pin_default,
+    pinned,
+    rank_span,
+)
 from hybridrec.types import Batch
 
 OK, END, ERROR = 0, 1, 2
@@ -86,8 +94,7 @@ class BroadcastLoader:
         prefetch: int = 2,
         pin_memory: bool | None = None,
     ) -> None:
-        if batch_size % world_size:
-            raise ValueError(f"batch size {batch_size} is not divisible by {world_size} ranks")
+        self.lo, self.hi, self.n = rank_span(batch_size, world_size, rank, split)
         if world_size > 1 and group is None:
             raise ValueError("data.loader=broadcast with several ranks needs a process group")
         self.source, self.rank, self.world, self.group = source, rank, world_size, group
@@ -183,8 +190,7 @@ class BroadcastLoader:
         return Batch(views.dense.clone(), views.ids.to(torch.int64), views.labels.clone())
 
     def _slice(self, batch: Batch) -> Batch:
-        n = batch.size // self.world
-        return batch.slice(self.rank * n, (self.rank + 1) * n)
+        return padded(batch.slice(self.lo, self.hi), self.n)
 
     def close(self) -> None:
         if self._prefetch is not None:

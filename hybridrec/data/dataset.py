@@ -111,7 +111,7 @@ class Dataset:
                 f"{first_bad * m.block_rows}..) onward is incomplete. Re-run hybridrec-preprocess"
             )
         self._offsets[name] = offset
-        return np.load(path, mmap_mode="r")
+        return np.load(path, mmap_mode="r", allow_pickle=False)
 
     # -- splits ---------------------------------------------------------------------------
     def split(self, name: str) -> tuple[int, int]:

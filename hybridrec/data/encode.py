@@ -104,10 +104,12 @@ class VocabEncoder:
 
     def __init__(self, vocab_dir: Path, num_tables: int) -> None:
         self.values = [
-            np.load(vocab_dir / f"cat_{t}.values.npy", mmap_mode="r") for t in range(num_tables)
+            np.load(vocab_dir / f"cat_{t}.values.npy", mmap_mode="r", allow_pickle=False)
+            for t in range(num_tables)
         ]
         self.ids = [
-            np.load(vocab_dir / f"cat_{t}.ids.npy", mmap_mode="r") for t in range(num_tables)
+            np.load(vocab_dir / f"cat_{t}.ids.npy", mmap_mode="r", allow_pickle=False)
+            for t in range(num_tables)
         ]
 
     def encode(self, cat: np.ndarray, missing: np.ndarray) -> np.ndarray:

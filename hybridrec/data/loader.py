@@ -9,9 +9,11 @@ global batch, read without the rest (file sources do; per-rank loaders use it).
 A *loader* walks a source from a start step and yields this rank's contiguous slice of each
 global batch (rank r of W gets samples [r*B/W, (r+1)*B/W)), so every rank runs the same
 number of steps and the union of the slices is exactly the global batch the single-process
-reference sees. `position` is the next step, which is all a checkpoint needs to resume. The
-train split never ends; any other split with a finite `steps_per_epoch` ends (StopIteration)
-after one pass, so evaluation covers it once and never wraps.
+reference sees. A split other than train may have a batch that W does not divide: every rank
+then gets n = ceil(B/W) samples, the last ones padded with zero rows past the batch's end
+(`rank_span`; the evaluator masks them out). `position` is the next step, which is all a
+checkpoint needs to resume. The train split never ends; any other split with a finite
+`steps_per_epoch` ends (StopIteration) after one pass, so evaluation covers it once.
 
 Two loaders (data.loader): SliceLoader ("per_rank", here) reads every rank's own slice;
 BroadcastLoader ("broadcast", hybridrec.data.broadcast) reads on rank 0 and broadcasts. Both
@@ -25,6 +27,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import torch
+
 from hybridrec.types import Batch
 
 # data.loader: every rank reads its own slice | rank 0 reads and broadcasts
@@ -35,6 +39,30 @@ class BatchSource(Protocol):
     def batch(self, step: int, batch_size: int, split: str = "train") -> Batch: ...
 
     def steps_per_epoch(self, batch_size: int, split: str = "train") -> int | None: ...
+
+
+def rank_span(batch_size: int, world_size: int, rank: int, split: str) -> tuple[int, int, int]:
+    """(lo, hi, n): this rank keeps samples [lo, hi) of a global batch, padded to n.
+
+    n = ceil(B/W) on every rank; only a split other than train may leave W not dividing B
+    (a training batch must split evenly: the optimizer step averages equal slices)."""
+    if batch_size % world_size and split == "train":
+        raise ValueError(f"batch size {batch_size} is not divisible by {world_size} ranks")
+    n = -(-batch_size // world_size)
+    lo = min(rank * n, batch_size)
+    return lo, min(lo + n, batch_size), n
+
+
+def padded(batch: Batch, n: int) -> Batch:
+    """`batch` with zero samples appended up to n (ids 0 exist in every table)."""
+    extra = n - batch.size
+    if extra <= 0:
+        return batch
+    return Batch(
+        torch.cat([batch.dense, batch.dense.new_zeros(extra, *batch.dense.shape[1:])]),
+        torch.cat([batch.ids, batch.ids.new_zeros(extra, *batch.ids.shape[1:])]),
+        torch.cat([batch.labels, batch.labels.new_zeros(extra, *batch.labels.shape[1:])]),
+    )
 
 
 def epoch_limit(source: BatchSource, batch_size: int, split: str) -> int | None:
@@ -119,8 +147,6 @@ class Prefetcher:
 
 def pin_default() -> bool:
     """Pin host batches when there is a GPU to copy them to."""
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -142,12 +168,9 @@ class SliceLoader:
         prefetch: int = 0,
         pin_memory: bool | None = None,
     ) -> None:
-        if batch_size % world_size:
-            raise ValueError(f"batch size {batch_size} is not divisible by {world_size} ranks")
+        self.lo, self.hi, self.n = rank_span(batch_size, world_size, rank, split)
         self.source, self.rank, self.world = source, rank, world_size
         self.batch_size, self.split, self.position = batch_size, split, start_step
-        n = batch_size // world_size
-        self.lo, self.hi = rank * n, (rank + 1) * n
         self.pin = pin_default() if pin_memory is None else pin_memory
         self._prefetch = Prefetcher(
             self._read, start_step, epoch_limit(source, batch_size, split), prefetch
@@ -158,12 +181,8 @@ class SliceLoader:
         if slice_batch is not None:
             batch = slice_batch(step, self.batch_size, self.split, self.lo, self.hi)
         else:
-            batch = self.local_slice(self.source.batch(step, self.batch_size, self.split))
-        return pinned(batch, self.pin)
-
-    def local_slice(self, batch: Batch) -> Batch:
-        n = batch.size // self.world
-        return batch.slice(self.rank * n, (self.rank + 1) * n)
+            batch = self.source.batch(step, self.batch_size, self.split).slice(self.lo, self.hi)
+        return pinned(padded(batch, self.n), self.pin)
 
     def __iter__(self) -> Iterator[Batch]:
         return self

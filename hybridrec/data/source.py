@@ -127,8 +127,16 @@ class BinarySource:
         path = self.dataset.path / stats.counts_file
         if not stats.counts_file or not path.is_file():
             return None
-        with np.load(path) as f:
-            ids, counts = f["ids"], f["counts"]
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                ids, counts = f["ids"], f["counts"]
+        except ValueError as e:
+            if "allow_pickle" not in str(e):
+                raise
+            raise ValueError(
+                f"{path}: refused: it holds a numpy object array (pickled Python objects), "
+                "not integer ids and counts; nothing in it was run. Re-run hybridrec-preprocess"
+            ) from None
         dense = np.zeros(stats.num_embeddings, dtype=np.int64)
         dense[ids] = counts
         return dense

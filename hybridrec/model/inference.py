@@ -9,18 +9,24 @@ fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dens
 float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
 tables' hotness, each table's ids in its columns. Move it with `.to(device)`; it is an
 ordinary module (torch.compile, torch.export and TorchScript tracing apply).
+
+Loading reads data only: the file's tensors, and its model config as settings (the fields
+of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported,
+called or built; a file holding anything else is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from hybridrec.config import ModelConfig
+from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DenseArch
+from hybridrec.safeload import load_tensors
 from hybridrec.types import hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
@@ -56,20 +62,46 @@ class InferenceDLRM(nn.Module):
         return torch.sigmoid(self(dense, ids))
 
 
+def model_config(path: Path, text: object) -> ModelConfig:
+    """The model config an export carries: a JSON object of ModelConfig fields with a
+    registered `arch`. Anything else (a Hydra `_target_`, an unknown architecture) is
+    refused naming the file: a file names settings, never code to build."""
+    try:
+        d = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        d = None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: model_config is not a JSON object of model settings; refused")
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(ModelConfig)})
+    if unknown:
+        raise ValueError(
+            f"{path}: model_config keys {unknown} are not model settings; refused (an export "
+            "carries settings, never code to build)"
+        )
+    arch = d.get("arch", ModelConfig.arch)
+    if arch not in ARCHS:
+        raise ValueError(
+            f"{path}: model_config arch {arch!r} is not one of {', '.join(ARCHS)}; refused"
+        )
+    return ModelConfig(**d)
+
+
 def load_export(path: str | Path, cfg: ModelConfig | None = None) -> InferenceDLRM:
     """The model in a hybridrec-export file. `cfg`: the model config, needed only for files
     written before exports carried it; shapes are checked either way."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such exported model (write one with hybridrec-export)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_tensors(path)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: holds a {type(state).__name__}, not an exported state dict")
     if cfg is None:
         if MODEL_CONFIG_KEY not in state:
             raise ValueError(
                 f"{path} carries no model config (exported by an older hybridrec); pass the "
                 "model config: load_export(path, cfg.model)"
             )
-        cfg = ModelConfig(**json.loads(state[MODEL_CONFIG_KEY]))
+        cfg = model_config(path, state[MODEL_CONFIG_KEY])
     model = InferenceDLRM(cfg)
     weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}

@@ -4,6 +4,13 @@ Each rank scores its slice of every global eval batch; the logits, labels and a 
 sample" mask are gathered from all ranks and the metrics (hybridrec.train.metrics) computed
 once over the whole set. A file split's last batch is filled by wrapping around to its start;
 samples at global positions past the split's rows are masked out, so every row counts once.
+An eval batch that the world size does not divide reaches each rank padded to ceil(B/W)
+samples (hybridrec.data.loader.rank_span); the padding is masked out too, so the metrics are
+those of the single-process reference whatever the world size.
+
+`chunk` bounds the samples one forward takes: host caches hold one training batch's rows, so
+a model with one evaluates in chunks of the local training batch (the same count of chunks on
+every rank, since every rank holds the same number of samples).
 """
 
 from __future__ import annotations
@@ -31,22 +38,26 @@ def evaluate(
     split_rows: int | None,
     autocast: torch.autocast,
     check_inputs: Callable[[], None],
+    chunk: int | None = None,
 ) -> dict[str, float]:
     """Metrics over `batches` global batches of `batch_size` (None: the whole split of
     `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
     model.eval()
     world = env.world_size
-    local_batch = batch_size // world
+    local_batch = -(-batch_size // world)
     first = env.rank * local_batch + torch.arange(local_batch, device=env.device)
+    in_batch = first < batch_size  # False: padding past an uneven batch's end
     limit = split_rows if split_rows is not None else math.inf
     logits, labels, real = [], [], []
     try:
         for step, batch in enumerate(itertools.islice(loader, batches)):
             batch = batch.to(env.device)
             with autocast:
-                logits.append(model(batch.dense, batch.ids).float())
+                for lo in range(0, batch.size, chunk or batch.size):
+                    part = batch.slice(lo, lo + (chunk or batch.size))
+                    logits.append(model(part.dense, part.ids).float())
             labels.append(batch.labels)
-            real.append(first + step * batch_size < limit)
+            real.append(in_batch & (first + step * batch_size < limit))
     finally:
         loader.close()  # type: ignore[attr-defined]
     check_inputs()  # no metrics from batches with bad ids

@@ -20,8 +20,11 @@ from torch import nn
 from hybridrec.config import Config
 from hybridrec.distributed.env import DistEnv
 from hybridrec.train.checkpoint import (
+    CorruptCheckpointError,
     TrainState,
+    check_matches,
     init_from_export,
+    intact_before,
     load_checkpoint,
     model_signature,
     read_manifest,
@@ -47,6 +50,15 @@ def stream(cfg: Config) -> dict[str, Any]:
         "data.teacher_scale": d.teacher_scale,
         "data.label_noise": d.label_noise,
     }
+
+
+def check_resume(cfg: Config) -> None:
+    """Before the model is built: the checkpoint a resume would load holds this model's
+    tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
+    path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
+    if path is not None:
+        tables = list(cfg.model.tables())
+        check_matches(path, tables, cfg.optim.sparse.name, cfg.optim.dense.name)
 
 
 class Checkpointer:
@@ -82,7 +94,17 @@ class Checkpointer:
                 )
                 log.info("initialised weights from %s", self.cfg.model.init_from)
             return 0, 0
-        state = load_checkpoint(path, self.model, self.dense_opt, self.signature, ck.verify)
+        try:
+            state = load_checkpoint(path, self.model, self.dense_opt, self.signature, ck.verify)
+        except CorruptCheckpointError as e:
+            older = intact_before(path)
+            if not older:
+                raise
+            names = ", ".join(p.name for p in older[:3]) + (" ..." if len(older) > 3 else "")
+            raise CorruptCheckpointError(
+                f"{e}; older intact checkpoints: {names}: resume from the newest with "
+                f"checkpoint.resume={older[0]} (or move {path} away)"
+            ) from None
         log.info("resumed from %s at step %d", path, state.step)
         saved = state.extra.get("stream")
         changed = [

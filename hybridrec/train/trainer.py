@@ -44,7 +44,7 @@ from hybridrec.train.loggers import NullLogger, truncate_metrics
 from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
-from hybridrec.train.resume import Checkpointer
+from hybridrec.train.resume import Checkpointer, check_resume
 from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
@@ -59,6 +59,7 @@ class Trainer:
         self.source = build_source(cfg)
         if cfg.train.epochs is not None:
             cfg.train.steps = steps_for_epochs(cfg.train.epochs, self.source, cfg.train.batch_size)
+        check_resume(cfg)  # a checkpoint of another model is refused before any allocation
         self.model, self.plan = build_model(cfg, env)
         self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
         self.dense_opt = build_dense_optimizer(
@@ -208,6 +209,8 @@ class Trainer:
                 self._eval_rows(),
                 self.autocast,
                 self.check_inputs,
+                # host caches hold one training batch's rows: evaluate in chunks that fit
+                self.local_batch if any(m.prefetches for m in self.embeddings) else None,
             )
 
     def _eval_rows(self) -> int | None:
@@ -368,6 +371,10 @@ class Trainer:
                         step,
                     )
                     stop = True
+            saved = False
+            if (ck_every and step % ck_every == 0) or step == steps or preempted:
+                self.save()  # before evaluating: an error there cannot cost the training
+                saved = True
             if not preempted and ((every and step % every == 0) or step == steps):
                 final_eval = self.evaluate()
                 if final_eval:
@@ -377,7 +384,7 @@ class Trainer:
                     if target is not None and final_eval["auc"] >= target:
                         log.info("reached eval.target_auc=%.5f at step %d: stopping", target, step)
                         stop = True
-            if (ck_every and step % ck_every == 0) or step == steps or stop:
+            if stop and not saved:
                 self.save()
             if (every and step % every == 0) or step == steps or stop:
                 self.timer.report(1)

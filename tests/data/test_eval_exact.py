@@ -1,6 +1,8 @@
 """Evaluation covers a file split exactly: every row once, whatever the eval batch size and
 world size. The last batch wraps around to fill up, and the wrapped samples are masked out,
-so the metrics equal those of one batch holding the whole val split (20 rows here)."""
+so the metrics equal those of one batch holding the whole val split (20 rows here). An eval
+batch the world size does not divide is padded per rank and masked the same way; a host cache
+sized for the training batch evaluates a larger eval batch in chunks."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ from tests.data.test_train_criteo import _cfg
 from tests.distributed.harness import spawn
 
 
-def _evaluate(env: DistEnv, path: str, sharding: str, loader: str, eval_batch: int, batches):  # noqa: ANN001
+def _evaluate(  # noqa: ANN001
+    env: DistEnv, path: str, sharding: str, loader: str, eval_batch: int, batches, train_batch=24
+):
     torch.set_num_threads(1)
     cfg = _cfg(path, sharding, loader, env.world_size)
     cfg.eval.batch_size, cfg.eval.batches = eval_batch, batches
+    # a host cache holds two training batches' ids per table (at train_batch=2 it holds 4)
+    cfg.sharding.cache_fraction, cfg.train.batch_size = 0.001, train_batch
     trainer = Trainer(cfg, env)
     for step in range(2):  # a trained model, not the initial one
         trainer.train_step(trainer.train_batch(step))
@@ -43,3 +49,26 @@ def test_whole_split_once_for_any_batch_size_and_world_size(sample_dataset):
         _same(got, whole)
     for got in spawn(2, _evaluate, path, "row_wise", "per_rank", 8, None):
         _same(got, whole)
+
+
+@pytest.mark.slow
+def test_eval_batch_need_not_split_over_ranks(sample_dataset):
+    """8 samples per eval batch on 3 ranks: slices of 3, 3 and 2 (+1 padding)."""
+    path = str(sample_dataset)
+    one = init_distributed("cpu")
+    whole = _evaluate(one, path, "none", "per_rank", 20, None)
+    first_two = _evaluate(one, path, "none", "per_rank", 8, 2)
+    assert first_two["eval_samples"] == 16
+    for got in spawn(3, _evaluate, path, "row_wise", "per_rank", 8, None):
+        _same(got, whole)
+    for got in spawn(3, _evaluate, path, "table_wise", "broadcast", 8, 2):
+        _same(got, first_two)
+
+
+def test_host_cache_sized_for_training_evaluates_a_larger_batch(sample_dataset):
+    """A cache that holds two training batches' rows (2 samples), not an eval batch's (20)."""
+    path = str(sample_dataset)
+    one = init_distributed("cpu")
+    whole = _evaluate(one, path, "none", "per_rank", 20, None, 2)
+    [got] = spawn(1, _evaluate, path, "host", "per_rank", 20, None, 2)
+    _same(got, whole)

@@ -11,6 +11,7 @@ import torch
 from hybridrec.distributed import init_distributed
 from hybridrec.train import checkpoint as ckpt
 from hybridrec.train.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from hybridrec.train.checkpoint import save as ckpt_save
 from hybridrec.train.health import NonFiniteLossError
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
@@ -47,16 +48,20 @@ def test_periodic_saves_rotate_and_resume_continues(tmp_path):
 def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
     t = _trainer(tmp_path, steps=2, every=2)
     t.fit()
-    real_write = ckpt._write
+    real_write = ckpt_save.write_file
 
     def full_disk(obj, path):
         if path.name == "dense.pt":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(obj, path)
 
-    monkeypatch.setattr(ckpt, "_write", full_disk)
+    monkeypatch.setattr(ckpt_save, "write_file", full_disk)
     t.step = 4
-    with pytest.raises(CheckpointError, match=r"No space left on device.*step_2 is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"No space left on device.*step_2 is intact: checkpoint.keep removes old "
+        r"checkpoints only after a save succeeds, so free space in",
+    ):
         t.save()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2"]
     assert not list(tmp_path.glob(".*.tmp"))
@@ -82,18 +87,62 @@ def test_corrupt_truncated_missing_files_are_named(tmp_path):
     assert list_checkpoints(tmp_path) == []
 
 
-def test_checkpoint_of_another_model_lists_differences(tmp_path):
+def test_checkpoint_of_another_model_lists_differences(tmp_path, monkeypatch):
     _trainer(tmp_path, steps=2, every=2).fit()
-    other = _trainer(
-        tmp_path, steps=4, num_embeddings_per_feature=[3, 40, 700, 5000, 999], bottom_mlp=[32, 8]
-    )
+    import hybridrec.train.trainer as trainer_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the checkpoint was checked")
+
+    with monkeypatch.context() as m:  # other tables: refused from the manifest, nothing built
+        m.setattr(trainer_module, "build_model", never)
+        with pytest.raises(
+            CheckpointError,
+            match=r"different model: table cat_4: checkpoint 20000x8, model 999x8; pick the model "
+            r"it was saved with",
+        ):
+            _trainer(tmp_path, steps=4, num_embeddings_per_feature=[3, 40, 700, 5000, 999])
+        with pytest.raises(  # many differences: the first four, then counts
+            CheckpointError, match=r"model: table cat_0: .*; and 1 more \(1 table\); pick the"
+        ):
+            _trainer(tmp_path, steps=4, num_embeddings_per_feature=[1, 2, 3, 4, 5])
+    other = _trainer(tmp_path, steps=4, bottom_mlp=[32, 8])  # same tables, other dense part
     with pytest.raises(
         CheckpointError,
-        match=r"(?s)different model.*table cat_4: checkpoint "
-        r"20000x8, model 999x8.*dense bottom.0.weight: checkpoint \[16, 13\], "
-        r"model \[32, 13\]",
+        match=r"different model: dense bottom.0.bias: checkpoint \[16\], model \[32\]; "
+        r"dense bottom.0.weight: checkpoint \[16, 13\], model \[32, 13\]",
     ):
         other.restore()
+
+
+def test_corrupt_newest_checkpoint_names_the_intact_older_ones(tmp_path):
+    _trainer(tmp_path, steps=6, every=2).fit()
+    shard = tmp_path / "step_6" / "shards_rank0.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as info:
+        _trainer(tmp_path, steps=8).restore()
+    msg = str(info.value)
+    assert "shards_rank0.pt is corrupt: sha256 differs" in msg and "\n" not in msg
+    assert "older intact checkpoints: step_4, step_2: resume from the newest with " in msg
+    assert f"checkpoint.resume={tmp_path / 'step_4'} (or move {tmp_path / 'step_6'} away)" in msg
+    t = _trainer(tmp_path, steps=8, resume=str(tmp_path / "step_4"))
+    t.restore()
+    assert t.step == 4
+
+
+def test_init_from_a_checkpoint_directory_names_the_export_command(tmp_path):
+    t = _trainer(tmp_path, steps=2, every=2)
+    t.fit()
+    with pytest.raises(CheckpointError) as info:
+        ckpt.init_from_export(tmp_path / "step_2", t.model, list(t.cfg.model.tables()))
+    assert str(info.value) == (
+        f"model.init_from='{tmp_path / 'step_2'}' is a checkpoint directory, not an export: "
+        f"resume from it with checkpoint.resume={tmp_path / 'step_2'} (weights and optimizer "
+        f"state), or write an export with `hybridrec-export {tmp_path / 'step_2'} model.pt` "
+        "and pass model.init_from=model.pt"
+    )
 
 
 def _nan_batch(t):
@@ -204,7 +253,7 @@ def test_real_full_disk_error_says_so(tmp_path, monkeypatch):
                 )
         return real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     t.step = 4
     with pytest.raises(
         CheckpointError,
@@ -250,7 +299,7 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(OSError, match="No space left on device"):
         ckpt.export_checkpoint(tmp_path / "ck" / "step_2", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "m.pt"]

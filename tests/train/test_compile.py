@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridrec.distributed import init_distributed
-from hybridrec.train.checkpoint import unwrap
+from hybridrec.train.checkpoint.format import unwrap
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
 

@@ -91,7 +91,7 @@ def _write_counts(work: Path, output: Path, sizes: list[int]) -> list[TableStats
         src = work / "vocab" / f"cat_{t}.counts.npz"
         dst = output / "counts" / f"cat_{t}.npz"
         shutil.copyfile(src, dst)
-        with np.load(dst) as z:
+        with np.load(dst, allow_pickle=False) as z:
             ids, counts = z["ids"], z["counts"]
         tables.append(
             TableStats(

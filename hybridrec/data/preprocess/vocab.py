@@ -23,12 +23,12 @@ def _build_vocabs(work: Path, metas: list[dict], parts: list[Path], min_count: i
     sizes = []
     missing = np.zeros(NUM_CAT, np.int64)
     for p in parts:
-        with np.load(p / "values.npz") as z:
+        with np.load(p / "values.npz", allow_pickle=False) as z:
             missing += z["missing"]
     for t in range(NUM_CAT):
         counter = SparseCounter(np.uint64)
         for p in parts:
-            with np.load(p / "values.npz") as z:
+            with np.load(p / "values.npz", allow_pickle=False) as z:
                 counter.add_counts(z[f"values_{t}"], z[f"counts_{t}"])
         values, counts = counter.result()
         v = build_vocab(values, counts, min_count)
@@ -47,7 +47,7 @@ def _merge_hash_counts(work: Path, parts: list[Path]) -> None:
     for t in range(NUM_CAT):
         counter = SparseCounter(np.int64)
         for p in parts:
-            with np.load(p / "counts.npz") as z:
+            with np.load(p / "counts.npz", allow_pickle=False) as z:
                 counter.add_counts(z[f"ids_{t}"], z[f"counts_{t}"])
         ids, counts = counter.result()
         np.savez(out / f"cat_{t}.counts.npz", ids=ids, counts=counts)

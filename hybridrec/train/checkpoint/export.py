@@ -1,0 +1,112 @@
+"""A checkpoint as one file with the full model (`hybridrec-export`), and warm starts from
+such a file (`model.init_from`). The file is a flat state dict: `embeddings.<table>.weight`
+[rows, dim], `dense.<module path>` and `model_config` (JSON); no optimizer state. Files
+are read as data only: one holding anything else is refused, and its code never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hybridrec.model.inference import MODEL_CONFIG_KEY
+from hybridrec.safeload import UnsafeFileError, load_tensors
+from hybridrec.sparse.api import embedding_modules
+from hybridrec.train.checkpoint.format import (
+    CheckpointError,
+    ShardFiles,
+    shard_views,
+    unwrap,
+    write_file,
+)
+from hybridrec.train.checkpoint.load import load_dense, read_manifest
+from hybridrec.types import TableConfig
+
+
+def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[str, list[int]]:
+    """One file with the full model state dict: `embeddings.<table>.weight` [rows, dim] and
+    the dense modules by module path (`dense.bottom.0.weight`, ...). Returns name -> shape."""
+    path = Path(path)
+    manifest = read_manifest(path, verify)
+    files = ShardFiles(path)
+    out: dict[str, torch.Tensor] = {}
+    for t in manifest["signature"]["tables"]:
+        full = torch.empty(t["num_rows"], t["dim"])
+        covered = 0
+        for s in (s for s in manifest["shards"] if s["table"] == t["name"]):
+            (r0, r1), (c0, c1) = s["rows"], s["cols"]
+            full[r0:r1, c0:c1] = files(s["file"])["shards"][s["index"]]["weight"]
+            covered += (r1 - r0) * (c1 - c0)
+        if covered != t["num_rows"] * t["dim"]:
+            raise CheckpointError(f"checkpoint {path} does not cover table {t['name']}")
+        out[f"embeddings.{t['name']}.weight"] = full
+    dense = load_dense(path)
+    out.update({f"dense.{k}": v for k, v in dense["model"].items()})
+    model_cfg = manifest.get("extra", {}).get("model")
+    if model_cfg is not None:  # so hybridrec.model.load_export needs nothing else
+        out[MODEL_CONFIG_KEY] = json.dumps(model_cfg)  # type: ignore[assignment]
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_file.with_name(out_file.name + ".tmp")
+    try:
+        write_file(out, tmp)
+        os.replace(tmp, out_file)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside the output
+        raise
+    return {k: list(v.shape) for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) -> None:
+    """Warm start: copy an exported state dict's weights into this rank's shards and dense
+    part (optimizer state starts fresh). Shapes must match; differences are listed."""
+    file = Path(file)
+    if (file / "manifest.json").is_file():
+        raise CheckpointError(
+            f"model.init_from={str(file)!r} is a checkpoint directory, not an export: resume "
+            f"from it with checkpoint.resume={file} (weights and optimizer state), or write an "
+            f"export with `hybridrec-export {file} model.pt` and pass model.init_from=model.pt"
+        )
+    if not file.is_file():
+        raise CheckpointError(f"model.init_from={str(file)!r}: no such file")
+    try:
+        state = load_tensors(file, mmap=True)
+    except UnsafeFileError as e:
+        raise CheckpointError(f"model.init_from={str(file)!r}: {e.reason}") from None
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(
+            f"model.init_from={str(file)!r}: cannot be read as a hybridrec-export file "
+            f"(truncated or another format?): {type(e).__name__}: {e}"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"model.init_from={str(file)!r}: holds a {type(state).__name__}, not the state dict "
+            "hybridrec-export writes"
+        )
+    diffs = []
+    for t in tables:
+        w = state.get(f"embeddings.{t.name}.weight")
+        if w is None:
+            diffs.append(f"embeddings.{t.name}.weight: missing from the file")
+        elif list(w.shape) != [t.num_rows, t.dim]:
+            diffs.append(
+                f"embeddings.{t.name}.weight: file {list(w.shape)}, model {[t.num_rows, t.dim]}"
+            )
+    dense = unwrap(model.dense)
+    dense_state = {k.removeprefix("dense."): v for k, v in state.items() if k.startswith("dense.")}
+    for k, v in dense.state_dict().items():
+        if k not in dense_state:
+            diffs.append(f"dense.{k}: missing from the file")
+        elif dense_state[k].shape != v.shape:
+            diffs.append(f"dense.{k}: file {list(dense_state[k].shape)}, model {list(v.shape)}")
+    if diffs:
+        raise CheckpointError(f"{file} does not fit this model:\n  " + "\n  ".join(diffs))
+    for spec, weight, _ in shard_views(embedding_modules(model)):
+        src = state[f"embeddings.{spec.table}.weight"]
+        weight.copy_(src[spec.row_start : spec.row_end, spec.col_start : spec.col_end])
+    dense.load_state_dict(dense_state, strict=False)

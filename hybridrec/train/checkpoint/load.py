@@ -1,0 +1,207 @@
+"""Loading a checkpoint under any sharding plan and world size.
+
+A load copies into each of this rank's shards the overlapping parts of the saved rectangles
+(shard files are memory-mapped, so a rank reads only what it needs) and checks that every
+cell was covered. Before anything is copied, the manifest's file sizes (and sha256 sums,
+unless `verify=False`) and the model signature are checked; every problem is a
+CheckpointError naming the file. Files are read as data only (format.load_file), and a
+manifest may list only the checkpoint's own file names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridrec.sparse.api import EmbeddingModule, embedding_modules
+from hybridrec.train.checkpoint.format import (
+    FILE_NAME,
+    FORMAT_VERSION,
+    CheckpointError,
+    CorruptCheckpointError,
+    ShardFiles,
+    TrainState,
+    list_checkpoints,
+    load_file,
+    sha256,
+    shard_views,
+    signature_differences,
+    summarise,
+    unwrap,
+)
+from hybridrec.types import TableConfig
+
+
+def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
+    """The manifest of checkpoint `path`, after checking every file's size (and checksum)."""
+    path = Path(path)
+    mf = path / "manifest.json"
+    if not mf.is_file():
+        raise CorruptCheckpointError(f"{path} is not a complete checkpoint: {mf} is missing")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise CorruptCheckpointError(f"{mf} is corrupt: {e}") from None
+    if not isinstance(manifest, dict):
+        kind = type(manifest).__name__
+        raise CorruptCheckpointError(f"{mf} is corrupt: a JSON {kind}, not an object")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{mf}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
+        )
+    for name in [*manifest["files"], *(s["file"] for s in manifest["shards"])]:
+        if not isinstance(name, str) or not FILE_NAME.match(name) or name not in manifest["files"]:
+            raise CheckpointError(
+                f"{mf} lists file {name!r}, which is not one of this checkpoint's files "
+                "(dense.pt, shards_rank<r>.pt); refused"
+            )
+    for name, meta in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CorruptCheckpointError(f"checkpoint {path} is missing its file {name}")
+        size = f.stat().st_size
+        if size != meta["bytes"]:
+            raise CorruptCheckpointError(
+                f"checkpoint file {f} has {size} bytes, the manifest says "
+                f"{meta['bytes']} (truncated or overwritten)"
+            )
+        if verify and sha256(f) != meta["sha256"]:
+            raise CorruptCheckpointError(
+                f"checkpoint file {f} is corrupt: sha256 differs from the manifest"
+            )
+    return manifest
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint was saved at (from its manifest)."""
+    return int(read_manifest(path, verify=False)["step"])
+
+
+def intact_before(path: Path) -> list[Path]:
+    """The complete checkpoints older than `path` in its directory whose files all pass
+    their checks, newest first (what a user can resume from when `path` is damaged)."""
+    intact = []
+    for older in reversed(list_checkpoints(Path(path).parent)):
+        if checkpoint_step(older) >= checkpoint_step(path):
+            continue
+        try:
+            read_manifest(older)
+        except CheckpointError:
+            continue
+        intact.append(older)
+    return intact
+
+
+def check_matches(path: Path, tables: list[TableConfig], sparse_opt: str, dense_opt: str) -> None:
+    """Before any table is built: the checkpoint holds these tables and optimizers (the
+    dense part's shapes are checked once the model exists)."""
+    saved = read_manifest(path, verify=False)["signature"]
+    current = {
+        "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables],
+        "sparse_optimizer": sparse_opt,
+        "dense_optimizer": dense_opt,
+    }
+    diffs = signature_differences(saved, current)
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path} is for a different model: {summarise(diffs)}; pick the model it "
+            "was saved with (its manifest.json names the tables), or checkpoint.resume=never"
+        )
+
+
+def resolve_resume(root: str | None, resume: str) -> Path | None:
+    """`never` -> None; `auto` -> the newest complete checkpoint under root (or None);
+    anything else -> that checkpoint directory, which must exist."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(Path(root)) if root else []
+        return found[-1] if found else None
+    path = Path(resume)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint.resume={resume!r}: no such checkpoint directory")
+    return path
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[EmbeddingModule]) -> None:
+    """Copy saved rectangles into every local shard (any plan), checking full coverage."""
+    files = ShardFiles(Path(path))
+    by_table: dict[str, list[dict[str, Any]]] = {}
+    for s in manifest["shards"]:
+        by_table.setdefault(s["table"], []).append(s)
+    for spec, weight, state in shard_views(modules):
+        rows, cols = (spec.row_start, spec.row_end), (spec.col_start, spec.col_end)
+        covered = 0
+        for saved in by_table.get(spec.table, []):
+            r = _overlap(rows, tuple(saved["rows"]))
+            c = _overlap(cols, tuple(saved["cols"]))
+            if r is None or c is None:
+                continue
+            src = files(saved["file"])["shards"][saved["index"]]
+            sr, sc = saved["rows"][0], saved["cols"][0]
+            dst_r = slice(r[0] - rows[0], r[1] - rows[0])
+            dst_c = slice(c[0] - cols[0], c[1] - cols[0])
+            src_r, src_c = slice(r[0] - sr, r[1] - sr), slice(c[0] - sc, c[1] - sc)
+            weight[dst_r, dst_c] = src["weight"][src_r, src_c].to(weight.device, weight.dtype)
+            for name, buf in state.items():
+                if name not in src["state"]:
+                    raise CheckpointError(
+                        f"checkpoint {path} has no optimizer state {name!r} for table {spec.table}"
+                    )
+                saved_state = src["state"][name]
+                if buf.dim() == 1:
+                    buf[dst_r] = saved_state[src_r].to(buf.device)
+                else:
+                    buf[dst_r, dst_c] = saved_state[src_r, src_c].to(buf.device)
+            covered += (r[1] - r[0]) * (c[1] - c[0])
+        if covered != spec.num_rows * spec.width:
+            raise CheckpointError(
+                f"checkpoint {path} does not cover table {spec.table} rows {rows[0]}:{rows[1]} "
+                f"cols {cols[0]}:{cols[1]} ({covered} of {spec.num_rows * spec.width} values)"
+            )
+
+
+DENSE_KEYS = ("model", "optimizer", "sparse_step", "rng_cpu", "rng_cuda")
+
+
+def load_dense(path: Path) -> dict[str, Any]:
+    """Checkpoint `path`'s dense.pt (data only), with every entry a load needs."""
+    dense = load_file(path / "dense.pt")
+    missing = [k for k in DENSE_KEYS if not isinstance(dense, dict) or k not in dense]
+    if missing:
+        raise CheckpointError(f"{path / 'dense.pt'} lacks {', '.join(missing)}: not a dense state")
+    return dense
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    dense_opt: torch.optim.Optimizer,
+    signature: dict[str, Any],
+    verify: bool = True,
+) -> TrainState:
+    """Restore weights, optimizer state and RNG from `path` into this rank's model."""
+    manifest = read_manifest(path, verify)
+    diffs = signature_differences(manifest["signature"], signature)
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} is for a different model: {summarise(diffs)}")
+    modules = embedding_modules(model)
+    load_embeddings(path, manifest, modules)
+    dense = load_dense(Path(path))
+    unwrap(model.dense).load_state_dict(dense["model"])
+    dense_opt.load_state_dict(dense["optimizer"])
+    for module in modules:
+        module.set_sparse_step(int(dense["sparse_step"]))
+    torch.set_rng_state(dense["rng_cpu"])
+    if dense["rng_cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(dense["rng_cuda"][: torch.cuda.device_count()])
+    return TrainState(manifest["step"], manifest["data_position"], manifest.get("extra", {}))
