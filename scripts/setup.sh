@@ -14,5 +14,12 @@ fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[dev]"
+# the editable install tracks the code; in .venv it is redone only when pyproject.toml changes
+STAMP=/dev/null
+[ "$PY" = .venv/bin/python ] && STAMP=.venv/.hybridrec-install
+WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$PY" -c "import hybridrec" 2>/dev/null; then
+  "$PY" -m pip install -q -e ".[dev]"
+  echo "$WANT" > "$STAMP" 2>/dev/null || true
+fi
 echo "$PY"

@@ -96,3 +96,18 @@ def steps_for_epochs(epochs: float, source: BatchSource, batch_size: int) -> int
         batch_size,
     )
     return steps
+
+
+def warn_many_epochs(steps: int, source: BatchSource, batch_size: int, limit: float = 10) -> None:
+    """A finite training split that `train.steps` would go over more than `limit` times gets
+    a warning: `data=criteo_sample` with the default steps is 480 epochs of 160 rows."""
+    per_epoch = source.steps_per_epoch(batch_size, "train")
+    if per_epoch and steps / per_epoch > limit:
+        log.warning(
+            "train.steps=%d is %.0f epochs of the training split (%d steps of %d samples each): "
+            "set train.epochs=1 (or a few) to train on each row once",
+            steps,
+            steps / per_epoch,
+            per_epoch,
+            batch_size,
+        )

@@ -22,6 +22,7 @@ Legend: n = rows in a chunk; 13 dense and 26 categorical columns (NUM_DENSE, NUM
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ NUM_FIELDS = 1 + NUM_DENSE + NUM_CAT
 FIELD_NAMES = ["label"] + [f"I{i}" for i in range(1, NUM_DENSE + 1)]
 FIELD_NAMES += [f"C{i}" for i in range(1, NUM_CAT + 1)]
 MAX_EXAMPLES = 5  # skipped-row messages kept for the report
+SNIFF_BYTES = 1 << 16  # the start of a file that must read as text
 
 _DEC = np.full(256, 255, np.uint8)
 _DEC[48:58] = np.arange(10)
@@ -53,13 +55,36 @@ class MalformedRowError(ValueError):
     the file, when it cannot be read at all: empty, or a truncated or corrupt gzip stream)."""
 
 
-def _unreadable(path: Path, e: Exception, rows: int) -> MalformedRowError:
-    """pyarrow's errors about the file itself (not a row), naming the file."""
+def _unreadable(path: Path, e: Exception, rows: int, gz: bool) -> MalformedRowError:
+    """pyarrow's errors about the file itself (not a row), naming the file (one line)."""
     if "Empty CSV file" in str(e):
         return MalformedRowError(f"{path}: the file is empty (no rows)")
-    return MalformedRowError(
-        f"{path}: cannot be read after {rows} row(s): {e} (a truncated or corrupt gzip file?)"
-    )
+    why = " ".join(str(e).split())[:200]
+    hint = " (a truncated or corrupt gzip file?)" if gz else ""
+    return MalformedRowError(f"{path}: cannot be read after {rows} row(s): {why}{hint}")
+
+
+def _check_text(path: Path, gz: bool) -> None:
+    """Raise MalformedRowError unless the file's first SNIFF_BYTES (decompressed) are text:
+    no NUL byte and valid UTF-8 (a character cut at the end is fine). pyarrow would read a
+    binary file as rows of garbage and leak a UnicodeDecodeError from its row handler."""
+    with pa.OSFile(str(path), "r") as raw:
+        stream = pa.CompressedInputStream(raw, "gzip") if gz else raw
+        try:
+            head = stream.read(SNIFF_BYTES)
+        except OSError as e:
+            raise _unreadable(path, e, 0, gz) from None
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        text = b"\0" not in head
+    except UnicodeDecodeError:
+        text = False
+    if not text:
+        what = "a gzip file whose content is not text" if gz else "not a gzip file nor text"
+        raise MalformedRowError(
+            f"{path}: is {what} (it starts with {head[:8]!r}); give raw Criteo TSV day files, "
+            "plain or gzip-compressed"
+        )
 
 
 @dataclass
@@ -138,13 +163,13 @@ def parse_ints(arr: pa.Array, base: int, signed: bool) -> tuple[np.ndarray, np.n
 
 
 def _open_stream(path: Path) -> tuple[pa.NativeFile, pa.NativeFile]:
-    """(raw file, decoded stream); gzip is recognised by its magic bytes, not the name."""
+    """(raw file, decoded stream); gzip is recognised by its magic bytes, not the name. A file
+    that is not text (binary, or a gzip of binary) raises MalformedRowError naming it."""
+    with pa.OSFile(str(path), "r") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    _check_text(path, gz)
     raw = pa.OSFile(str(path), "r")
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return raw, pa.CompressedInputStream(raw, "gzip")
-    return raw, raw
+    return raw, pa.CompressedInputStream(raw, "gzip") if gz else raw
 
 
 class TsvReader:
@@ -191,6 +216,7 @@ class TsvReader:
 
     def __iter__(self) -> Iterator[RawChunk]:
         raw, stream = _open_stream(self.path)
+        self._gz = raw is not stream
         names = [f"f{i}" for i in range(NUM_FIELDS)]
         try:
             reader = pacsv.open_csv(
@@ -214,7 +240,7 @@ class TsvReader:
             )
         except (pa.ArrowException, OSError) as e:
             raw.close()
-            raise _unreadable(self.path, e, 0) from None
+            raise _unreadable(self.path, e, 0, self._gz) from None
         try:
             while True:
                 try:
@@ -222,7 +248,7 @@ class TsvReader:
                 except StopIteration:
                     break
                 except (pa.ArrowException, OSError) as e:
-                    raise _unreadable(self.path, e, self.rows) from None
+                    raise _unreadable(self.path, e, self.rows, self._gz) from None
                 chunk = self._decode(batch)
                 self.bytes_read = raw.tell()
                 if len(chunk):
@@ -318,7 +344,7 @@ def count_lines(path: str | Path, chunk: int = 8 << 20) -> int:
             try:
                 buf = stream.read(chunk)
             except OSError as e:
-                raise _unreadable(Path(path), e, lines) from None
+                raise _unreadable(Path(path), e, lines, raw is not stream) from None
             if not buf:
                 break
             lines += buf.count(b"\n")

@@ -3,7 +3,10 @@
     hybridrec-preprocess --input /data/criteo/raw --output /data/criteo/bin
     hybridrec-preprocess --input day_0.gz day_1.gz day_2.gz --output bin --encoding vocab \\
         --min-count 3
-    hybridrec-preprocess --input sample.tsv --output bin --split rows --train-fraction 0.8
+    hybridrec-preprocess --input sample.tsv --output bin --train-fraction 0.9
+
+With one input file the split defaults to rows (each file's first --train-fraction is train,
+the rest val + test, a note says so); with several, to days (--holdout-days last files).
 
 What it does, the output format, the memory bound and how reruns resume: docs/preprocessing.md
 ("Preprocessing raw Criteo files"); the contract is hybridrec.data.preprocess's docstring.
@@ -18,7 +21,9 @@ import logging
 import os
 import sys
 
-from hybridrec.data.preprocess import MLPERF_CAP, PreprocessOptions, preprocess
+from hybridrec.data.preprocess import MLPERF_CAP, PreprocessOptions, list_inputs, preprocess
+
+log = logging.getLogger("hybridrec")
 
 
 def _caps(text: str) -> int | tuple[int, ...]:
@@ -45,7 +50,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-count", type=int, default=1, help="vocab: rarer train values share one id"
     )
-    p.add_argument("--split", choices=("days", "rows"), default="days")
+    p.add_argument(
+        "--split",
+        choices=("days", "rows"),
+        default=None,
+        help="days: whole files held out; rows: each file's last rows (default: days, or rows "
+        "when there is a single input file)",
+    )
     p.add_argument(
         "--holdout-days", type=int, default=1, help="days: last N files become val + test"
     )
@@ -63,6 +74,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _default_split(inputs: list[str], train_fraction: float) -> str:
+    """days, or rows for a single input file (a day split needs a file to hold out)."""
+    if len(list_inputs(inputs)) > 1:
+        return "days"
+    log.info(
+        "one input file: splitting its rows (the first %g train, the rest val + test); pass "
+        "several day files for a day split",
+        train_fraction,
+    )
+    return "rows"
+
+
+def summarise_counts(values: list[int]) -> str:
+    """Runs of equal values as `value x count` (26 capped tables are not 26 numbers)."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return ", ".join(f"{v:,}" + (f" x{n}" if n > 1 else "") for v, n in runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -71,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             encoding=args.encoding,
             hash_cap=args.hash_cap,
             min_count=args.min_count,
-            split=args.split,
+            split=args.split or _default_split(args.input, args.train_fraction),
             holdout_days=args.holdout_days,
             train_fraction=args.train_fraction,
             block_rows=args.block_rows,
@@ -91,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input or options: one clear line, no traceback
         print(f"hybridrec-preprocess: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # an output that cannot be written, an input that cannot be read
+        print(f"hybridrec-preprocess: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     m = report.manifest
     if report.up_to_date:
         print(f"{args.output}: up to date ({m.num_rows:,} rows, fingerprint {m.fingerprint})")
@@ -101,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(m.sources)} file(s) in {report.seconds:.1f}s"
         + (f", {report.reused_files} file(s) reused" if report.reused_files else "")
     )
-    print(f"cardinalities: {m.cardinalities}")
+    print(f"cardinalities: {summarise_counts(m.cardinalities)}")
     if m.skipped_rows:
         per_file = ", ".join(f"{s.file}: {s.skipped_rows}" for s in m.sources if s.skipped_rows)
         print(f"skipped {m.skipped_rows:,} malformed row(s) ({per_file}); first:")

@@ -8,7 +8,10 @@ dense part (`DenseArch`): the same function the trainer computes, without its sh
 fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
 float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
 tables' hotness, each table's ids in its columns. Move it with `.to(device)`; it is an
-ordinary module (torch.compile, torch.export and TorchScript tracing apply).
+ordinary module (torch.compile, torch.export and TorchScript tracing apply). `predict`
+checks its inputs first (shapes, dtypes, finite dense values, each table's id range) and
+raises PredictInputError, one line naming the table or feature, the value and its row;
+`forward` does not check (it stays traceable).
 
 Loading reads data only: the file's tensors, and its model config as settings (the fields
 of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported,
@@ -30,6 +33,10 @@ from hybridrec.safeload import load_tensors
 from hybridrec.types import hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
+
+
+class PredictInputError(ValueError):
+    """Inputs `predict` cannot score: the message names the table or feature and the row."""
 
 
 class InferenceDLRM(nn.Module):
@@ -57,9 +64,51 @@ class InferenceDLRM(nn.Module):
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Click probabilities [B] (sigmoid of the logits), in eval mode."""
+        """Click probabilities [B] (sigmoid of the logits), in eval mode; inputs checked."""
+        self.check_inputs(dense, ids)
         self.eval()
         return torch.sigmoid(self(dense, ids))
+
+    def check_inputs(self, dense: torch.Tensor, ids: torch.Tensor) -> None:
+        """Raise PredictInputError unless dense is [B, num_dense_features] of finite floats
+        and ids [B, H] int64 or int32, each inside its table (a host sync: the checks read
+        values)."""
+        nd, h = self.cfg.num_dense_features, self.offsets[-1]
+        if not isinstance(dense, torch.Tensor) or not isinstance(ids, torch.Tensor):
+            raise PredictInputError(
+                f"predict(dense, ids) takes two tensors, got {type(dense).__name__} and "
+                f"{type(ids).__name__}"
+            )
+        if dense.dim() != 2 or dense.shape[1] != nd or not dense.is_floating_point():
+            raise PredictInputError(
+                f"dense must be a float tensor [batch, {nd}] (model.num_dense_features), got "
+                f"{dense.dtype} {list(dense.shape)}"
+            )
+        if ids.dim() != 2 or ids.shape[1] != h or ids.dtype not in (torch.int64, torch.int32):
+            raise PredictInputError(
+                f"ids must be an int64 (or int32) tensor [batch, {h}] (one column per id of the "
+                f"{len(self.tables)} tables), got {ids.dtype} {list(ids.shape)}"
+            )
+        if dense.shape[0] != ids.shape[0]:
+            raise PredictInputError(
+                f"dense has {dense.shape[0]} rows but ids has {ids.shape[0]}; one row per sample"
+            )
+        bad = ~torch.isfinite(dense)
+        if bool(bad.any()):
+            row, col = (int(x) for x in bad.nonzero()[0])
+            raise PredictInputError(
+                f"dense feature {col}: {float(dense[row, col])} at row {row} is not finite "
+                "(NaN or inf); give every dense feature a number"
+            )
+        for i, t in enumerate(self.tables):
+            cols = ids[:, self.offsets[i] : self.offsets[i + 1]]
+            out = (cols < 0) | (cols >= t.num_rows)
+            if bool(out.any()):
+                row, col = (int(x) for x in out.nonzero()[0])
+                raise PredictInputError(
+                    f"table {t.name!r} (feature {i}): id {int(cols[row, col])} at row {row} is "
+                    f"outside its {t.num_rows} rows (valid ids: 0..{t.num_rows - 1})"
+                )
 
 
 def model_config(path: Path, text: object) -> ModelConfig:

@@ -39,6 +39,7 @@ def evaluate(
     autocast: torch.autocast,
     check_inputs: Callable[[], None],
     chunk: int | None = None,
+    check_dense: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Metrics over `batches` global batches of `batch_size` (None: the whole split of
     `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
@@ -52,15 +53,18 @@ def evaluate(
     try:
         for step, batch in enumerate(itertools.islice(loader, batches)):
             batch = batch.to(env.device)
+            dense = batch.dense
+            if check_dense is not None:  # NaN or inf features (hybridrec.train.dense_check)
+                dense = check_dense(dense, step, env.rank * local_batch)
             with autocast:
                 for lo in range(0, batch.size, chunk or batch.size):
-                    part = batch.slice(lo, lo + (chunk or batch.size))
-                    logits.append(model(part.dense, part.ids).float())
+                    hi = lo + (chunk or batch.size)
+                    logits.append(model(dense[lo:hi], batch.ids[lo:hi]).float())
             labels.append(batch.labels)
             real.append(in_batch & (first + step * batch_size < limit))
     finally:
         loader.close()  # type: ignore[attr-defined]
-    check_inputs()  # no metrics from batches with bad ids
+    check_inputs()  # no metrics from batches with bad ids or non-finite dense features
     if not logits:
         return {}
     local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])

@@ -21,8 +21,10 @@ class NonFiniteLossError(RuntimeError):
 class NonFiniteWatch:
     """The first optimizer step whose loss was not finite, over all ranks."""
 
-    def __init__(self, env: DistEnv) -> None:
+    def __init__(self, env: DistEnv, inputs_checked: bool = True) -> None:
         self.env = env
+        # with train.check_ids, NaN or inf inputs raise first (hybridrec.train.dense_check)
+        self.inputs_checked = inputs_checked
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=env.device)
 
     def note(self, loss: torch.Tensor, step: int) -> None:
@@ -43,8 +45,12 @@ class NonFiniteWatch:
         if self.env.group is not None:
             dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.env.group)
         if int(first) >= 0:
+            if self.inputs_checked:
+                why, data = " (its dense inputs were finite)", ""
+            else:
+                why, data = "", ", check the data (train.check_ids=true checks it)"
             raise NonFiniteLossError(
-                f"loss became NaN or inf at step {int(first)}; lower the learning rates "
-                "(optim.dense.lr, optim.sparse.lr), check the data, or set "
-                "train.nonfinite=skip to drop such steps"
+                f"loss became NaN or inf at step {int(first)}{why}; lower the learning rates "
+                f"(optim.dense.lr, optim.sparse.lr){data}, or set train.nonfinite=skip to drop "
+                "such steps"
             )

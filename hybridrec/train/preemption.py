@@ -6,6 +6,11 @@ the trainer turns them into a request: at the next logging step (where it synchr
 the ranks agree whether any of them got one, and if so they save a checkpoint (atomically,
 as always) and stop; running the same command again resumes from it. Without a checkpoint
 directory the signals keep their default effect.
+
+Ctrl-C (SIGINT) is a request too; a second Ctrl-C more than `SECOND_INTERRUPT_S` later
+aborts at once (the first one may reach a rank twice: from the terminal and from a launcher
+passing it on). A run stopped this way exits with PREEMPTED_EXIT (75, EX_TEMPFAIL: "try
+again"), not 0: a Kubernetes Job or a SLURM requeue reads 0 as finished and would not restart it.
 """
 
 from __future__ import annotations
@@ -13,21 +18,34 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from types import FrameType, TracebackType
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PREEMPTED_EXIT = 75  # the exit code of a run that saved and stopped on a signal
+SECOND_INTERRUPT_S = 2.0
+
+
+class Preempted(Exception):
+    """A run stopped on a signal after saving its checkpoint (exit with PREEMPTED_EXIT)."""
 
 
 class PreemptionGuard:
-    """While entered (and enabled, on the main thread), SIGTERM and SIGUSR1 only record their
-    name in `received`; the previous handlers come back on exit."""
+    """While entered (and enabled, on the main thread), SIGTERM, SIGUSR1 and SIGINT only
+    record their name in `received`; the previous handlers come back on exit."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self.received: str | None = None
         self._previous: dict[int, object] = {}
+        self._interrupted_at: float | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._interrupted_at is not None and now - self._interrupted_at > SECOND_INTERRUPT_S:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
+            self._interrupted_at = self._interrupted_at or now
         self.received = self.received or signal.Signals(signum).name
 
     def __enter__(self) -> PreemptionGuard:

@@ -28,7 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from hybridrec import timing
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
-from hybridrec.data.build import steps_for_epochs
+from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed.comm import any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
@@ -38,6 +38,7 @@ from hybridrec.sparse.api import embedding_modules
 from hybridrec.timing import PhaseTimer
 from hybridrec.train import console
 from hybridrec.train.checkpoint import CheckpointError, check_writable, checkpoint_step
+from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_names
 from hybridrec.train.evaluator import evaluate
 from hybridrec.train.health import NonFiniteWatch
 from hybridrec.train.loggers import NullLogger, truncate_metrics
@@ -59,6 +60,8 @@ class Trainer:
         self.source = build_source(cfg)
         if cfg.train.epochs is not None:
             cfg.train.steps = steps_for_epochs(cfg.train.epochs, self.source, cfg.train.batch_size)
+        elif env.is_main and not cfg.eval.only:
+            warn_many_epochs(cfg.train.steps, self.source, cfg.train.batch_size)
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
         self.model, self.plan = build_model(cfg, env)
         self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
@@ -93,7 +96,14 @@ class Trainer:
         self.timer = PhaseTimer(env.device)  # active during steps (hybridrec.timing.active)
         self.step = 0  # optimizer steps done
         self.skipped = 0  # steps dropped by train.nonfinite=skip
-        self.nonfinite = NonFiniteWatch(env)
+        self.nonfinite = NonFiniteWatch(env, inputs_checked=cfg.train.check_ids)
+        # NaN or inf dense features are bad input, checked like the ids (train.check_ids)
+        names = dense_names(self.source)
+        self.dense_checks = (
+            {split: DenseChecker(env, names, split) for split in ("train", "eval")}
+            if cfg.train.check_ids
+            else {}
+        )
 
     def warm_start_caches(self) -> int:
         """Fill host caches from the data's id counts; returns the rows loaded here."""
@@ -150,13 +160,17 @@ class Trainer:
             if self.schedule.enabled:  # the sparse rate must be set before the backward uses it
                 self.lr = self.schedule.apply(self.step + 1, self.dense_opt, self._sparse_opts)
             batch = batch.to(self.env.device, non_blocking=True)
+            dense = batch.dense
+            if self.dense_checks:
+                dense = self.dense_checks["train"](dense, self.step, self.env.rank * batch.size)
             with timing.phase("forward"), self.autocast:
-                logits = self.model(batch.dense, batch.ids)
+                logits = self.model(dense, batch.ids)
             loss = loss_fn(logits, batch.labels)
             if pipeline is not None:
                 pipeline.prefetch_next()
             self.dense_opt.zero_grad(set_to_none=True)
             if self.cfg.train.nonfinite == "skip" and not self.nonfinite.all_finite(loss):
+                self.check_inputs()  # bad input is an error, not a step to skip (collective)
                 self.skipped += 1
                 self.step += 1
                 log.warning(
@@ -181,9 +195,12 @@ class Trainer:
 
     def check_inputs(self) -> None:
         """Raise if a deferred id check (CUDA, see hybridrec.sparse.ids.IdChecker) met
-        an out-of-range id since the last call; collective on several ranks."""
+        an out-of-range id, or a dense check (hybridrec.train.dense_check) a NaN or inf
+        feature, since the last call; collective on several ranks."""
         for module in self.embeddings:
             module.check_inputs()
+        for check in self.dense_checks.values():
+            check.raise_recorded()
 
     def check_finite(self) -> None:
         self.nonfinite.check()
@@ -210,7 +227,8 @@ class Trainer:
                 self.autocast,
                 self.check_inputs,
                 # host caches hold one training batch's rows: evaluate in chunks that fit
-                self.local_batch if any(m.prefetches for m in self.embeddings) else None,
+                chunk=self.local_batch if any(m.prefetches for m in self.embeddings) else None,
+                check_dense=self.dense_checks.get("eval"),
             )
 
     def _eval_rows(self) -> int | None:
@@ -308,6 +326,9 @@ class Trainer:
                 self.timer,
             )
             profiler.after_step(self.step)  # a window starting at step 0 (or the resumed one)
+        for split, check in self.dense_checks.items():  # the loader's batches: rows are known
+            size = cfg.train.batch_size if split == "train" else cfg.eval.batch_size
+            check.locate = dataset_locator(self.source, size, split)
         first, start = self.step, time.perf_counter()
         with PreemptionGuard(enabled=bool(cfg.checkpoint.dir)) as guard:
             try:
@@ -319,6 +340,8 @@ class Trainer:
                 if bar is not None:
                     bar.close()
                 stack.close()
+                for check in self.dense_checks.values():
+                    check.locate = None
         self.logger.close()
         if env.is_main and self.step > first:
             wall_s = time.perf_counter() - start

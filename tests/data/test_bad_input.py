@@ -3,7 +3,11 @@ blocks (caught against the manifest), and a model whose tables do not fit the da
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -313,3 +317,117 @@ def test_manifest_split_outside_the_rows_is_named(dataset_copy, split):
         match=rf"manifest.json: split 'train' \[{split[0]}, {split[1]}\) is not within the dataset's 200 rows",
     ):
         open_dataset(dataset_copy)
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "hybridrec.data.preprocess_cli", *argv, "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_binary_and_corrupt_inputs_are_one_line(tmp_path, sample_tsv):
+    """A binary file is said to be neither gzip nor text (it was a leaked UnicodeDecodeError
+    from pyarrow's row handler and a gzip hint); a corrupt gzip is one line naming it; a gzip
+    of binary says so. Nothing is left behind: no output directory, no .work/."""
+    import gzip
+
+    npy = tmp_path / "day_0.npy"
+    np.save(npy, np.arange(1000.0))
+    noise = tmp_path / "day_1"
+    noise.write_bytes(np.random.default_rng(0).bytes(5000))
+    data = gzip.compress(sample_tsv.read_bytes())
+    corrupt = tmp_path / "day_2.gz"
+    corrupt.write_bytes(data[:100] + b"x" * 60 + data[160:])
+    zipped_binary = tmp_path / "day_3.gz"
+    zipped_binary.write_bytes(gzip.compress(npy.read_bytes()))
+    cases = {
+        npy: f"{npy}: is not a gzip file nor text (it starts with b'\\x93NUMPY",
+        noise: f"{noise}: is not a gzip file nor text (it starts with b'",
+        corrupt: f"{corrupt}: cannot be read after 0 row(s): ",
+        zipped_binary: f"{zipped_binary}: is a gzip file whose content is not text",
+    }
+    for k, (path, message) in enumerate(cases.items()):
+        out = tmp_path / f"out{k}"
+        r = _cli("--input", str(path), "--output", str(out), "--split", "rows")
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith(f"hybridrec-preprocess: error: {message}")
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+        assert "UnicodeDecodeError" not in r.stderr
+        assert ("gzip file?" in r.stderr) == (path is corrupt)
+        assert not out.exists()
+
+
+def test_unwritable_output_is_one_line(tmp_path, sample_tsv):
+    (tmp_path / "file").write_text("")
+    r = _cli("--input", str(sample_tsv), "--output", str(tmp_path / "file" / "out"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.endswith(
+        f"hybridrec-preprocess: error: NotADirectoryError: [Errno 20] Not a directory: "
+        f"'{tmp_path / 'file' / 'out'}'\n"
+    )
+
+
+@pytest.mark.parametrize("encoding", ["hash", "vocab"])
+def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
+    """A worker failing on a bad row of the second file, after the first file's part is
+    written: the run raises and removes .work/; the output directory it did not create stays."""
+    path, message = _corrupt_copy(sample_tsv, tmp_path, "hex", 150)
+    good = tmp_path / "day_0.tsv"
+    shutil.copy(sample_tsv, good)
+    bad = path.rename(tmp_path / "day_1.tsv")
+    out = tmp_path / "out"
+    out.mkdir()
+    opts = PreprocessOptions(split="rows", encoding=encoding)
+    with pytest.raises(MalformedRowError, match=f"{bad}:150: "):
+        preprocess([good, bad], out, opts, workers=1, progress=False)
+    assert out.is_dir() and list(out.iterdir()) == []
+    # with keep_work the parts stay, for a look (and the good file's part is there)
+    with pytest.raises(MalformedRowError):
+        preprocess([good, bad], out, opts, workers=1, progress=False, keep_work=True)
+    stage = "count" if encoding == "vocab" else "parts"
+    assert (out / ".work" / stage / "0000_day_0.tsv" / "meta.json").is_file()
+
+
+def _criteo_cfg(path):
+    overrides = [
+        "data=criteo",
+        f"data.path={path}",
+        "data.verify=size",  # the poisoned block's checksum no longer matches
+        "model=criteo_sample",
+        "train.batch_size=24",
+        "eval.batch_size=6",
+        "train.steps=3",
+        "eval.every=0",
+        "device=cpu",
+    ]
+    return make_config(*overrides)
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_nonfinite_dense_feature_names_the_dataset_row(tmp_path, sample_dataset, split):
+    """A NaN or inf dense value in a dataset (written by something else than
+    hybridrec-preprocess, or damaged without checksums) is bad input: the error names the
+    feature, its name in the manifest, the sample and the dataset row (train or eval)."""
+    from hybridrec.distributed import init_distributed
+    from hybridrec.train.dense_check import NonFiniteInputError
+    from hybridrec.train.trainer import Trainer
+
+    ds = shutil.copytree(sample_dataset, tmp_path / "ds")
+    t = Trainer(_criteo_cfg(ds), init_distributed("cpu"))
+    if split == "train":  # sample 5 of the second step
+        lo, hi = t.source.plan(24, "train").segments(1, 5, 6)[0]
+    else:  # the first val row
+        lo = t.source.dataset.split("val")[0]
+    dense = np.load(ds / "dense.npy", mmap_mode="r+")
+    block_rows = dense.shape[1]
+    dense[lo // block_rows, lo % block_rows, 3] = np.inf
+    dense.flush()
+    del dense
+    t = Trainer(_criteo_cfg(ds), init_distributed("cpu"))
+    with pytest.raises(NonFiniteInputError) as e:
+        t.fit()
+    where = "sample 5 of training step 2" if split == "train" else "sample 0 of eval batch 0"
+    assert str(e.value).startswith(
+        f"dense feature 3 (I4) is inf at {where} (row {lo} of dataset {ds}): bad input data"
+    )
+    assert "\n" not in str(e.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,8 @@ def test_cli(tmp_path):
     assert open_dataset(tmp_path / "bin").manifest.cardinalities == [5000] * 26
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "up to date" in again.stdout
+    assert (again.stdout + again.stderr).count("up to date") == 1
+    assert "cardinalities: 5,000 x26" in out.stdout
     bad = subprocess.run(
         cmd[:-4] + ["--hash-cap", "0"], env=env, capture_output=True, text=True, timeout=120
     )
@@ -171,3 +174,55 @@ def test_row_split_across_parse_blocks(tmp_path):
     with np.load(tmp_path / "bin" / "counts" / "cat_0.npz") as z:
         assert z["counts"].sum() == 2400  # id counts cover the train rows only
         assert z["counts"].tolist() == np.bincount(ds.categorical[:2400, 0])[z["ids"]].tolist()
+
+
+def _readme_preprocess_commands() -> list[list[str]]:
+    """The `hybridrec-preprocess` commands of the README's bash blocks, as argv lists."""
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    return [
+        shlex.split(line)[1:]
+        for line in text.splitlines()
+        if line.strip().startswith("hybridrec-preprocess ")
+    ]
+
+
+def test_readme_preprocess_examples_run_on_the_shipped_sample(tmp_path, sample_tsv):
+    """The README's commands, with the shipped sample as the input (the raw directory then
+    holds that one file): one input file defaults to a row split, with a note, instead of
+    failing on a day split that has no day to hold out."""
+    commands = _readme_preprocess_commands()
+    assert len(commands) == 2 and all("--input" in c and "--output" in c for c in commands)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(sample_tsv, raw / "day_0")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for k, argv in enumerate(commands):
+        argv = list(argv)
+        src = argv[argv.index("--input") + 1]
+        assert src in ("../shared/data/criteo_sample.tsv", "/data/criteo/raw")
+        argv[argv.index("--input") + 1] = str(sample_tsv if src.endswith(".tsv") else raw)
+        argv[argv.index("--output") + 1] = str(tmp_path / f"bin{k}")
+        cmd = [sys.executable, "-m", "hybridrec.data.preprocess_cli", *argv, "--no-progress"]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "one input file: splitting its rows (the first 0.8 train" in out.stderr
+        assert "200 rows (train 160, val 20, test 20)" in out.stdout
+        assert open_dataset(tmp_path / f"bin{k}").manifest.options["split"] == "rows"
+    # an explicit day split of one file is still the clear error it was
+    bad = subprocess.run(
+        cmd + ["--split", "days", "--output", str(tmp_path / "days")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "use split=rows" in bad.stderr
+    assert not (tmp_path / "days").exists()
+
+
+def test_cardinalities_are_summarised_as_runs():
+    from hybridrec.data.preprocess_cli import summarise_counts
+
+    assert summarise_counts([40_000_000] * 26) == "40,000,000 x26"
+    assert summarise_counts([3, 3, 7, 40, 40, 40, 3]) == "3 x2, 7, 40 x3, 3"

@@ -86,3 +86,18 @@ def test_two_ranks_broadcast_loader_match_single_process(sample_dataset):
     ref = _losses(init_distributed("cpu"), str(sample_dataset), "none", "per_rank")
     for res in spawn(2, _losses, str(sample_dataset), "table_wise", "broadcast"):
         assert res == pytest.approx(ref, rel=1e-4, abs=1e-5)
+
+
+def test_many_epochs_of_a_small_split_are_warned_about(sample_dataset, caplog):
+    cfg = _cfg(str(sample_dataset), "none", "per_rank", 1)  # 3000 steps of 24 over 160 rows
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        Trainer(cfg, init_distributed("cpu"))
+    assert (
+        "train.steps=3000 is 500 epochs of the training split (6 steps of 24 samples each): "
+        "set train.epochs=1" in caplog.text
+    )
+    caplog.clear()
+    cfg.train.epochs = 1
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        Trainer(cfg, init_distributed("cpu"))
+    assert "epochs of the training split" not in caplog.text

@@ -3,6 +3,7 @@
 - ranks started with different configs -> an error at start naming the differing key;
 - an out-of-range id on one rank -> that rank names the feature and id, the others say
   another rank found one (all fail in the same step instead of waiting on each other);
+- a NaN dense feature on one rank -> the same, at the next check (deferred on several ranks);
 - a rank that dies, or stops answering -> the others fail within the collective timeout.
 """
 
@@ -83,6 +84,29 @@ def test_deferred_id_check_on_one_rank_fails_all_ranks():
     msgs = spawn(2, deferred_bad_id_on_rank_1)
     assert "IdOutOfRangeError" in msgs[1] and "id 700 at sample 29" in msgs[1]
     assert "another rank found an out-of-range id" in msgs[0]
+
+
+def nan_dense_on_rank_1(env):
+    """Several ranks defer the dense check (an immediate one would be a collective per step):
+    the step runs (the NaN read as 0), the trainer's check_inputs fails every rank."""
+    from hybridrec.train.trainer import Trainer
+    from hybridrec.types import Batch
+
+    trainer = Trainer(make_cfg("row_wise", "sgd", env.world_size), env)
+    batch = trainer.train_batch(0)
+    if env.rank == 1:
+        dense = batch.dense.clone()
+        dense[5, 7] = float("nan")
+        batch = Batch(dense, batch.ids, batch.labels)
+    loss = trainer.train_step(batch)
+    return [bool(loss.isfinite()), _try(trainer.check_inputs)]
+
+
+def test_nan_dense_feature_on_one_rank_fails_all_ranks():
+    (finite0, msg0), (finite1, msg1) = spawn(2, nan_dense_on_rank_1)
+    assert finite0 and finite1
+    assert msg1.startswith("NonFiniteInputError: dense feature 7 is nan at sample 29 of ")
+    assert "another rank found a NaN or inf dense feature" in msg0
 
 
 def dead_or_stuck_peer(env, how):

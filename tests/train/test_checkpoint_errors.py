@@ -17,8 +17,9 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
 
 
-def _trainer(tmp_path, steps=4, every=2, keep=3, resume="auto", **model):
+def _trainer(tmp_path, steps=4, every=2, keep=3, resume="auto", check_ids=True, **model):
     cfg = make_cfg("none", "rowwise_adagrad", 1)
+    cfg.train.check_ids = check_ids
     cfg.checkpoint.dir, cfg.checkpoint.every, cfg.checkpoint.keep = str(tmp_path), every, keep
     cfg.checkpoint.resume = resume
     cfg.train.steps, cfg.eval.batches = steps, 1
@@ -152,19 +153,21 @@ def _nan_batch(t):
 
 
 def test_nonfinite_loss_error_names_the_step(tmp_path):
-    t = _trainer(tmp_path)
+    """A NaN input with the input checks off poisons the loss (with them on it is an input
+    error: tests/train/test_dense_check.py)."""
+    t = _trainer(tmp_path, check_ids=False)
     t.train_step(t.train_batch(0))
     t.step = 1
     t.train_step(_nan_batch(t))
     t.step = 2
-    with pytest.raises(NonFiniteLossError, match="NaN or inf at step 2"):
+    with pytest.raises(NonFiniteLossError, match=r"NaN or inf at step 2; .*train.check_ids=true"):
         t.check_finite()
     with pytest.raises(NonFiniteLossError):
         t.save()  # poisoned weights are never checkpointed
 
 
 def test_nonfinite_skip_policy_drops_the_update(tmp_path):
-    t = _trainer(tmp_path)
+    t = _trainer(tmp_path, check_ids=False)
     t.cfg.train.nonfinite = "skip"
     before = [w.clone() for _, w, _ in t.model.embeddings.shard_views()]
     dense_before = [p.clone() for p in t.model.dense.parameters()]

@@ -4,13 +4,15 @@ PyTorch module that scores like the trainer's own model."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 
 import pytest
 import torch
 
 from hybridrec.config import ModelConfig
 from hybridrec.distributed import init_distributed
-from hybridrec.model import InferenceDLRM, load_export
+from hybridrec.model import InferenceDLRM, PredictInputError, load_export
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
@@ -66,3 +68,66 @@ def test_inference_model_exports_with_torch_export_and_tracing():
     exported = torch.export.export(model, (dense, ids))
     torch.testing.assert_close(exported.module()(dense, ids), want)
     torch.testing.assert_close(torch.jit.trace(model, (dense, ids))(dense, ids), want)
+
+
+@pytest.fixture()
+def exported(tmp_path):
+    """load_export of a freshly initialised model (the checks do not need trained weights)."""
+    cfg = make_cfg("none", "sgd", 1).model
+    state = dict(InferenceDLRM(cfg).state_dict())
+    state["model_config"] = json.dumps(dataclasses.asdict(cfg))
+    torch.save(state, tmp_path / "model.pt")
+    return load_export(tmp_path / "model.pt")
+
+
+BAD_PREDICT = {
+    "dense 1-d": (
+        lambda d, i: (d[0], i),
+        r"^dense must be a float tensor \[batch, 13\] \(model.num_dense_features\), "
+        r"got torch.float32 \[13\]$",
+    ),
+    "dense width": (
+        lambda d, i: (d[:, :12], i),
+        r"^dense must be a float tensor \[batch, 13\] .* got torch.float32 \[8, 12\]$",
+    ),
+    "dense ints": (
+        lambda d, i: (d.long(), i),
+        r"^dense must be a float tensor .* got torch.int64 \[8, 13\]$",
+    ),
+    "ids width": (
+        lambda d, i: (d, i[:, :7]),
+        r"^ids must be an int64 \(or int32\) tensor \[batch, 8\] \(one column per id of the 5 tables\), "
+        r"got torch.int64 \[8, 7\]$",
+    ),
+    "ids float": (lambda d, i: (d, i.float()), r"^ids must be an int64 .* got torch.float32"),
+    "ids bool": (lambda d, i: (d, i > 0), r"^ids must be an int64 .* got torch.bool \[8, 8\]$"),
+    "rows": (lambda d, i: (d[:5], i), r"^dense has 5 rows but ids has 8; one row per sample$"),
+    "nan": (
+        lambda d, i: (d.index_put((torch.tensor(3), torch.tensor(4)), torch.tensor(math.nan)), i),
+        r"^dense feature 4: nan at row 3 is not finite \(NaN or inf\); give every dense",
+    ),
+    "inf": (
+        lambda d, i: (d.index_put((torch.tensor(6), torch.tensor(0)), torch.tensor(-math.inf)), i),
+        r"^dense feature 0: -inf at row 6 is not finite",
+    ),
+    "id too large": (
+        lambda d, i: (d, i.index_put((torch.tensor(5), torch.tensor(3)), torch.tensor(700))),
+        r"^table 'cat_2' \(feature 2\): id 700 at row 5 is outside its 700 rows \(valid ids: 0..699\)$",
+    ),
+    "id negative": (
+        lambda d, i: (d, i.index_put((torch.tensor(1), torch.tensor(7)), torch.tensor(-1))),
+        r"^table 'cat_4' \(feature 4\): id -1 at row 1 is outside its 20000 rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PREDICT))
+def test_predict_names_the_bad_input(exported, case):
+    """Bad inputs to predict: one line naming the feature or table, the value and its row
+    (not a bare index error, nor NaN probabilities)."""
+    make, message = BAD_PREDICT[case]
+    dense, ids = torch.randn(8, 13), torch.randint(0, 3, (8, 8))
+    assert exported.predict(dense, ids).isfinite().all()
+    with pytest.raises(PredictInputError, match=message) as e:
+        exported.predict(*make(dense, ids))
+    assert isinstance(e.value, ValueError) and "\n" not in str(e.value)

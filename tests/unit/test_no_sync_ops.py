@@ -90,8 +90,9 @@ def _syncing_ops(sparse: str, kernels: str, check_ids: bool = False) -> SyncReco
     cfg.train.check_ids = check_ids
     cfg.train.kernels = kernels
     trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
-    if check_ids:  # deferred, as on CUDA (on the CPU the check raises at once: it syncs)
+    if check_ids:  # deferred, as on CUDA (on the CPU the checks raise at once: they sync)
         trainer.model.embeddings.checker.defer = True
+        trainer.dense_checks["train"].defer = True
     batches = [trainer.train_batch(s) for s in range(3)]
     trainer.train_step(batches[0])  # warmup, as the GPU test
     recorder = SyncRecorder()

@@ -8,7 +8,8 @@ Streaming: files are parsed in pyarrow blocks, one file per worker process; memo
 on chunk_bytes and the number of distinct ids, never on the number of rows.
 Resumable: work goes to `output/.work/`, keyed by a fingerprint of the inputs (name, size,
 mtime) and the output options; a rerun redoes only the files not yet committed, and a rerun
-over a finished directory with the same fingerprint does nothing.
+over a finished directory with the same fingerprint does nothing. A run that fails (an
+exception) removes .work/ (and an output directory it created); an interrupted one keeps it.
 Atomic: every array is written to a .tmp and renamed; manifest.json goes last, so its
 presence marks a finished dataset. Stages: plan -> workers (count, encode) -> vocab ->
 assemble. The output format, options and the measured memory bound: docs/data.md.
@@ -83,7 +84,7 @@ def preprocess(
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
         if old.fingerprint == fp:
-            log.info("%s is up to date (fingerprint %s)", output, fp)
+            log.debug("%s is up to date (fingerprint %s)", output, fp)  # the caller says so
             return PreprocessReport(old, up_to_date=True)
         if not overwrite:
             raise ValueError(
@@ -91,6 +92,7 @@ def preprocess(
                 f"(fingerprint {old.fingerprint}, now {fp}); pass --overwrite to replace it"
             )
         _clear_output(output)
+    created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
     work = output / ".work"
     stamp = work / "fingerprint"
@@ -99,6 +101,33 @@ def preprocess(
         shutil.rmtree(work)
     work.mkdir(exist_ok=True)
     stamp.write_text(fp)
+    try:
+        report = _build(files, output, work, fp, options, workers, progress)
+    except Exception:
+        # a failed run (bad input, bad options, a full disk) leaves nothing behind: fixing
+        # the input changes the fingerprint, so its parts could not be reused anyway. An
+        # interrupted one (Ctrl-C) keeps .work/ to resume.
+        if not keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+            if created and not any(output.iterdir()):
+                output.rmdir()
+        raise
+    if not keep_work:
+        shutil.rmtree(work)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _build(
+    files: list[Path],
+    output: Path,
+    work: Path,
+    fp: str,
+    options: PreprocessOptions,
+    workers: int | None,
+    progress: bool,
+) -> PreprocessReport:
+    """Stages 1-4 of `preprocess` in `work`; returns the report (seconds left at 0)."""
     workers = workers or min(len(files), os.cpu_count() or 1)
 
     # 1. Plan: each file's train rows. 2. Vocabularies (vocab only): count, then merge.
@@ -180,7 +209,5 @@ def preprocess(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     manifest.save(output)
-    if not keep_work:
-        shutil.rmtree(work)
     examples = [e for m in metas for e in m.get("examples", [])]
-    return PreprocessReport(manifest, False, reused, time.perf_counter() - t0, examples)
+    return PreprocessReport(manifest, False, reused, 0.0, examples)
