@@ -1,11 +1,11 @@
 """Device-cache hit rate and rows moved for host-memory tables (sharding=host), on the CPU.
 
     # the 1TB model as benchmarks/host_cache.py runs it on the H100 (12 GiB of cache)
-    python benchmarks/cache_policy.py --model dlrm_1tb --cache-gb 12 --optimizer rowwise_adagrad
+    python -m benchmarks.cache_policy --model dlrm_1tb --cache-gb 12 --optimizer rowwise_adagrad
     # the Kaggle model, cache sizes side by side
-    python benchmarks/cache_policy.py --model dlrm_kaggle --cache-fraction 0.01,0.05,0.1
+    python -m benchmarks.cache_policy --model dlrm_kaggle --cache-fraction 0.01,0.05,0.1
     # any training data: extra arguments are Hydra overrides
-    python benchmarks/cache_policy.py --model criteo_sample --cache-fraction 0.05 data=criteo_sample
+    python -m benchmarks.cache_policy --model criteo_sample --cache-fraction 0.05 data=criteo_sample
 
 What the cache serves depends only on the ids, the cache's size in rows and its policy, not on
 the row values or the device. So this replays training batches through the real
@@ -18,36 +18,32 @@ back when evicted). `--cold` starts with an empty cache instead.
 
 Per cache size, after `--warmup` steps: the hit rate over each batch's distinct rows, rows
 loaded and written back per step, and the bytes those rows need at the real row width, with
-the time they would take at the H100 rates measured in DESIGN.md (sorted unified-addressing
-gather 66M rows/s; a model, not a measurement). `--cycle N` replays only N distinct batches,
-as a benchmark that cycles pre-staged batches does: once the cache holds them all it hits
-rows it has already seen, which a real data stream would not.
+the time they would take at an H100's sorted unified-addressing gather rate (66M rows/s,
+hybridrec.kernels.host_copy's kernel; a model, not a measurement). `--cycle N` replays only N
+distinct batches, as a benchmark that cycles pre-staged batches does: once the cache holds
+them all it hits rows it has already seen, which a real data stream would not.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
+from benchmarks.common import command_line, compose_config, hardware, markdown_table
+from hybridrec.config import Config
+from hybridrec.data import build_source
+from hybridrec.optim import SparseSGD
+from hybridrec.parallelize import make_plan
+from hybridrec.planner import OptimizerFootprint, cache_row_bytes
+from hybridrec.sparse.fused import LookupInput, regular_bags
+from hybridrec.sparse.host import HostCachedEmbedding
+from hybridrec.types import ShardSpec, TableConfig, hot_offsets
 
-from benchmarks.common import command_line, hardware, markdown_table  # noqa: E402
-from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.optim import SparseSGD  # noqa: E402
-from hybridrec.parallelize import make_plan  # noqa: E402
-from hybridrec.planner import OptimizerFootprint, cache_row_bytes  # noqa: E402
-from hybridrec.sparse.fused import LookupInput, regular_bags  # noqa: E402
-from hybridrec.sparse.host import HostCachedEmbedding  # noqa: E402
-from hybridrec.types import ShardSpec, TableConfig, hot_offsets  # noqa: E402
-
-UVA_SORTED_ROWS_S = 66e6  # DESIGN.md: H100, gather of sorted rows from pinned host memory
+UVA_SORTED_ROWS_S = 66e6  # H100, gather of sorted rows from pinned host memory (a model rate)
 
 
 def make_cfg(args: argparse.Namespace, size: str) -> Config:
@@ -63,8 +59,7 @@ def make_cfg(args: argparse.Namespace, size: str) -> Config:
         overrides.append(f"sharding.cache_gb={size}")
     else:
         overrides.append(f"sharding.cache_fraction={size}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides))
+    return compose_config(overrides)
 
 
 def narrow_group(cfg: Config) -> tuple[HostCachedEmbedding, list[TableConfig]]:
@@ -264,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             "- best static: the expected hit rate of the best fixed set of rows of the same size, "
             "from the data's id counts (an upper bound for a stream without drift).\n"
             "- Hit rate and rows are measured (device-independent); the last column is a "
-            "model: (rows in + out) / 66M rows/s, the H100's sorted UVA gather (DESIGN.md).\n\n"
+            "model: (rows in + out) / 66M rows/s, the H100's sorted UVA gather.\n\n"
             f"{table}\n"
         )
 

@@ -7,6 +7,8 @@
 - `median(xs)`, `markdown_table(headers, rows)`, `command_line()`, `host_cores()`,
   `load_average()`, `git_state()`, `cpu_seconds()`.
 - `sync(device)`, `reset_device(device)` (between runs), `peak_memory(device, unit)`.
+- `compose_config(overrides, world_size=1)`: the validated config hybridrec-train would run.
+Run every benchmark from the repository root as a module: `python -m benchmarks.<name>`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+
+from hybridrec.config import Config, compose, validate
 
 
 def cpu_model() -> str:
@@ -99,8 +103,15 @@ def git_state() -> str:
 
 
 def command_line() -> str:
-    """How this process was started, ready to paste (relative to the repository root)."""
-    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    """How this process was started, ready to paste (from the repository root)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    start = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return "python " + " ".join(shlex.quote(a) for a in [*start, *sys.argv[1:]])
+
+
+def compose_config(overrides: Sequence[str], world_size: int = 1) -> Config:
+    """conf/train.yaml with `overrides`, validated for `world_size` ranks (as hybridrec-train)."""
+    return validate(compose(list(overrides)), world_size=world_size)
 
 
 def time_steps(

@@ -22,7 +22,7 @@ or an existing dataset with `--data DIR` (then `--cap` must be its largest cardi
    reads /proc every 0.1 s: peak RSS summed over the whole process tree and of the largest
    process. Then again on half the files, to show the peak does not grow with the input.
 
-    python benchmarks/data_loader.py --rss-days 4 --out benchmarks/results/data_loader.md
+    python -m benchmarks.data_loader --rss-days 4 --out benchmarks/results/data_loader.md
 """
 
 from __future__ import annotations
@@ -36,33 +36,31 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     command_line,
+    compose_config,
     cpu_seconds,
     git_state,
     hardware,
     load_average,
     markdown_table,
 )
-from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
-from hybridrec.data import open_dataset  # noqa: E402
-from hybridrec.data.broadcast import BroadcastLoader  # noqa: E402
-from hybridrec.data.fake import write_fake_day  # noqa: E402
-from hybridrec.data.loader import SliceLoader  # noqa: E402
-from hybridrec.data.preprocess import PreprocessOptions, preprocess  # noqa: E402
-from hybridrec.data.readers import dali_available  # noqa: E402
-from hybridrec.data.source import BinarySource  # noqa: E402
-from hybridrec.distributed import DistEnv  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
-from tests.distributed.harness import spawn  # noqa: E402
+from hybridrec.config import Config
+from hybridrec.data import open_dataset
+from hybridrec.data.broadcast import BroadcastLoader
+from hybridrec.data.fake import write_fake_day
+from hybridrec.data.loader import SliceLoader
+from hybridrec.data.preprocess import PreprocessOptions, preprocess
+from hybridrec.data.readers import dali_available
+from hybridrec.data.source import BinarySource
+from hybridrec.distributed import DistEnv
+from hybridrec.train.trainer import Trainer
+from tests.distributed.harness import spawn
+
+ROOT = Path(__file__).resolve().parents[1]  # on the preprocessing child's PYTHONPATH
 
 
 def make_cfg(data: str, cards: list[int], batch: int, world: int, loader: str) -> Config:
@@ -80,8 +78,7 @@ def make_cfg(data: str, cards: list[int], batch: int, world: int, loader: str) -
         "optim.sparse.name=sgd",
         "device=cpu",
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides), world_size=world)
+    return compose_config(overrides, world_size=world)
 
 
 def _rate(env: DistEnv, fn, steps: int, warmup: int) -> float:  # noqa: ANN001

@@ -31,22 +31,22 @@ log="$OUT/$section.log"
       python3 -m pytest "${@:-tests/gpu}" -q -p no:cacheprovider --durations=15
       ;;
     step)
-      python3 benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+      python3 -m benchmarks.step --device cuda --model dlrm_kaggle --batch-size 65536 \
         --plain-adam --kernels triton,torch --per-table-layout --fp32-handoff --graphs --out "$OUT/step_h100.md" "$@"
       ;;
     lookup)
-      python3 benchmarks/lookup_update.py --device cuda --optimizer all --out "$OUT/lookup_update_h100.md" "$@"
+      python3 -m benchmarks.lookup_update --device cuda --optimizer all --out "$OUT/lookup_update_h100.md" "$@"
       ;;
     host-kaggle)
       # host_copy=auto times the UVA kernel and staged copies at start and logs both;
       # add --inline-prefetch for rows whose prefetch admits on the main thread (to compare)
       # 300 warmup steps: past the warm start, as benchmarks/results/cache_policy_halflife_*
-      python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+      python3 -m benchmarks.host_cache --device cuda --model dlrm_kaggle --batch-size 65536 \
         --cache-fraction 0.05 --warmup 300 --out "$OUT/host_cache_kaggle_h100.md" "$@"
       ;;
     host-copy)
       # optional: whole steps with each copy path forced
-      python3 benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+      python3 -m benchmarks.host_cache --device cuda --model dlrm_kaggle --batch-size 65536 \
         --cache-fraction 0.05 --warmup 100 --optimizers sgd --host-copy kernel,staged \
         --no-device-baseline --naive-steps 0 --out "$OUT/host_copy_kaggle_h100.md" "$@"
       ;;
@@ -54,18 +54,18 @@ log="$OUT/$section.log"
       free -g
       # 400 warmup steps (about 6 s): dirty rows are written back from about then on (the
       # CPU replay, cache_policy_halflife_1tb.md); the first H100 run's 30 were not enough
-      python3 benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
+      python3 -m benchmarks.host_cache --device cuda --model dlrm_1tb --batch-size 65536 \
         --cache-gb 12 --hbm-gb 16 --warmup 400 --no-device-baseline --naive-steps 0 \
         --out "$OUT/host_cache_1tb_h100.md" "$@"
       ;;
     kernels)
       # where a Kaggle step's device time goes, op by op and kernel by kernel
-      python3 benchmarks/profile_step.py --device cuda --optimizers sgd,rowwise_adagrad \
+      python3 -m benchmarks.profile_step --device cuda --optimizers sgd,rowwise_adagrad \
         --kernels triton --out "$OUT/profile_step_h100.md" "$@"
       ;;
     kernels-host)
       # the same for sharding=host with a 5% cache (issue 8's same-size comparison)
-      python3 benchmarks/profile_step.py --device cuda --optimizers sgd --batches 8 \
+      python3 -m benchmarks.profile_step --device cuda --optimizers sgd --batches 8 \
         --override sharding=host --override sharding.cache_fraction=0.05 \
         --out "$OUT/profile_host_h100.md" "$@"
       ;;

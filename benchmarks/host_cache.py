@@ -1,16 +1,16 @@
 """Host-memory tables behind a device cache (sharding=host) vs all-on-device vs naive CPU tables.
 
     # issue 8, same-size comparison (Kaggle fits on the GPU): host with a 5% cache vs all on GPU
-    python benchmarks/host_cache.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+    python -m benchmarks.host_cache --device cuda --model dlrm_kaggle --batch-size 65536 \
         --cache-fraction 0.05 --out benchmarks/results/host_cache_kaggle_h100.md
     # issue 8, the big model: 1TB cardinalities (187.8M rows x 128, ~96 GB fp32) in host memory,
     # at most 16 GiB of GPU memory for embeddings (caches + state + buffers): host RAM ~89 GiB
     # with row-wise Adagrad, so it fits a 125 GB machine with little to spare
-    python benchmarks/host_cache.py --device cuda --model dlrm_1tb --batch-size 65536 \
+    python -m benchmarks.host_cache --device cuda --model dlrm_1tb --batch-size 65536 \
         --cache-gb 12 --hbm-gb 16 --no-device-baseline \
         --out benchmarks/results/host_cache_1tb_h100.md
     # smoke test on CPU
-    python benchmarks/host_cache.py --device cpu --model dlrm_tiny --batch-size 4096 --steps 5
+    python -m benchmarks.host_cache --device cpu --model dlrm_tiny --batch-size 4096 --steps 5
 
 Rows, each timed over the same stream of synthetic batches: a new batch every step (made up
 front in host memory, copied to the device one step ahead as the trainer does), so the cache
@@ -36,18 +36,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from benchmarks.baseline import PlainDLRM  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+from benchmarks.baseline import PlainDLRM
+from benchmarks.common import (
     command_line,
+    compose_config,
     hardware,
     markdown_table,
     median,
@@ -56,14 +53,14 @@ from benchmarks.common import (  # noqa: E402
     sync,
     time_steps,
 )
-from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.distributed import init_distributed  # noqa: E402
-from hybridrec.model import loss_fn  # noqa: E402
-from hybridrec.optim import build_dense_optimizer  # noqa: E402
-from hybridrec.sparse.host import HostCachedEmbedding  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
-from hybridrec.types import Batch  # noqa: E402
+from hybridrec.config import Config
+from hybridrec.data import build_source
+from hybridrec.distributed import init_distributed
+from hybridrec.model import loss_fn
+from hybridrec.optim import build_dense_optimizer
+from hybridrec.sparse.host import HostCachedEmbedding
+from hybridrec.train.trainer import Trainer
+from hybridrec.types import Batch
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 
@@ -86,8 +83,7 @@ def make_cfg(
     ]
     if args.cache_gb is not None:
         overrides.append(f"sharding.cache_gb={args.cache_gb}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides))
+    return compose_config(overrides)
 
 
 def _embedding_gib(emb: torch.nn.Module) -> str:

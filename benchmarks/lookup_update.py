@@ -2,9 +2,9 @@
 the torch path (hybridrec.sparse.fused / hybridrec.optim.sparse) vs the Triton kernels
 (hybridrec.kernels), side by side on the same table, ids and gradients.
 
-    python benchmarks/lookup_update.py --device cuda --optimizer all \\
+    python -m benchmarks.lookup_update --device cuda --optimizer all \\
         --out benchmarks/results/lookup_update_h100.md        # dlrm_kaggle tables, batch 65536
-    python benchmarks/lookup_update.py --device cpu --rows 100000 --batch-size 4096   # smoke
+    python -m benchmarks.lookup_update --device cpu --rows 100000 --batch-size 4096   # smoke
 
 Default tables: the 26 dlrm_kaggle cardinalities (33.8M rows, conf/model/dlrm_kaggle.yaml);
 `--rows R` instead splits R rows evenly over `--tables`. Each table gets batch * hotness ids
@@ -31,31 +31,25 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from benchmarks.common import command_line, hardware, markdown_table, median, time_steps  # noqa: E402
-from hybridrec.config import CONF_DIR  # noqa: E402
-from hybridrec.kernels import dispatch, lookup, row_update, segment  # noqa: E402
-from hybridrec.kernels.lookup import pool  # noqa: E402
-from hybridrec.kernels.segment import dedupe  # noqa: E402
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
+from benchmarks.common import command_line, hardware, markdown_table, median, time_steps
+from hybridrec.config import load_model_config
+from hybridrec.kernels import dispatch, lookup, row_update, segment
+from hybridrec.kernels.lookup import pool
+from hybridrec.kernels.segment import dedupe
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS, RowWiseAdagrad, SparseAdam, SparseSGD
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
-OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
 HASH = 2654435761  # prime > any table size: rank -> (rank * HASH + 17) % n is a bijection
 
 
 def table_sizes(args: argparse.Namespace) -> list[int]:
     if args.rows is None:
-        cfg = OmegaConf.load(CONF_DIR / "model" / "dlrm_kaggle.yaml")
-        return list(cfg.num_embeddings_per_feature)
+        return list(load_model_config("dlrm_kaggle").num_embeddings_per_feature)
     base, extra = divmod(args.rows, args.tables)
     return [base + (t < extra) for t in range(args.tables)]
 
@@ -228,10 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    names = OPTIMIZERS if args.optimizer == "all" else tuple(args.optimizer.split(","))
-    unknown = set(names) - set(OPTIMIZERS)
+    names = SPARSE_OPTIMIZERS if args.optimizer == "all" else tuple(args.optimizer.split(","))
+    unknown = set(names) - set(SPARSE_OPTIMIZERS)
     if unknown:
-        p.error(f"--optimizer: unknown {sorted(unknown)}; one of sgd, rowwise_adagrad, adam, all")
+        choices = ", ".join((*SPARSE_OPTIMIZERS, "all"))
+        p.error(f"--optimizer: unknown {sorted(unknown)}; one of {choices}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     torch.manual_seed(0)
 

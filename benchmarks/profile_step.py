@@ -1,8 +1,8 @@
 """Where a hybridrec training step spends its device time, kernel by kernel.
 
-    python benchmarks/profile_step.py --device cuda --model dlrm_kaggle --batch-size 65536 \
+    python -m benchmarks.profile_step --device cuda --model dlrm_kaggle --batch-size 65536 \
         --optimizers sgd,rowwise_adagrad --kernels triton
-    python benchmarks/profile_step.py --device cuda --override sharding=host \
+    python -m benchmarks.profile_step --device cuda --override sharding=host \
         --override sharding.cache_fraction=0.05 --batches 8     # host rows behind a cache
 
 For each optimizer: the step of benchmarks/step.py (`sharding=none`, same model, same
@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from benchmarks.common import command_line, hardware, reset_device, sync  # noqa: E402
-from benchmarks.step import device_defaults, make_cfg  # noqa: E402
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.distributed import DistEnv, init_distributed  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
+from benchmarks.common import command_line, hardware, reset_device, sync
+from benchmarks.step import device_defaults, make_cfg
+from hybridrec.data import build_source
+from hybridrec.distributed import DistEnv, init_distributed
+from hybridrec.train.trainer import Trainer
 
 
 def profile_one(args: argparse.Namespace, sparse: str, env: DistEnv) -> str:

@@ -24,28 +24,23 @@ Baselines, measured in the same run, single process, one thread:
   dense optimizer as hybridrec, on the same batches;
 - reference: hybridrec with sharding=none (the single-process model the sharded runs equal).
 
-    python benchmarks/sharding_gloo.py --out benchmarks/results/sharding_gloo.md
+    python -m benchmarks.sharding_gloo --out benchmarks/results/sharding_gloo.md
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer
+from benchmarks.common import (
     command_line,
+    compose_config,
     cpu_seconds,
     git_state,
     hardware,
@@ -55,17 +50,17 @@ from benchmarks.common import (  # noqa: E402
     median,
     time_steps,
 )
-from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.distributed import DistEnv  # noqa: E402
-from hybridrec.distributed.comm import CommStats  # noqa: E402
-from hybridrec.model import DenseArch, loss_fn  # noqa: E402
-from hybridrec.optim import build_dense_optimizer  # noqa: E402
-from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost  # noqa: E402
-from hybridrec.sparse.sharded import ShardedEmbeddingCollection  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
-from hybridrec.types import ShardingPlan, ShardingType  # noqa: E402
-from tests.distributed.harness import spawn  # noqa: E402
+from hybridrec.config import Config
+from hybridrec.data import build_source
+from hybridrec.distributed import DistEnv
+from hybridrec.distributed.comm import CommStats
+from hybridrec.model import DenseArch, loss_fn
+from hybridrec.optim import build_dense_optimizer
+from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
+from hybridrec.sparse.sharded import ShardedEmbeddingCollection
+from hybridrec.train.trainer import Trainer
+from hybridrec.types import ShardingPlan, ShardingType
+from tests.distributed.harness import spawn
 
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto")
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
@@ -108,8 +103,7 @@ def make_cfg(args: argparse.Namespace, mode: str, world: int) -> Config:
         "logger=none",
         *args.override,
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides), world_size=world)
+    return compose_config(overrides, world_size=world)
 
 
 def plan_summary(plan: ShardingPlan | None) -> str:

@@ -1,7 +1,7 @@
 """Single-device training step: plain PyTorch vs hybridrec, same model, same data, one process.
 
-    python benchmarks/step.py --device cuda --model dlrm_kaggle --batch-size 65536   # issue 5
-    python benchmarks/step.py --device cpu --model dlrm_tiny --batch-size 4096      # smoke
+    python -m benchmarks.step --device cuda --model dlrm_kaggle --batch-size 65536   # issue 5
+    python -m benchmarks.step --device cpu --model dlrm_tiny --batch-size 4096      # smoke
 
 Rows, each timed over the same pre-generated batches already on the device (data loading is
 not timed; the batches cycle):
@@ -18,18 +18,15 @@ row and peak device memory; `--out` writes a markdown report with command and ha
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer
+from benchmarks.common import (
     command_line,
+    compose_config,
     hardware,
     markdown_table,
     median,
@@ -38,14 +35,14 @@ from benchmarks.common import (  # noqa: E402
     sync,
     time_steps,
 )
-from hybridrec.config import CONF_DIR, Config, validate  # noqa: E402
-from hybridrec.data import build_source  # noqa: E402
-from hybridrec.distributed import DistEnv, resolve_device  # noqa: E402
-from hybridrec.model import DenseArch, loss_fn  # noqa: E402
-from hybridrec.optim import build_dense_optimizer  # noqa: E402
-from hybridrec.parallelize import compile_dense  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
-from hybridrec.types import Batch  # noqa: E402
+from hybridrec.config import Config
+from hybridrec.data import build_source
+from hybridrec.distributed import DistEnv, resolve_device
+from hybridrec.model import DenseArch, loss_fn
+from hybridrec.optim import build_dense_optimizer
+from hybridrec.parallelize import compile_dense
+from hybridrec.train.trainer import Trainer
+from hybridrec.types import Batch
 
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
 
@@ -65,8 +62,7 @@ def make_cfg(
         f"device={args.device}",
         *extra,
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides))
+    return compose_config(overrides)
 
 
 def device_defaults(args: argparse.Namespace) -> torch.device:
@@ -224,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         "--floor-sps",
         type=float,
         default=None,
-        help="the card's samples/s floor for the 'of floor' column (DESIGN.md: about 19e6 "
-        "on an H100; default: 19e6 on CUDA, none on CPU)",
+        help="the card's samples/s floor for the 'of floor' column (about 19e6 on an "
+        "H100; default: 19e6 on CUDA, none on CPU)",
     )
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)

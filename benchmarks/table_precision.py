@@ -1,6 +1,6 @@
 """Accuracy effect of low-precision embedding tables on the synthetic teacher task.
 
-    python benchmarks/table_precision.py --out benchmarks/results/table_precision.md
+    python -m benchmarks.table_precision --out benchmarks/results/table_precision.md
 
 Trains the same model (same seed, data, steps) with fp32, bf16 and fp16 table weights
 (optimizer state and math fp32, each updated row rounded once) and reports the final eval
@@ -10,18 +10,13 @@ AUC and log loss over the same held-out batches, next to the fp32 run.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from benchmarks.common import command_line, hardware, markdown_table  # noqa: E402
-from hybridrec.config import CONF_DIR, validate  # noqa: E402
-from hybridrec.distributed import init_distributed  # noqa: E402
-from hybridrec.train.trainer import Trainer  # noqa: E402
+from benchmarks.common import command_line, compose_config, hardware, markdown_table
+from hybridrec.distributed import init_distributed
+from hybridrec.train.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,8 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                 "device=cpu",
                 *args.override,
             ]
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = validate(compose("train", overrides=overrides))
+            cfg = compose_config(overrides)
             ev = Trainer(cfg, init_distributed("cpu")).fit()["eval"]
             base = base or ev
             rows.append(

@@ -1,10 +1,10 @@
 """`python -m hybridrec.main` / `hybridrec-train`: Hydra entry point, kept thin.
 
-Composes conf/train.yaml with its groups and any overrides, validates it into a typed Config,
-then either trains in this process (joining the process group when started by torchrun, or
-when sharding needs one) or, with `launcher.nproc_per_node` > 1 and no torchrun, starts that
-many local ranks of itself (hybridrec.train.sweep), which is also what each job of a
-`-m` sweep does.
+Composes conf/train.yaml (the schema's defaults, then its groups) and any overrides,
+validates it into a typed Config, then either trains in this process (joining the process
+group when started by torchrun, or when sharding needs one) or, with
+`launcher.nproc_per_node` > 1 and no torchrun, starts that many local ranks of itself
+(hybridrec.train.sweep), which is also what each job of a `-m` sweep does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import CONF_DIR, Config, check_override_keys, validate
+from hybridrec.config import CONF_DIR, Config, check_override_keys, register_schema, validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
 from hybridrec.train.exits import (
     FAILED_EXIT,
@@ -66,6 +66,7 @@ def _run_id() -> str:
 
 
 OmegaConf.register_new_resolver("hybridrec_run_id", _run_id, use_cache=True, replace=True)
+register_schema()  # conf/train.yaml's defaults list starts with the schema's defaults
 
 
 def _validated(raw: DictConfig) -> tuple[Config, bool]:

@@ -29,6 +29,9 @@ class ShardingType(str, Enum):
 # What `sharding.tables` may pin one table to: a ShardingType, or host memory behind a device
 # cache (stored as row-wise / table-wise shards with cache rows).
 PIN_MODES = tuple(s.value for s in ShardingType) + ("host",)
+# What `sharding.type` may be: every table in one process (none), every table one way, the
+# planner's choice per table (auto), or every table in host memory
+SHARDING_TYPES = ("none", *(s.value for s in ShardingType), "auto", "host")
 
 # Host caches' use counts halve every this many lookups (sharding.cache_halflife). 1000, not
 # 100: replayed on the CPU (benchmarks/results/cache_policy_halflife_*.md), a short memory

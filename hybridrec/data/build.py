@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
-from hybridrec.config import Config
 from hybridrec.data.loader import BatchSource, SliceLoader
 from hybridrec.data.synthetic import SyntheticCriteo
 
+if TYPE_CHECKING:
+    from hybridrec.config import Config
+
 log = logging.getLogger("hybridrec")
+
+# data.name: the sources build_source makes
+SOURCES = ("synthetic", "criteo", "criteo_sample")
 
 
 def build_source(cfg: Config) -> BatchSource:
@@ -43,7 +49,7 @@ def build_source(cfg: Config) -> BatchSource:
         from hybridrec.data.source import open_source
 
         return open_source(cfg)
-    raise ValueError(f"data.name={d.name!r} is not one of: synthetic, criteo, criteo_sample")
+    raise ValueError(f"data.name={d.name!r} is not one of: {', '.join(SOURCES)}")
 
 
 def build_loader(

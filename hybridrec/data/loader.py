@@ -31,6 +31,9 @@ import torch
 
 from hybridrec.types import Batch
 
+# data.loader: every rank reads its own slice | rank 0 reads and broadcasts
+LOADERS = ("per_rank", "broadcast")
+
 
 class BatchSource(Protocol):
     def batch(self, step: int, batch_size: int, split: str = "train") -> Batch: ...

@@ -7,10 +7,15 @@ CUDA: one launch per step instead of one per parameter.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
-from hybridrec.config import DenseOptimConfig
+if TYPE_CHECKING:
+    from hybridrec.config import DenseOptimConfig
+
+# optim.dense.name: the torch.optim optimizers build_dense_optimizer makes
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
 def build_dense_optimizer(
@@ -36,4 +41,4 @@ def build_dense_optimizer(
             weight_decay=cfg.weight_decay,
             **fast,
         )
-    raise ValueError(f"optim.dense.name={cfg.name!r} is not one of: sgd, adagrad, adam")
+    raise ValueError(f"optim.dense.name={cfg.name!r} is not one of: {', '.join(DENSE_OPTIMIZERS)}")

@@ -21,10 +21,12 @@ warmup_steps=2750, decay_start=49315, decay_steps=27772, decay_power=2.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
-from hybridrec.config import ScheduleConfig
+if TYPE_CHECKING:
+    from hybridrec.config import ScheduleConfig
 
 
 class LRSchedule:

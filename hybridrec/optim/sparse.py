@@ -28,10 +28,10 @@ where every row is touched each step it equals the dense optimizer.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from hybridrec.config import SparseOptimConfig
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.row_update import (
     adam_update,
@@ -39,6 +39,9 @@ from hybridrec.kernels.row_update import (
     rowwise_adagrad_update,
     sgd_update,
 )
+
+if TYPE_CHECKING:
+    from hybridrec.config import SparseOptimConfig
 
 
 def _real(count: torch.Tensor | None, *tensors: torch.Tensor | None) -> tuple:
@@ -124,12 +127,19 @@ class SparseAdam:
 RowOptimizerT = SparseSGD | RowWiseAdagrad | SparseAdam
 
 
+# optim.sparse.name -> the row optimizer it builds; the config's choices are these names
+_BUILDERS = {
+    "sgd": lambda c: SparseSGD(c.lr),
+    "rowwise_adagrad": lambda c: RowWiseAdagrad(c.lr, c.eps),
+    "adam": lambda c: SparseAdam(c.lr, c.beta1, c.beta2, c.eps),
+}
+SPARSE_OPTIMIZERS = tuple(_BUILDERS)
+
+
 def build_sparse_optimizer(cfg: SparseOptimConfig) -> RowOptimizerT:
     """The row optimizer named by `optim.sparse.name`."""
-    if cfg.name == "sgd":
-        return SparseSGD(cfg.lr)
-    if cfg.name == "rowwise_adagrad":
-        return RowWiseAdagrad(cfg.lr, cfg.eps)
-    if cfg.name == "adam":
-        return SparseAdam(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps)
-    raise ValueError(f"optim.sparse.name={cfg.name!r} is not one of: sgd, rowwise_adagrad, adam")
+    if cfg.name not in _BUILDERS:
+        raise ValueError(
+            f"optim.sparse.name={cfg.name!r} is not one of: {', '.join(SPARSE_OPTIMIZERS)}"
+        )
+    return _BUILDERS[cfg.name](cfg)

@@ -14,17 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from hybridrec.config import TABLE_DTYPES, load_model_config
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
 from hybridrec.planner.cost import estimate_cost
 from hybridrec.planner.memory import host_memory
 from hybridrec.planner.plan import MODES, plan_sharding
 from hybridrec.planner.report import format_plan
 from hybridrec.planner.types import (
     GIB,
-    OPTIMIZERS,
     CachePolicy,
     OptimizerFootprint,
     Topology,
@@ -32,40 +30,11 @@ from hybridrec.planner.types import (
 )
 from hybridrec.types import PIN_MODES, TableConfig
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
-
-
-def _model_path(model: str) -> Path:
-    path = Path(model)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise ValueError(f"model file {model!r} does not exist")
-        return path
-    path = MODEL_DIR / f"{model}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in MODEL_DIR.glob("*.yaml"))
-        raise ValueError(f"unknown model {model!r}; known in {MODEL_DIR}: {', '.join(known)}")
-    return path
-
 
 def _load_tables(model: str) -> tuple[str, list[TableConfig]]:
-    """(model name, tables cat_0..cat_{T-1}) from a model yaml."""
-    path = _model_path(model)
-    cfg = OmegaConf.load(path)
-    for key in ("embedding_dim", "num_embeddings_per_feature"):
-        if key not in cfg:
-            raise ValueError(f"{path}: missing field {key!r}")
-    rows = list(cfg.num_embeddings_per_feature)
-    hotness = cfg.get("hotness", 1)
-    hot = [int(hotness)] * len(rows) if isinstance(hotness, int) else list(hotness)
-    if len(hot) != len(rows):
-        raise ValueError(f"{path}: hotness has {len(hot)} entries for {len(rows)} tables")
-    pooling = cfg.get("pooling", "sum")
-    tables = [
-        TableConfig(f"cat_{i}", int(n), int(cfg.embedding_dim), int(h), pooling)
-        for i, (n, h) in enumerate(zip(rows, hot, strict=True))
-    ]
-    return str(cfg.get("name", path.stem)), tables
+    """(model name, tables cat_0..cat_{T-1}) of a model, loaded as hybridrec-train loads it."""
+    m = load_model_config(model)
+    return m.name, list(m.tables())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         default="sgd",
-        choices=OPTIMIZERS,
+        choices=SPARSE_OPTIMIZERS,
         help="sparse optimizer, for its state size (default sgd)",
     )
     p.add_argument(
@@ -133,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--comm-dtype",
         default="fp32",
-        choices=("fp32", "bf16", "fp16"),
+        choices=tuple(TABLE_DTYPES),
         help="pooled embeddings and their gradients in the all-to-alls (sharding.comm_dtype; "
         "default fp32)",
     )

@@ -31,6 +31,9 @@ _ENV_MODES = {
     "dryrun": "offline",
     "disabled": "disabled",
 }
+# logger.name: metrics.jsonl only, or also Weights & Biases; logger.mode: how W&B runs
+LOGGERS = ("none", "wandb")
+WANDB_MODES = ("auto", "offline", "online", "disabled")
 INIT_TIMEOUT_S = 30.0  # wandb.init gives up after this long (env WANDB_INIT_TIMEOUT overrides)
 FINISH_TIMEOUT_S = 60.0  # online: stop uploading at the end after this long; `wandb sync` later
 
@@ -158,10 +161,8 @@ def wandb_mode(requested: str) -> str:
 
 def _requested_mode(requested: str) -> str:
     if requested != "auto":
-        if requested not in ("online", "offline", "disabled"):
-            raise ValueError(
-                f"logger.mode={requested!r} is not one of: auto, online, offline, disabled"
-            )
+        if requested not in WANDB_MODES:
+            raise ValueError(f"logger.mode={requested!r} is not one of: {', '.join(WANDB_MODES)}")
         return requested
     env = os.environ.get("WANDB_MODE", "").strip().lower()
     if env:

@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, validate
 from hybridrec.data import CorruptBlockError, MalformedRowError, open_dataset
 from hybridrec.data.criteo import TsvReader, parse_ints
 from hybridrec.data.preprocess import PreprocessOptions, preprocess
 from hybridrec.data.source import BinarySource, check_model_matches
+from tests.configs import make_config
 
 
 def test_parse_ints_grammar():
@@ -145,21 +144,16 @@ def test_wrong_header_and_missing_file(dataset_copy):
         open_dataset(dataset_copy)
 
 
-def _cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=list(overrides)))
-
-
 def test_model_must_match_dataset(sample_dataset):
     m = open_dataset(sample_dataset).manifest
-    check_model_matches(m, _cfg("data=criteo_sample").model, "x")  # the shipped model fits
+    check_model_matches(m, make_config("data=criteo_sample").model, "x")  # the shipped model fits
     with pytest.raises(
         ValueError, match=r"has 26 categorical tables but the model \(dlrm_tiny\) has 6"
     ):
-        check_model_matches(m, _cfg().model, "x")
+        check_model_matches(m, make_config().model, "x")
     rows = list(m.cardinalities)
     rows[7] += 1
-    model = _cfg(
+    model = make_config(
         "data=criteo_sample", f"model.num_embeddings_per_feature=[{','.join(map(str, rows))}]"
     ).model
     with pytest.raises(ValueError) as e:
@@ -168,7 +162,7 @@ def test_model_must_match_dataset(sample_dataset):
     assert f"model.num_embeddings_per_feature=[{','.join(map(str, m.cardinalities))}]" in str(
         e.value
     )
-    multi = _cfg("data=criteo_sample", "model.hotness=2").model
+    multi = make_config("data=criteo_sample", "model.hotness=2").model
     with pytest.raises(ValueError, match="table cat_0: model.hotness is 2 .* data.multi_hot="):
         check_model_matches(m, multi, "x")
     check_model_matches(m, multi, "x", multi_hot="synthetic")  # expanded from one-hot: fits
@@ -178,22 +172,24 @@ def test_trainer_rejects_mismatch_before_training(sample_dataset):
     from hybridrec.distributed import init_distributed
     from hybridrec.train.trainer import Trainer
 
-    cfg = _cfg("data=criteo", f"data.path={sample_dataset}", "model=dlrm_kaggle", "device=cpu")
+    cfg = make_config(
+        "data=criteo", f"data.path={sample_dataset}", "model=dlrm_kaggle", "device=cpu"
+    )
     with pytest.raises(ValueError, match=r"table cat_0 \(C1\): the dataset .* has 15 ids"):
         Trainer(cfg, init_distributed("cpu"))
 
 
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="data.loader='bcast' is not one of: per_rank, broadcast"):
-        _cfg("data.loader=bcast")
+        make_config("data.loader=bcast")
     with pytest.raises(ValueError, match="data.reader='nvdali' is not one of: memmap, dali"):
-        _cfg("data=criteo_sample", "data.reader=nvdali")
+        make_config("data=criteo_sample", "data.reader=nvdali")
     with pytest.raises(ValueError, match="data.path must name a directory"):
-        _cfg("data=criteo")
+        make_config("data=criteo")
     with pytest.raises(ValueError, match="data.preprocess.train_fraction must be in"):
-        _cfg("data=criteo_sample", "data.preprocess.train_fraction=0")
+        make_config("data=criteo_sample", "data.preprocess.train_fraction=0")
     with pytest.raises(ValueError, match="data.prefetch must be >= 0"):
-        _cfg("data.prefetch=-1")
+        make_config("data.prefetch=-1")
 
 
 def test_malformed_row_in_a_parallel_run_and_the_cli(tmp_path):
@@ -239,14 +235,14 @@ def test_malformed_row_in_a_parallel_run_and_the_cli(tmp_path):
 def test_split_smaller_than_a_batch_fails_at_start(sample_dataset):
     from hybridrec.data import build_source
 
-    cfg = _cfg(
+    cfg = make_config(
         "data=criteo", f"data.path={sample_dataset}", "model=criteo_sample", "train.batch_size=256"
     )
     with pytest.raises(
         ValueError, match="split 'train' has 160 rows, fewer than one global batch of 256"
     ):
         build_source(cfg)
-    padded = _cfg(
+    padded = make_config(
         "data=criteo",
         f"data.path={sample_dataset}",
         "model=criteo_sample",
@@ -404,8 +400,7 @@ def _criteo_cfg(path):
         "eval.every=0",
         "device=cpu",
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides))
+    return make_config(*overrides)
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])

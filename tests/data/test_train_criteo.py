@@ -13,12 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
+from tests.configs import make_config
 from tests.distributed.harness import spawn
 
 
@@ -71,8 +70,7 @@ def _cfg(path: str, sharding: str, loader: str, world: int):
         "device=cpu",
         "seed=3",
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides), world_size=world)
+    return make_config(*overrides, world_size=world)
 
 
 def _losses(env: DistEnv, path: str, sharding: str, loader: str) -> list[float]:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, Config, validate
+from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
+from tests.configs import make_config
 from tests.distributed.harness import spawn
 
 pytestmark = pytest.mark.slow
@@ -60,8 +60,7 @@ def make_cfg(mode: str, sparse: str, world: int, pooling: str = "sum") -> Config
         "sharding.data_parallel_max_bytes=2048",  # auto replicates tables <= 2 KiB
         f"sharding.hbm_gb={budget / 2**30}",
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=overrides), world_size=world)
+    return make_config(*overrides, world_size=world)
 
 
 def train_and_collect(env: DistEnv, cfg: Config) -> dict:

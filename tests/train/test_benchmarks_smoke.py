@@ -83,7 +83,7 @@ def test_host_cache_benchmark_runs_every_row(tmp_path):
     args += ["--warmup=3", "--naive-steps=2", "--optimizers=sgd", "--inline-prefetch"]
     args += [f"--out={out}"]
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "host_cache.py"), *args],
+        [sys.executable, "-m", "benchmarks.host_cache", *args],
         capture_output=True,
         text=True,
         env=env,

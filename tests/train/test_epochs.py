@@ -6,16 +6,14 @@ import json
 import math
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import DistEnv
 from hybridrec.train.trainer import Trainer
+from tests.configs import make_config
 
 
 def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=["device=cpu", *overrides]))
+    return make_config("device=cpu", *overrides)
 
 
 def test_epochs_become_steps_over_the_train_split(tmp_path):

@@ -7,20 +7,18 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import DistEnv
 from hybridrec.parallelize import check_memory, make_plan
 from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
+from tests.configs import make_config
 from tests.distributed.harness import spawn
 
 
 def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=["device=cpu", *overrides]))
+    return make_config("device=cpu", *overrides)
 
 
 def _fit_both(env, tmp_path):

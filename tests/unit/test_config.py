@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from hybridrec.config import CONF_DIR, load_model_config, validate
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+from tests.configs import raw_config as _compose
 
 
 def test_default_config_validates():
@@ -170,11 +165,11 @@ def test_multi_hot_expansion_is_for_file_datasets():
 
 
 def test_eval_split_is_for_file_datasets():
-    """Synthetic data has one eval stream: `+data.eval_split=test` (what Hydra suggests) used
-    to evaluate it anyway and log "samples of split 'test'"."""
+    """Synthetic data has one eval stream: `data.eval_split=test` used to evaluate it anyway
+    and log "samples of split 'test'" (the command line refuses it before: check_override_keys)."""
     assert validate(_compose("data=criteo_sample", "data.eval_split=test")).data.eval_split
     with pytest.raises(ValueError, match="data.eval_split=test picks a split of a file dataset"):
-        validate(_compose("+data.eval_split=test"))
+        validate(_compose("data.eval_split=test"))
 
 
 def test_every_schema_key_outside_data_can_be_overridden_in_every_group_option():
@@ -201,3 +196,93 @@ def test_every_schema_key_outside_data_can_be_overridden_in_every_group_option()
             cfg = _compose(f"{group.name}={option.stem}")
             missing = [k for k in schema if OmegaConf.select(cfg, k, default=KeyError) is KeyError]
             assert not missing, f"{group.name}={option.stem} lacks {missing}"
+
+
+def _leaves(node: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested dict (lists and None are values)."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _schema() -> dict:
+    from omegaconf import OmegaConf
+
+    from hybridrec.config import Config
+
+    return OmegaConf.to_container(OmegaConf.structured(Config))
+
+
+def _group_file(path) -> dict:
+    """A conf/ file's keys as the config root sees them (its package applied), no `defaults`."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(OmegaConf.load(path))
+    node.pop("defaults", None)
+    if path.parent == CONF_DIR or path.read_text().startswith("# @package _global_"):
+        return node
+    return {path.parent.name: node}
+
+
+def test_composed_defaults_are_the_schema_but_for_the_chosen_group_files():
+    """The schema is the one source of defaults: with no overrides, every key is the schema's
+    default unless the group option conf/train.yaml chooses sets it."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(_compose())
+    raw.pop("hydra", None)
+    choices = [
+        next(iter(d.items()))
+        for d in OmegaConf.load(CONF_DIR / "train.yaml").defaults
+        if not isinstance(d, str) and next(iter(d.values())) is not None
+    ]
+    assert {g for g, _ in choices} == {"model", "data", "sharding", "optim", "logger"}
+    set_by_groups = {}
+    for group, option in choices:
+        set_by_groups.update(_leaves(_group_file(CONF_DIR / group / f"{option}.yaml")))
+    schema = _leaves(_schema())
+    got = _leaves(raw)
+    assert got.keys() == schema.keys()
+    expected = {k: set_by_groups.get(k, v) for k, v in schema.items()}
+    assert got == expected
+
+
+def _schema_has(schema: dict, key: str) -> bool:
+    node = schema
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+        if not isinstance(node, dict):  # a leaf (a list, or a dict-valued key like tables)
+            return True
+    return True
+
+
+def test_every_key_in_conf_is_a_schema_key_and_group_files_set_only_what_differs():
+    schema = _schema()
+    defaults = _leaves(schema)
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        keys = {k: v for k, v in _leaves(_group_file(path)).items() if not k.startswith("hydra.")}
+        unknown = [k for k in keys if not _schema_has(schema, k)]
+        assert not unknown, f"{path.relative_to(CONF_DIR)}: {unknown} not in the schema"
+        if path.parent.name == "experiment":  # presets state their recipe in full
+            continue
+        copied = [
+            k
+            for k, v in keys.items()
+            if k in defaults and v == defaults[k] and k.rsplit(".", 1)[-1] not in ("name", "type")
+        ]
+        assert not copied, f"{path.relative_to(CONF_DIR)} repeats schema defaults: {copied}"
+
+
+def test_data_keys_name_schema_keys_of_known_sources():
+    from hybridrec.config import DATA_KEYS, fields_at
+    from hybridrec.data.build import SOURCES
+
+    assert tuple(sorted(DATA_KEYS)) == tuple(sorted(SOURCES))
+    for keys in DATA_KEYS.values():
+        assert set(keys) <= set(fields_at("data"))

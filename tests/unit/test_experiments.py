@@ -8,20 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, GROUPS, check_override_keys, validate
+from hybridrec.config import CONF_DIR, GROUPS, check_override_keys
 from hybridrec.parallelize import make_plan
 from hybridrec.planner import OptimizerFootprint, host_memory, rank_memory
 from tests.cli import run_cli
+from tests.configs import make_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 GiB = 2**30
-
-
-def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=list(overrides)))
 
 
 def _memory(cfg) -> tuple[float, float, bool]:
@@ -43,12 +38,12 @@ def test_presets_exist_and_are_a_group_of_the_cli():
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_preset_composes_and_validates(name):
     dataset = ["data.path=/data/criteo/bin"] if name == "mlperf_dlrm_1tb" else []
-    cfg = _cfg(f"experiment={name}", *dataset)
+    cfg = make_config(f"experiment={name}", *dataset)
     assert cfg.train.batch_size > 0
 
 
 def test_one_gpu_1tb_preset_fits_16_gib_of_gpu_and_the_gpu_machines_host_ram():
-    cfg = _cfg("experiment=dlrm_1tb_one_gpu")
+    cfg = make_config("experiment=dlrm_1tb_one_gpu")
     assert cfg.model.name == "dlrm_1tb" and cfg.sharding.type == "host"
     assert sum(t.num_rows for t in cfg.model.tables()) == 187_767_399  # ~96 GB of fp32 x 128
     assert cfg.device == "cuda" and cfg.train.batch_size == 65536
@@ -58,7 +53,7 @@ def test_one_gpu_1tb_preset_fits_16_gib_of_gpu_and_the_gpu_machines_host_ram():
 
 
 def test_kaggle_host_preset_caches_5_percent_of_rows():
-    cfg = _cfg("experiment=kaggle_host_cache")
+    cfg = make_config("experiment=kaggle_host_cache")
     assert (cfg.model.name, cfg.sharding.type, cfg.sharding.cache_fraction) == (
         "dlrm_kaggle",
         "host",
@@ -69,18 +64,18 @@ def test_kaggle_host_preset_caches_5_percent_of_rows():
 
 
 def test_mlperf_preset_is_the_reference_recipe_and_needs_a_dataset():
-    cfg = _cfg("experiment=mlperf_dlrm_1tb", "data.path=/data/criteo/bin")
+    cfg = make_config("experiment=mlperf_dlrm_1tb", "data.path=/data/criteo/bin")
     assert (cfg.model.name, cfg.data.name, cfg.sharding.type) == ("dlrm_1tb", "criteo", "auto")
     assert (cfg.optim.dense.name, cfg.optim.dense.lr) == ("sgd", 1.0)
     assert (cfg.optim.sparse.name, cfg.optim.sparse.lr) == ("sgd", 1.0)
     assert (cfg.train.batch_size, cfg.train.epochs, cfg.eval.target_auc) == (2048, 1, 0.8025)
     assert cfg.eval.batches is None and cfg.eval.every == 102400
     with pytest.raises(ValueError, match="data.path must name a directory"):
-        _cfg("experiment=mlperf_dlrm_1tb")
+        make_config("experiment=mlperf_dlrm_1tb")
 
 
 def test_command_line_overrides_beat_the_preset():
-    cfg = _cfg("experiment=kaggle_host_cache", "train.batch_size=512", "model=dlrm_tiny")
+    cfg = make_config("experiment=kaggle_host_cache", "train.batch_size=512", "model=dlrm_tiny")
     assert cfg.train.batch_size == 512 and cfg.model.name == "dlrm_tiny"
     assert cfg.sharding.type == "host"  # the rest of the preset stays
 

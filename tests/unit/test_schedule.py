@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, ScheduleConfig, validate
+from hybridrec.config import ScheduleConfig
 from hybridrec.distributed import init_distributed
 from hybridrec.optim.schedule import LRSchedule
 from hybridrec.train.trainer import Trainer
+from tests.configs import make_config
 from tests.distributed.test_equivalence import make_cfg, snapshot
 
 
@@ -32,11 +32,6 @@ def test_factor_warmup_constant_decay_end():
     assert _factors([1, 10**6]) == [1.0, 1.0]
 
 
-def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=list(overrides)))
-
-
 @pytest.mark.parametrize(
     "override,message",
     [
@@ -47,12 +42,12 @@ def _compose(*overrides):
 )
 def test_bad_schedule_names_the_key(override, message):
     with pytest.raises(ValueError, match=message):
-        _compose(override)
+        make_config(override)
 
 
 def test_decay_inside_warmup_is_an_error():
     with pytest.raises(ValueError, match=r"decay_start=5 is inside the warm-up.*warmup_steps=10"):
-        _compose(
+        make_config(
             "optim.schedule.warmup_steps=10",
             "optim.schedule.decay_start=5",
             "optim.schedule.decay_steps=10",

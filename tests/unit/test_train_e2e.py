@@ -11,18 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from hybridrec.config import CONF_DIR, validate
 from hybridrec.distributed import init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.cli import REPO, run_cli
+from tests.configs import make_config
 from tests.distributed.test_equivalence import make_cfg
-
-
-def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("train", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize(
@@ -30,7 +24,7 @@ def _cfg(*overrides: str):
 )
 def test_loss_falls_and_auc_beats_chance(tmp_path, arch, sparse):
     lr = {"rowwise_adagrad": 0.05, "adam": 0.01, "sgd": 1.0}[sparse]
-    cfg = _cfg(
+    cfg = make_config(
         "train.steps=300",
         "train.batch_size=256",
         "train.log_every=25",
@@ -124,7 +118,7 @@ def test_cli_bad_value_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("table_dtype", ["bf16", "fp16"])
 def test_low_precision_tables_train(tmp_path, table_dtype):
-    cfg = _cfg(
+    cfg = make_config(
         "train.steps=200",
         "train.batch_size=256",
         "train.log_every=50",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
+from hybridrec.planner import OPTIMIZERS
 from hybridrec.planner.cli import main
 
 
@@ -27,7 +29,7 @@ def test_cli_accepts_a_yaml_path_and_rejects_bad_input(capsys, tmp_path):
     model = tmp_path / "m.yaml"
     model.write_text(
         "name: m\nembedding_dim: 8\nnum_embeddings_per_feature: [100, 5]\n"
-        "hotness: [2, 1]\npooling: mean\n"
+        "hotness: [2, 1]\npooling: mean\nbottom_mlp: [32, 8]\n"
     )
     argv = ["--model", str(model)] + (
         "--world-size 2 --batch-size 64 --mode row_wise --optimizer adam --weight-bytes 2".split()
@@ -59,3 +61,14 @@ def test_cli_pins_tables(capsys):
     assert "pinned by sharding.tables: 2 row ranges" in out
     assert main([*args, "--pin", "cat_2"]) == 2
     assert "expected TABLE=MODE" in capsys.readouterr().err
+
+
+def test_cli_sizes_every_optimizer_the_trainer_offers(capsys):
+    """--optimizer takes the trainer's choices; the planner has a state footprint for each."""
+    assert set(SPARSE_OPTIMIZERS) <= set(OPTIMIZERS)
+    for name in SPARSE_OPTIMIZERS:
+        assert main(f"--model dlrm_tiny --world-size 2 --optimizer {name}".split()) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main("--model dlrm_tiny --optimizer adamw".split())
+    assert "invalid choice: 'adamw'" in capsys.readouterr().err

@@ -1,0 +1,272 @@
+"""validate(): a composed config -> a typed, checked Config, or a ValueError naming the key.
+
+Every mistake surfaces before any work starts, as one message that names the key and what it
+accepts:
+
+    unknown key    -> "unknown config key 'train.stpes'; keys under 'train': steps, epochs, ..."
+    wrong value    -> "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam"
+
+Each choice list belongs to the component that implements the choices (optimizers, loaders,
+readers, loggers, kernels, ...); the checks here import it from there.
+"""
+
+from __future__ import annotations
+
+import re
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hybridrec.config.schema import (
+    ARCHS,
+    DEVICES,
+    TABLE_DTYPES,
+    Config,
+    ScheduleConfig,
+    fields_at,
+)
+from hybridrec.data.build import SOURCES
+from hybridrec.data.loader import LOADERS
+from hybridrec.data.readers import READERS
+from hybridrec.kernels.dispatch import KERNEL_MODES
+from hybridrec.optim.dense import DENSE_OPTIMIZERS
+from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
+from hybridrec.sparse.host import HOST_COPY_MODES
+from hybridrec.train.loggers import LOGGERS, WANDB_MODES
+from hybridrec.types import PIN_MODES, SHARDING_TYPES, Pooling
+
+
+def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _check_pins(c: Config) -> None:
+    pins = c.sharding.tables
+    if not pins:
+        return
+    if c.sharding.type == "none":
+        raise ValueError(
+            "sharding.tables pins tables to sharding modes, but sharding=none keeps every table "
+            "in one process; choose a planner mode (sharding=auto, table_wise, ...)"
+        )
+    names = [t.name for t in c.model.tables()]
+    for name, mode in pins.items():
+        if name not in names:
+            raise ValueError(
+                f"sharding.tables.{name}: model {c.model.name} has no table {name!r}; its "
+                f"tables are {names[0]} .. {names[-1]}"
+            )
+        _choice(f"sharding.tables.{name}", mode, PIN_MODES)
+
+
+def _check_schedule(s: ScheduleConfig) -> None:
+    _positive("optim.schedule.warmup_steps", s.warmup_steps, allow_zero=True)
+    _positive("optim.schedule.decay_start", s.decay_start, allow_zero=True)
+    _positive("optim.schedule.decay_steps", s.decay_steps, allow_zero=True)
+    _positive("optim.schedule.decay_power", s.decay_power)
+    if not 0.0 <= s.end_factor <= 1.0:
+        raise ValueError(f"optim.schedule.end_factor must be in [0, 1], got {s.end_factor}")
+    if s.decay_steps > 0 and s.decay_start < s.warmup_steps:
+        raise ValueError(
+            f"optim.schedule.decay_start={s.decay_start} is inside the warm-up "
+            f"(optim.schedule.warmup_steps={s.warmup_steps}): decay must start after it"
+        )
+
+
+_KINDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
+def _value_message(key: str, msg: str) -> str:
+    """OmegaConf's conversion error as `<key> must be an integer, got 'abc'` (one line)."""
+    m = re.match(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
+    if m and m.group(2) in _KINDS:
+        return f"{key} must be {_KINDS[m.group(2)]}, got '{m.group(1)}'"
+    first = msg.strip().splitlines()[0] if msg.strip() else "invalid value"
+    return f"invalid config value for '{key}': {first}"
+
+
+def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
+    """Merge a composed config into the schema, check every value, return a typed Config.
+
+    `world_size` is the number of ranks the run will use: the global batch must split evenly.
+    """
+    if isinstance(cfg, Config):
+        cfg = OmegaConf.structured(cfg)
+    raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+    except ConfigKeyError as e:
+        full = str(e.full_key or e.key)
+        parent = full.rsplit(".", 1)[0] if "." in full else ""
+        where = f"under '{parent}'" if parent else "at the top level"
+        allowed = ", ".join(fields_at(parent)) or "(none)"
+        raise ValueError(f"unknown config key '{full}'; keys {where}: {allowed}") from None
+    except OmegaConfBaseException as e:
+        raise ValueError(_value_message(str(e.full_key), str(e.msg))) from None
+    c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check(c, world_size)
+    return c
+
+
+def _check(c: Config, world_size: int) -> None:
+    m = c.model
+    _choice("device", c.device, DEVICES)
+    _choice("model.arch", m.arch, ARCHS)
+    _choice("model.pooling", m.pooling, tuple(p.value for p in Pooling))
+    _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
+    _choice("data.name", c.data.name, SOURCES)
+    _check_data(c)
+    _choice("sharding.type", c.sharding.type, SHARDING_TYPES)
+    _choice("optim.dense.name", c.optim.dense.name, DENSE_OPTIMIZERS)
+    _choice("optim.sparse.name", c.optim.sparse.name, SPARSE_OPTIMIZERS)
+    _choice("logger.name", c.logger.name, LOGGERS)
+    _choice("logger.mode", c.logger.mode, WANDB_MODES)
+    _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
+    _choice("train.autocast", c.train.autocast, ("bf16", "none"))
+    _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
+    _choice("train.kernels", c.train.kernels, KERNEL_MODES)
+    _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
+    _positive("checkpoint.keep", c.checkpoint.keep)
+    if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:
+        raise ValueError("checkpoint.resume must be auto, never or a checkpoint path")
+    if c.eval.only and not (c.checkpoint.dir or c.model.init_from):
+        raise ValueError(
+            "eval.only evaluates a trained model: set checkpoint.dir (the newest checkpoint, or "
+            "checkpoint.resume=<path>) or model.init_from=<hybridrec-export file>"
+        )
+    if c.eval.only and c.eval.batches == 0:
+        raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
+    if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
+        raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
+    n = len(m.num_embeddings_per_feature)
+    if n == 0:
+        raise ValueError("model.num_embeddings_per_feature must list at least one table")
+    for i, rows in enumerate(m.num_embeddings_per_feature):
+        if rows < 1:
+            raise ValueError(f"model.num_embeddings_per_feature[{i}] must be >= 1, got {rows}")
+    if isinstance(m.hotness, bool) or not isinstance(m.hotness, (int, list)):
+        raise ValueError(f"model.hotness must be an int or a list of {n} ints, got {m.hotness!r}")
+    if isinstance(m.hotness, list):
+        if len(m.hotness) != n or not all(isinstance(h, int) for h in m.hotness):
+            raise ValueError(
+                f"model.hotness has {len(m.hotness)} entries but there are {n} tables "
+                "(model.num_embeddings_per_feature); give one int per table or a single int"
+            )
+    if min(m.hotness_list()) < 1:
+        raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
+    _positive("model.embedding_dim", m.embedding_dim)
+    _positive("model.num_dense_features", m.num_dense_features)
+    if not m.bottom_mlp or m.bottom_mlp[-1] != m.embedding_dim:
+        raise ValueError(
+            f"model.bottom_mlp must end with model.embedding_dim={m.embedding_dim} (its output "
+            f"joins the embeddings in the interaction), got {m.bottom_mlp}"
+        )
+    if not m.top_mlp or m.top_mlp[-1] != 1:
+        raise ValueError(f"model.top_mlp must end with 1 (one logit), got {m.top_mlp}")
+    for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
+        if any(w < 1 for w in widths):
+            raise ValueError(f"{key} widths must be >= 1, got {widths}")
+    if m.arch == "dcnv2":
+        _positive("model.dcn_layers", m.dcn_layers)
+        _positive("model.dcn_rank", m.dcn_rank)
+    _positive("train.steps", c.train.steps)
+    if c.train.epochs is not None:
+        _positive("train.epochs", c.train.epochs)
+        if c.data.name == "synthetic":
+            raise ValueError(
+                f"train.epochs={c.train.epochs}: data=synthetic is endless (no epochs); "
+                "set train.steps, or use a file dataset (data=criteo, data=criteo_sample)"
+            )
+    _positive("train.batch_size", c.train.batch_size)
+    _positive("train.log_every", c.train.log_every)
+    _positive("train.profile_steps", c.train.profile_steps, allow_zero=True)
+    _positive("train.profile_start", c.train.profile_start, allow_zero=True)
+    _positive("eval.every", c.eval.every, allow_zero=True)
+    if c.eval.batches is not None:
+        _positive("eval.batches", c.eval.batches, allow_zero=True)
+    elif c.data.name == "synthetic":
+        raise ValueError(
+            "eval.batches=null evaluates the whole eval split, but data.name=synthetic is an "
+            "endless stream; give a number of batches"
+        )
+    _positive("eval.batch_size", c.eval.batch_size)
+    _positive("optim.dense.lr", c.optim.dense.lr)
+    _positive("optim.sparse.lr", c.optim.sparse.lr)
+    _check_schedule(c.optim.schedule)
+    _positive("dist.timeout_s", c.dist.timeout_s)
+    _positive("launcher.nproc_per_node", c.launcher.nproc_per_node)
+    _positive("launcher.max_restarts", c.launcher.max_restarts, allow_zero=True)
+    _positive("launcher.rdzv_timeout_s", c.launcher.rdzv_timeout_s)
+    _positive("sharding.hbm_gb", c.sharding.hbm_gb)
+    if not 0.0 < c.sharding.cache_fraction <= 1.0:
+        raise ValueError(
+            f"sharding.cache_fraction must be in (0, 1], got {c.sharding.cache_fraction}"
+        )
+    if c.sharding.cache_gb is not None:
+        _positive("sharding.cache_gb", c.sharding.cache_gb)
+    _choice("sharding.host_copy", c.sharding.host_copy, HOST_COPY_MODES)
+    _positive("sharding.cache_halflife", c.sharding.cache_halflife)
+    _check_pins(c)
+    _choice("sharding.comm_dtype", c.sharding.comm_dtype, tuple(TABLE_DTYPES))
+    if c.sharding.host_gb is not None:
+        _positive("sharding.host_gb", c.sharding.host_gb)
+    if not 0.0 <= c.data.label_noise < 0.5:
+        raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
+    _positive("data.zipf_exponent", c.data.zipf_exponent)
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    # eval.batch_size need not divide: ranks pad their slices and the evaluator masks them
+    b = c.train.batch_size
+    if b % world_size:
+        down, up = b - b % world_size, b + world_size - b % world_size
+        fits = f"{down} or {up}" if down else str(up)
+        raise ValueError(
+            f"train.batch_size={b} is the global batch and must be divisible by the world size "
+            f"{world_size} (every rank takes an equal slice); try train.batch_size={fits}"
+        )
+
+
+def _check_data(c: Config) -> None:
+    d, p = c.data, c.data.preprocess
+    _choice("data.reader", d.reader, READERS)
+    _choice("data.dali_device", d.dali_device, ("auto", "cpu", "gpu"))
+    _choice("data.loader", d.loader, LOADERS)
+    _choice("data.last_batch", d.last_batch, ("drop", "pad"))
+    _choice("data.eval_split", d.eval_split, ("val", "test"))
+    if d.name == "synthetic" and d.eval_split != "val":
+        raise ValueError(
+            f"data.eval_split={d.eval_split} picks a split of a file dataset (data=criteo, "
+            "criteo_sample); data.name=synthetic has one eval stream"
+        )
+    _choice("data.verify", d.verify, ("size", "read", "full"))
+    _choice("data.multi_hot", d.multi_hot, ("none", "synthetic"))
+    if d.multi_hot == "synthetic" and d.name == "synthetic":
+        raise ValueError(
+            "data.multi_hot=synthetic expands a one-hot dataset (criteo, criteo_sample); "
+            "data.name=synthetic already draws model.hotness ids per bag"
+        )
+    _positive("data.prefetch", d.prefetch, allow_zero=True)
+    if d.name == "criteo" and not d.path:
+        raise ValueError(
+            "data.path must name a directory made by hybridrec-preprocess when data.name=criteo"
+        )
+    _choice("data.preprocess.encoding", p.encoding, ("hash", "vocab"))
+    _choice("data.preprocess.split", p.split, ("rows", "days"))
+    _choice("data.preprocess.on_error", p.on_error, ("error", "skip"))
+    if not 1 <= p.hash_cap < 2**31:
+        raise ValueError(f"data.preprocess.hash_cap must be in [1, 2^31), got {p.hash_cap}")
+    _positive("data.preprocess.min_count", p.min_count)
+    _positive("data.preprocess.block_rows", p.block_rows)
+    _positive("data.preprocess.holdout_days", p.holdout_days, allow_zero=True)
+    if not 0.0 < p.train_fraction <= 1.0:
+        raise ValueError(
+            f"data.preprocess.train_fraction must be in (0, 1], got {p.train_fraction}"
+        )

@@ -1,0 +1,105 @@
+"""The config as the command line sees it: composing, override-key checks, model files.
+
+`compose(overrides)` is what `hybridrec-train` composes (conf/train.yaml: the schema's
+defaults stored as `base_config`, then the group choices, then the overrides), without
+running anything. `check_override_keys` runs before Hydra so that a misspelt key gets the
+list of valid keys (Hydra alone says only "not in struct"). `load_model_config` reads one
+model group file the way every command does (hybridrec-train, hybridrec-plan, benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrec.config.checks import validate
+from hybridrec.config.schema import CONF_DIR, DATA_KEYS, Config, ModelConfig, fields_at
+
+# config groups (`model=...`, `experiment=...`): the directories of conf/
+GROUPS = tuple(sorted(p.name for p in CONF_DIR.glob("*") if p.is_dir()))
+
+
+def register_schema() -> None:
+    """Store the schema's defaults in Hydra's ConfigStore as `base_config` (idempotent).
+
+    Stored untyped, as plain values: Hydra composes as with YAML, and `validate` checks keys
+    and values against the dataclasses with its own messages (and sees `+key=` additions).
+    """
+    from hydra.core.config_store import ConfigStore
+
+    node = OmegaConf.to_container(OmegaConf.structured(Config))
+    ConfigStore.instance().store(name="base_config", node=node)
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """conf/train.yaml composed with `overrides` (group choices and key=value), unvalidated."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Command-line `key=value` overrides must name schema keys (Hydra alone would say only
+    "not in struct"); the error lists the keys allowed where the typo is. Group choices
+    (`model=...`), Hydra's own keys, additions (`+key=`) and deletions (`~key`) pass through:
+    Hydra and validate() check those."""
+    for arg in overrides:
+        if arg.startswith(("-", "+", "~")) or "=" not in arg:
+            continue
+        key = arg.split("=", 1)[0]
+        if key in GROUPS or key.startswith("hydra") or "@" in key or "/" in key:
+            continue
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            parent = ".".join(parts[:i])
+            allowed = fields_at(parent)
+            if not allowed:  # inside a list or dict value: not the schema's to check
+                break
+            if part not in allowed:
+                where = f"under '{parent}'" if parent else "at the top level"
+                raise ValueError(f"unknown config key '{key}'; keys {where}: {', '.join(allowed)}")
+    _check_data_keys(overrides)
+
+
+def _check_data_keys(overrides: list[str]) -> None:
+    """A `data.<key>` the schema knows but the chosen dataset does not read (`data.path` with
+    the default synthetic data): name the datasets that read it (schema.DATA_KEYS). The
+    dataset is the one the group choices given (experiments included) compose to."""
+    keys = [a.split("=", 1)[0] for a in overrides if a.startswith("data.") and "=" in a]
+    if not keys:
+        return
+    choices = [a for a in overrides if "=" in a and a.split("=", 1)[0] in GROUPS]
+    try:
+        name = compose(choices).data.name
+    except Exception:  # noqa: BLE001 - a sweep's "a,b" or a bad choice: Hydra reports those
+        return
+    own = DATA_KEYS.get(name)
+    if own is None:  # not a known source: validate() names the choices
+        return
+    for key in keys:
+        part = key.split(".")[1]
+        if part in own:
+            continue
+        has = [source for source in sorted(DATA_KEYS) if part in DATA_KEYS[source]]
+        hint = f"; choose a dataset that has it, e.g. data={has[0]} {key}=..." if has else ""
+        raise ValueError(
+            f"'{key}' is not a key of data={name}{hint} (keys of data={name}: {', '.join(own)})"
+        )
+
+
+def load_model_config(name_or_path: str) -> ModelConfig:
+    """A model group file (`conf/model/<name>.yaml` or a path) as a validated ModelConfig."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONF_DIR / "model" / f"{name_or_path}.yaml"
+    if not path.is_file():
+        choices = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+        raise ValueError(
+            f"model {name_or_path!r} not found ({path}); choices: {', '.join(choices)}"
+        )
+    return validate({"model": OmegaConf.load(path)}).model

@@ -1,0 +1,287 @@
+"""The config schema: every key, its type and its default, in one place.
+
+These dataclasses are the only source of default values: `hybridrec.config.cli` stores them in
+Hydra's ConfigStore as `base_config`, the first entry of conf/train.yaml's defaults list, and
+the group files (conf/model/, conf/data/, ...) set only what their option changes.
+`hybridrec.config.validate` turns a composed config into a typed, checked `Config`.
+Comments beside fields are the user-facing meaning (docs/configuration.md lists them all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridrec.types import CACHE_HALFLIFE, Pooling, TableConfig
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+ARCHS = ("dlrm", "dcnv2")
+TABLE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DEVICES = ("auto", "cpu", "cuda")
+
+# The data.* keys each source (data.name) reads; the command line refuses the others (a
+# data.path with synthetic data is a mistake, not a no-op). Every source keeps every key.
+DATA_KEYS = {
+    "synthetic": (
+        "name",
+        "zipf_exponent",
+        "teacher_scale",
+        "label_noise",
+        "multi_hot",
+        "loader",
+        "prefetch",
+    ),
+    "criteo": (
+        "name",
+        "path",
+        "reader",
+        "dali_device",
+        "loader",
+        "prefetch",
+        "shuffle",
+        "last_batch",
+        "eval_split",
+        "verify",
+        "multi_hot",
+    ),
+    "criteo_sample": (
+        "name",
+        "path",
+        "cache_dir",
+        "reader",
+        "loader",
+        "prefetch",
+        "shuffle",
+        "last_batch",
+        "eval_split",
+        "verify",
+        "multi_hot",
+        "preprocess",
+    ),
+}
+
+
+@dataclass
+class ModelConfig:
+    """DLRM shape (defaults: the dlrm_tiny model). `hotness`: one int for all tables or one
+    per table."""
+
+    name: str = "dlrm_tiny"  # the model's name (conf/model/<name>.yaml)
+    arch: str = "dlrm"  # dlrm (dot interaction) | dcnv2 (low-rank cross network)
+    num_dense_features: int = 13  # dense (continuous) inputs per sample
+    embedding_dim: int = 16  # width of every table
+    # rows of each table (one table per categorical feature, named cat_0, cat_1, ...)
+    num_embeddings_per_feature: list[int] = field(
+        default_factory=lambda: [5000, 1200, 400, 100, 20, 4]
+    )
+    hotness: Any = 1  # ids per sample per table: one int, or one per table
+    pooling: str = "sum"  # sum | mean (over a table's ids in one sample)
+    # last width must equal embedding_dim
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    # last width must be 1 (one logit)
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
+    dcn_layers: int = 3  # dcnv2 only: cross layers
+    dcn_rank: int = 64  # dcnv2 only: rank of each cross layer
+    init_from: str | None = None  # warm start from a hybridrec-export file
+    table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
+
+    def hotness_list(self) -> list[int]:
+        n = len(self.num_embeddings_per_feature)
+        return [int(self.hotness)] * n if isinstance(self.hotness, int) else list(self.hotness)
+
+    def tables(self) -> tuple[TableConfig, ...]:
+        """One TableConfig per categorical feature, named cat_0 .. cat_{T-1}."""
+        return tuple(
+            TableConfig(f"cat_{i}", int(rows), self.embedding_dim, h, Pooling(self.pooling))
+            for i, (rows, h) in enumerate(
+                zip(self.num_embeddings_per_feature, self.hotness_list(), strict=True)
+            )
+        )
+
+
+@dataclass
+class PreprocessConfig:
+    """How data.name=criteo_sample preprocesses its raw file (hybridrec-preprocess options)."""
+
+    encoding: str = "vocab"  # hash (id = value mod hash_cap) | vocab (frequency threshold)
+    hash_cap: int = 40_000_000  # hash: ids per table
+    min_count: int = 2  # vocab: values seen fewer times in train share one id
+    split: str = "rows"  # rows (train_fraction of each file) | days (last file = val + test)
+    train_fraction: float = 0.8  # split=rows: the first fraction of rows is train
+    holdout_days: int = 1  # split=days: files held out for val + test
+    block_rows: int = 8  # rows per checksummed block
+    on_error: str = "error"  # error | skip: a malformed row
+    checksums: bool = True  # write a sha256 per block
+
+
+@dataclass
+class DataConfig:
+    """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream;
+    `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows."""
+
+    name: str = "synthetic"  # synthetic | criteo | criteo_sample
+    zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
+    teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
+    label_noise: float = 0.0  # probability that a label is flipped after sampling
+    path: str | None = None  # criteo: dataset dir; criteo_sample: raw TSV (None = beside repo)
+    cache_dir: str | None = None  # criteo_sample: None = $HYBRIDREC_CACHE or ~/.cache/hybridrec
+    reader: str = "memmap"  # memmap | dali
+    dali_device: str = "auto"  # auto (GPU when training on one) | cpu | gpu
+    loader: str = "per_rank"  # per_rank (each rank reads its slice) | broadcast (rank 0 reads)
+    prefetch: int = 2  # batches read ahead in a background thread (0 = none)
+    shuffle: bool = True  # block-level shuffle of the train split, reseeded every epoch
+    last_batch: str = "drop"  # drop | pad: the final partial global batch of a train epoch
+    eval_split: str = "val"  # val | test: what evaluation reads
+    verify: str = "read"  # size | read (checksum each block once when read) | full (at start)
+    multi_hot: str = "none"  # none | synthetic: one-hot ids -> bags of model.hotness ids
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+
+
+@dataclass
+class ShardingConfig:
+    """How embedding tables are placed. `none` = one process holds every table."""
+
+    type: str = "none"  # none | table_wise | column_wise | row_wise | data_parallel | auto | host
+    hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
+    data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
+    # Host-resident tables (type=host, or auto past hbm_gb) keep a device cache of hot rows:
+    cache_fraction: float = 0.05  # rows cached per shard, as a fraction of its rows
+    cache_gb: float | None = None  # or: GiB of caches per rank (rows + optimizer state)
+    host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
+    pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
+    host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (the faster)
+    # the caches' use counts halve every this many steps (LFU with ageing): longer remembers
+    # which rows are popular better, shorter follows data whose popularity drifts faster
+    cache_halflife: int = CACHE_HALFLIFE
+    # tables whose sharding is fixed, {table: table_wise|column_wise|row_wise|data_parallel|
+    # host}; `type` plans the others around them
+    tables: dict[str, str] | None = None
+    # pooled embeddings and their gradients in the all-to-alls: fp32 (exact) | bf16 | fp16
+    comm_dtype: str = "fp32"
+
+
+@dataclass
+class DenseOptimConfig:
+    name: str = "adam"  # sgd | adagrad | adam (torch.optim)
+    lr: float = 1e-3  # learning rate of the MLPs
+    eps: float = 1e-8  # adagrad, adam
+    beta1: float = 0.9  # adam
+    beta2: float = 0.999  # adam
+    momentum: float = 0.0  # sgd
+    weight_decay: float = 0.0  # every optimizer
+
+
+@dataclass
+class SparseOptimConfig:
+    name: str = "rowwise_adagrad"  # sgd | rowwise_adagrad | adam (touched rows only)
+    lr: float = 0.05  # learning rate of the embedding tables
+    eps: float = 1e-8  # rowwise_adagrad, adam
+    beta1: float = 0.9  # adam
+    beta2: float = 0.999  # adam
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate warm-up and polynomial decay for both optimizers (hybridrec.optim.schedule)."""
+
+    warmup_steps: int = 0  # linear warm-up over this many steps (0 = none)
+    decay_start: int = 0  # polynomial decay starts after this step ...
+    decay_steps: int = 0  # ... and lasts this many steps (0 = no decay)
+    decay_power: float = 2.0  # polynomial degree of the decay
+    end_factor: float = 0.0  # lr multiplier once the decay has ended
+
+
+@dataclass
+class OptimConfig:
+    dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass
+class TrainLoopConfig:
+    steps: int = 3000  # optimizer steps (global batches)
+    epochs: float | None = None  # passes over the train split (file data): sets `steps`
+    batch_size: int = 1024  # the global batch, split evenly over ranks
+    log_every: int = 100  # log and write metrics.jsonl every this many steps
+    check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
+    progress: str = "auto"  # auto (bar on a terminal) | bar | plain
+    autocast: str = "bf16"  # bf16 | none: MLP precision on GPU (CPU always runs fp32)
+    nonfinite: str = "error"  # error: stop, naming the step | skip: drop that step's update
+    # auto (dense on CUDA) | dense: torch.compile the dense part | graphs: + CUDA graphs | none
+    compile: str = "auto"
+    kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
+    profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
+    profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1000  # 0 = only at the end
+    batches: int | None = 8  # global batches per evaluation; None = the whole eval split
+    batch_size: int = 2048  # the global eval batch
+    target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
+    only: bool = False  # evaluate the restored model (checkpoint or model.init_from), no training
+
+
+@dataclass
+class CheckpointConfig:
+    """Periodic, atomic, resharding checkpoints (hybridrec.train.checkpoint)."""
+
+    dir: str | None = None  # where step_<N>/ directories go; None = no checkpoints
+    every: int = 0  # save every N steps (0 = only at the end)
+    resume: str = "auto"  # auto (newest complete one in dir) | never | <checkpoint path>
+    keep: int = 3  # newest checkpoints kept
+    verify: bool = True  # check every file's sha256 before loading
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none (metrics.jsonl and console) | wandb (also W&B, rank 0)
+    project: str = "hybridrec"  # W&B project
+    mode: str = "auto"  # auto = online if logged in to W&B, else offline
+    entity: str | None = None  # W&B entity (null: the default)
+    tags: list[str] = field(default_factory=list)  # W&B tags
+
+
+@dataclass
+class DistConfig:
+    timeout_s: float = 300.0  # every collective fails after this long instead of hanging
+
+
+@dataclass
+class LauncherConfig:
+    """Ranks a run starts itself, without torchrun (hybridrec.train.sweep); ignored under it."""
+
+    nproc_per_node: int = 1  # > 1: launch this many local ranks with torch elastic
+    max_restarts: int = 0  # restart every rank this many times after a failure
+    rdzv_timeout_s: float = 300.0  # how long ranks wait for each other at start-up
+
+
+@dataclass
+class Config:
+    seed: int = 0  # seeds data, initialisation and shuffling
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def fields_at(path: str) -> list[str]:
+    """Names of the schema keys under dotted `path` ('' = top level)."""
+    node: Any = Config()
+    for part in filter(None, path.split(".")):
+        node = getattr(node, part, None)
+        if not dataclasses.is_dataclass(node):
+            return []
+    return [f.name for f in dataclasses.fields(node)]
