@@ -11,6 +11,9 @@ models or tables. Shapes are per rank; W = world size.
   convention, see hybridrec.parallelize).
 - any_rank: a boolean OR over ranks, so all ranks can fail together instead of hanging.
 
+Each runs under its exchange name in hybridrec.distributed.failure.exchange: a peer that
+does not arrive or goes away raises CollectiveError naming the exchange, step and ranks.
+
 CommStats counts the bytes each exchange moves to and from *other* ranks, so tests can hold
 the planner's cost model to the bytes actually sent.
 """
@@ -24,6 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hybridrec.distributed.failure import exchange
 
 
 class CommStats:
@@ -66,7 +71,8 @@ def all_to_all(
     if world_size(group) == 1:
         return x
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
+    with exchange(name, group):
+        dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
     if stats is not None:
         rank, rb = dist.get_rank(group), _row_bytes(x)
         stats.add(
@@ -100,7 +106,8 @@ def all_gather_rows(
     if world == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
+    with exchange(name, group):
+        dist.all_gather(parts, x.contiguous(), group=group)
     if stats is not None:
         nbytes = (world - 1) * x.numel() * x.element_size()
         stats.add(name, nbytes, nbytes)
@@ -117,7 +124,8 @@ def all_reduce_sum(
     sent and received per rank. Nothing to do on a one-rank group."""
     if world_size(group) == 1:
         return x
-    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
+    with exchange(name, group):
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
     if stats is not None:
         world = dist.get_world_size(group)
         nbytes = 2 * (world - 1) * x.numel() * x.element_size() / world
@@ -125,10 +133,13 @@ def all_reduce_sum(
     return x
 
 
-def any_rank(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> bool:
+def any_rank(
+    flag: bool, group: dist.ProcessGroup | None, device: torch.device, name: str = "any_rank"
+) -> bool:
     """True on every rank if `flag` is True on any rank (lets all ranks fail together)."""
     if world_size(group) == 1:
         return flag
     t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    with exchange(name, group):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())

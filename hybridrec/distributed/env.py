@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hybridrec.distributed import failure
+
 log = logging.getLogger(__name__)
 
 
@@ -99,6 +101,7 @@ def init_distributed(
         dist.init_process_group(init_method=init_method or "env://", **kwargs)
     else:
         dist.init_process_group(store=dist.HashStore(), **kwargs)
+    failure.group_started(timeout_s)
     log.info(
         "rank %d/%d joined a %s group on %s (timeout %.0fs)",
         rank,
@@ -132,10 +135,11 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
 
 def destroy_distributed(env: DistEnv, barrier: bool = True) -> None:
     """Tear the group down; with `barrier`, first wait until every rank got here, so no rank
-    closes its connections while a peer still talks (gloo aborts on that at exit)."""
+    closes its connections while a peer still talks (gloo aborts on that at exit). No
+    barrier after a failed collective: a missing peer would hold it for another timeout."""
     if env.group is None or not dist.is_initialized():
         return
-    if barrier:
+    if barrier and not failure.failed():  # after a failed collective it would wait in vain
         try:
             dist.barrier(group=env.group)
         except RuntimeError as e:  # a peer already failed: its own error says why

@@ -129,7 +129,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if self.checker is None:
             return
         local = self.checker.found()
-        if any_rank(local, self.group, self.device):
+        if any_rank(local, self.group, self.device, "id_check"):
             if local:
                 self.checker.raise_recorded()
             raise IdOutOfRangeError(
@@ -221,7 +221,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             return self.checker.sanitize(ids, sample_base=self.rank * ids.shape[0])
         bad = self.checker.bad_mask(ids)
         local_bad = bool(bad.any())
-        if any_rank(local_bad, self.group, ids.device):
+        if any_rank(local_bad, self.group, ids.device, "id_check"):
             if local_bad:
                 self.checker.raise_first(ids, bad, sample_base=self.rank * ids.shape[0])
             raise IdOutOfRangeError(

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from hybridrec.config import Config
+from hybridrec.distributed.comm import all_reduce_sum
 from hybridrec.distributed.env import DistEnv
 from hybridrec.sparse.api import EmbeddingModule
 from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
@@ -170,7 +170,7 @@ def module_counters(modules: list[EmbeddingModule], env: DistEnv) -> dict[str, f
     if counters and env.group is not None:
         keys = sorted(counters)
         v = torch.tensor([counters[k] for k in keys], dtype=torch.float64, device=env.device)
-        dist.all_reduce(v, op=dist.ReduceOp.SUM, group=env.group)
+        all_reduce_sum(v, env.group, name="cache_counters")
         counters = dict(zip(keys, v.tolist(), strict=True))
     return counters
 

@@ -71,7 +71,7 @@ class DenseChecker:
         """Raise, on every rank, for the first bad value recorded on any rank since the last
         call (a host sync; a collective on several ranks)."""
         local = self._record is not None and int(self._record[0]) >= 0
-        if not self.defer or not any_rank(local, self.env.group, self.env.device):
+        if not self.defer or not any_rank(local, self.env.group, self.env.device, "dense_check"):
             return
         if not local:
             raise NonFiniteInputError(

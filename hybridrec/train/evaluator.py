@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridrec.distributed.env import DistEnv
+from hybridrec.distributed.failure import exchange
 from hybridrec.train.metrics import eval_metrics
 from hybridrec.types import Batch
 
@@ -70,7 +71,8 @@ def evaluate(
     local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
     if env.group is not None:
         parts = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(parts, local, group=env.group)
+        with exchange("eval_gather", env.group):
+            dist.all_gather(parts, local, group=env.group)
         local = torch.cat(parts, dim=1)
     local = local[:, local[2] > 0]
     metrics = eval_metrics(local[0], local[1])

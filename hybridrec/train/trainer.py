@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -29,7 +28,8 @@ from hybridrec import timing
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.build import steps_for_epochs, warn_many_epochs
-from hybridrec.distributed.comm import any_rank
+from hybridrec.distributed import failure
+from hybridrec.distributed.comm import all_reduce_sum, any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import loss_fn
 from hybridrec.optim import LRSchedule, build_dense_optimizer
@@ -155,6 +155,7 @@ class Trainer:
         """One optimizer step on this rank's batch (counted in `self.step`, which sets the
         learning-rate schedule); returns the local mean loss (no sync). With a `pipeline`,
         the next batch is staged between the forward and the backward (pipeline.prefetch_next)."""
+        failure.set_position(f"training step {self.step + 1}")  # named by a failed collective
         with timing.active(self.timer), self.timer.region(STEP):
             self.model.train()
             if self.schedule.enabled:  # the sparse rate must be set before the backward uses it
@@ -179,7 +180,7 @@ class Trainer:
                     self.skipped,
                 )
                 return loss.detach()
-            with timing.phase("backward"):
+            with timing.phase("backward"), self._ddp_exchange():
                 loss.backward()  # also applies the sparse optimizer to the touched embedding rows
             with timing.phase("dense_optimizer"):
                 self.dense_opt.step()
@@ -187,11 +188,18 @@ class Trainer:
             self.step += 1
             return loss.detach()
 
+    def _ddp_exchange(self) -> contextlib.AbstractContextManager:
+        """The backward's own collectives are named where they run; what fails outside them
+        is DDP's gradient all-reduce (it runs inside the autograd engine, unwrapped)."""
+        if self.env.group is None:
+            return contextlib.nullcontext()
+        return failure.exchange("dense_grads (DDP all-reduce)", self.env.group)
+
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank (a collective: every rank calls it)."""
         if self.env.group is None:
             return flag
-        return any_rank(flag, self.env.group, self.env.device)
+        return any_rank(flag, self.env.group, self.env.device, "stop_signal")
 
     def check_inputs(self) -> None:
         """Raise if a deferred id check (CUDA, see hybridrec.sparse.ids.IdChecker) met
@@ -208,15 +216,14 @@ class Trainer:
     def global_mean(self, value: torch.Tensor) -> float:
         """Mean of a per-rank scalar over ranks (ranks hold equal batch slices)."""
         if self.env.group is not None:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.env.group)
+            value = all_reduce_sum(value.clone(), self.env.group, name="loss_mean")
             value /= self.env.world_size
         return float(value)
 
     def evaluate(self) -> dict[str, float]:
         """Exact metrics over `eval.batches` held-out global batches, or the whole split
         (None); the same on every rank and for any world size (hybridrec.train.evaluator)."""
-        with timing.active(self.timer):
+        with timing.active(self.timer), failure.at(f"evaluation after step {self.step}"):
             return evaluate(
                 self.model,
                 self.loader("eval"),
@@ -260,9 +267,10 @@ class Trainer:
         """A checkpoint at this step, when checkpoint.dir is set; never of poisoned weights."""
         if not self.cfg.checkpoint.dir:
             return None
-        self.check_inputs()
-        self.check_finite()
-        return self.checkpoints.save(self.step, self.skipped, self.logger.run_id)
+        with failure.at(f"checkpoint save after step {self.step}"):
+            self.check_inputs()
+            self.check_finite()
+            return self.checkpoints.save(self.step, self.skipped, self.logger.run_id)
 
     # -- loop -------------------------------------------------------------------------------
     def _record(self, row: dict[str, Any]) -> None:

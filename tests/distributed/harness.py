@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import tempfile
 import time
@@ -50,9 +51,15 @@ def _entry(
 
 
 def spawn(
-    world_size: int, fn: Callable, *args: Any, timeout: float = 240, dist_timeout: float = 60
+    world_size: int,
+    fn: Callable,
+    *args: Any,
+    timeout: float = 240,
+    dist_timeout: float = 60,
+    exit_times: dict[int, float] | None = None,
 ) -> list[Any]:
-    """Per-rank results of fn(env, *args); None for a rank that exited 0 without returning."""
+    """Per-rank results of fn(env, *args); None for a rank that exited 0 without returning.
+    `exit_times`, when given, receives each rank's process exit time (time.time())."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{tmp}/rendezvous"
@@ -63,8 +70,13 @@ def spawn(
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        running = {p.sentinel: r for r, p in enumerate(procs)}
+        while running and time.monotonic() < deadline:
+            for s in mp_connection.wait(list(running), max(0.0, deadline - time.monotonic())):
+                r = running.pop(s)  # type: ignore[call-overload]
+                procs[r].join()
+                if exit_times is not None:
+                    exit_times[r] = time.time()
         alive = [r for r, p in enumerate(procs) if p.is_alive()]
         for p in procs:
             if p.is_alive():

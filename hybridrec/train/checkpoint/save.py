@@ -25,7 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrec.distributed.comm import any_rank
 from hybridrec.distributed.env import DistEnv
+from hybridrec.distributed.failure import exchange
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     FORMAT_VERSION,
@@ -46,9 +48,7 @@ log = logging.getLogger("hybridrec")
 def _sync_ok(ok: bool, env: DistEnv) -> bool:
     if env.group is None:
         return ok
-    t = torch.tensor([0 if ok else 1], device=env.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=env.group)
-    return int(t.item()) == 0
+    return not any_rank(not ok, env.group, env.device, "checkpoint_sync")
 
 
 def _on_main(action: Callable[[], object], env: DistEnv) -> str:
@@ -68,7 +68,8 @@ def _gather(obj: Any, env: DistEnv) -> list[Any]:
     if env.group is None:
         return [obj]
     out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj, group=env.group)
+    with exchange("checkpoint_gather", env.group):
+        dist.all_gather_object(out, obj, group=env.group)
     return out
 
 
