@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hybridrec.distributed import CollectiveError
 from hybridrec.sparse.host import CacheTooSmallError, HostMemoryError
 from hybridrec.train.checkpoint import CheckpointError
 from hybridrec.train.health import NonFiniteLossError
@@ -36,6 +37,7 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (
     HostMemoryError,
     CacheTooSmallError,
     NonFiniteLossError,
+    CollectiveError,
 )
 
 
