@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,17 +45,21 @@ from hybridrec.train.sweep import (
 log = logging.getLogger("hybridrec")
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _run_id() -> str:
     """One run-directory name for all ranks of a job.
 
     Every rank resolving ${now:} itself can straddle a second boundary and split the run over
-    two directories. HYBRIDREC_RUN_ID (set by launch/ scripts) or torchrun's rendezvous id win;
-    under a bare torchrun all local ranks share their parent agent, so its start time is used.
+    two directories. HYBRIDREC_RUN_ID (set by launch/ scripts) or a rendezvous id given to
+    torchrun win; otherwise (a bare or `--standalone` torchrun, whose id is a random uuid) all
+    local ranks share their parent agent, so its start time names the run: <date>/<time>.
     """
     if os.environ.get("HYBRIDREC_RUN_ID"):
         return os.environ["HYBRIDREC_RUN_ID"]
     rdzv = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if rdzv not in ("", "none"):
+    if rdzv not in ("", "none") and not _UUID.fullmatch(rdzv):  # --standalone: a random uuid
         return rdzv
     start = time.time()
     if launched_by_torchrun():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,10 @@ def test_torchrun_ranks_share_one_default_run_dir(tmp_path):
     runs = [p.parent for p in (tmp_path / "outputs").rglob("metrics.jsonl")]
     hydra_dirs = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
     assert len(runs) == 1 and hydra_dirs == runs, (runs, hydra_dirs)
+    # --standalone's rendezvous id is a random uuid: the run is named by date and time
+    assert re.fullmatch(
+        r"\d{4}-\d{2}-\d{2}/\d{2}-\d{2}-\d{2}", str(runs[0].relative_to(tmp_path / "outputs"))
+    )
 
 
 def test_killed_rank_restarts_and_resumes_to_the_same_weights(tmp_path):
