@@ -18,6 +18,7 @@ and a `try`; nothing is written anywhere until a collective fails.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -83,7 +84,8 @@ def exchange(name: str, group: dist.ProcessGroup | None) -> Iterator[None]:
         what = _what_happened(e)
         if what is None or not dist.is_initialized():
             raise
-        tag = f"{name!r} at {position()}"
+        where = position()
+        tag = f"{name!r} {where if where.startswith('before') else 'at ' + where}"
         rank = dist.get_rank()
         missing = _who_did_not_arrive(tag, group, timed_out=what.startswith("timed out"))
         _state["failed"] = f"collective {tag} failed on rank {rank}: {what}; {missing}"
@@ -93,7 +95,8 @@ def exchange(name: str, group: dist.ProcessGroup | None) -> Iterator[None]:
 def _what_happened(e: RuntimeError) -> str | None:
     text = str(e).lower()
     if "timed out" in text or "timeout" in text:
-        t = _state["timeout_s"]
+        waited = re.search(r"timed out waiting (\d+)\s*ms", text)  # gloo: the group's own
+        t = int(waited.group(1)) / 1000 if waited else _state["timeout_s"]
         after = f" after {t:g} s (dist.timeout_s)" if isinstance(t, (int, float)) else ""
         return f"timed out{after} waiting for the other ranks"
     if any(s in text for s in ("closed by peer", "connection reset", "broken pipe", "refused")):
