@@ -307,3 +307,19 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path, monkeypatch):
         ckpt.export_checkpoint(tmp_path / "ck" / "step_2", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "m.pt"]
     assert out.read_bytes() == before
+
+
+def test_an_error_in_the_final_evaluation_keeps_the_training(tmp_path):
+    """The last step's checkpoint is written before the final evaluation runs."""
+    t = _trainer(tmp_path, steps=3, every=0)
+
+    def broken():
+        raise RuntimeError("evaluation failed")
+
+    t.evaluate = broken
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        t.fit()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_3"]
+    resumed = _trainer(tmp_path, steps=3)
+    resumed.restore()
+    assert resumed.step == 3
