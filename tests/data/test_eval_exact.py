@@ -51,6 +51,14 @@ def test_whole_split_once_for_any_batch_size_and_world_size(sample_dataset):
         _same(got, whole)
 
 
+def _uneven(env: DistEnv, path: str):  # noqa: ANN202
+    """The whole split per rank-slice loader, the first two batches by broadcast."""
+    return (
+        _evaluate(env, path, "row_wise", "per_rank", 8, None),
+        _evaluate(env, path, "table_wise", "broadcast", 8, 2),
+    )
+
+
 @pytest.mark.slow
 def test_eval_batch_need_not_split_over_ranks(sample_dataset):
     """8 samples per eval batch on 3 ranks: slices of 3, 3 and 2 (+1 padding)."""
@@ -59,10 +67,9 @@ def test_eval_batch_need_not_split_over_ranks(sample_dataset):
     whole = _evaluate(one, path, "none", "per_rank", 20, None)
     first_two = _evaluate(one, path, "none", "per_rank", 8, 2)
     assert first_two["eval_samples"] == 16
-    for got in spawn(3, _evaluate, path, "row_wise", "per_rank", 8, None):
-        _same(got, whole)
-    for got in spawn(3, _evaluate, path, "table_wise", "broadcast", 8, 2):
-        _same(got, first_two)
+    for got_whole, got_two in spawn(3, _uneven, path):
+        _same(got_whole, whole)
+        _same(got_two, first_two)
 
 
 def test_host_cache_sized_for_training_evaluates_a_larger_batch(sample_dataset):
