@@ -78,10 +78,12 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, str | None, int]:
     ProcessFailure records: ranks with a message before those without, a rank reporting its
     own error before one reporting another rank's ("another rank ..."), then by time."""
 
-    def order(item: tuple[int, Any]) -> tuple[bool, bool, int, int]:
-        message, when = _recorded(item[1])
-        echo = message is not None and "another rank" in message
-        return message is None, echo, when, item[0]
+    recorded = {rank: _recorded(f) for rank, f in failures.items()}
 
-    rank, failure = min(failures.items(), key=order)
-    return rank, _recorded(failure)[0], int(failure.exitcode)
+    def order(rank: int) -> tuple[bool, bool, int, int]:
+        message, when = recorded[rank]
+        echo = message is not None and "another rank" in message
+        return message is None, echo, when, rank
+
+    rank = min(failures, key=order)
+    return rank, recorded[rank][0], int(failures[rank].exitcode)

@@ -26,10 +26,6 @@ PREEMPTED_EXIT = 75  # the exit code of a run that saved and stopped on a signal
 SECOND_INTERRUPT_S = 2.0
 
 
-class Preempted(Exception):
-    """A run stopped on a signal after saving its checkpoint (exit with PREEMPTED_EXIT)."""
-
-
 class PreemptionGuard:
     """While entered (and enabled, on the main thread), SIGTERM, SIGUSR1 and SIGINT only
     record their name in `received`; the previous handlers come back on exit."""

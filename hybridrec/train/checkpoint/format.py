@@ -58,13 +58,18 @@ def unwrap(module: nn.Module) -> nn.Module:
         module = inner
 
 
+def table_signature(tables: list[TableConfig]) -> list[dict[str, Any]]:
+    """The tables' part of a model signature: name and shape of each."""
+    return [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables]
+
+
 def model_signature(
     tables: list[TableConfig], model: nn.Module, sparse_opt: str, dense_opt: str
 ) -> dict[str, Any]:
     """What must match for a checkpoint to load: tables, dense shapes, optimizer kinds."""
     dense = unwrap(model.dense).state_dict()
     return {
-        "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables],
+        "tables": table_signature(tables),
         "dense": {k: list(v.shape) for k, v in dense.items()},
         "sparse_optimizer": sparse_opt,
         "dense_optimizer": dense_opt,

@@ -31,6 +31,7 @@ from hybridrec.train.checkpoint.format import (
     shard_views,
     signature_differences,
     summarise,
+    table_signature,
     unwrap,
 )
 from hybridrec.types import TableConfig
@@ -84,15 +85,15 @@ def checkpoint_step(path: Path) -> int:
 def intact_before(path: Path) -> list[Path]:
     """The complete checkpoints older than `path` in its directory whose files all pass
     their checks, newest first (what a user can resume from when `path` is damaged)."""
+    step = checkpoint_step(path)
     intact = []
     for older in reversed(list_checkpoints(Path(path).parent)):
-        if checkpoint_step(older) >= checkpoint_step(path):
-            continue
         try:
-            read_manifest(older)
+            if checkpoint_step(older) < step:
+                read_manifest(older)  # every file's size and checksum
+                intact.append(older)
         except CheckpointError:
             continue
-        intact.append(older)
     return intact
 
 
@@ -101,7 +102,7 @@ def check_matches(path: Path, tables: list[TableConfig], sparse_opt: str, dense_
     dense part's shapes are checked once the model exists)."""
     saved = read_manifest(path, verify=False)["signature"]
     current = {
-        "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables],
+        "tables": table_signature(tables),
         "sparse_optimizer": sparse_opt,
         "dense_optimizer": dense_opt,
     }
