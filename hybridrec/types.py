@@ -46,15 +46,29 @@ class Pooling(str, Enum):
     MEAN = "mean"
 
 
+# What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE) or
+# regression (MSE; RMSE, MAE)
+TASKS = ("binary", "regression")
+
+# The id that fills a jagged feature's bag past its length: "no id" (TableConfig.jagged)
+PAD_ID = -1
+
+
 @dataclass(frozen=True)
 class TableConfig:
-    """One embedding table: `num_rows` x `dim`, looked up `hotness` times per sample."""
+    """One embedding table: `num_rows` x `dim`, looked up `hotness` times per sample.
+
+    `jagged`: a sample's bag holds 0..hotness ids (a list feature, `hotness` = its max length),
+    its columns padded with PAD_ID past its length; mean pooling divides by the ids present,
+    and an empty bag pools to zeros. Not jagged: every bag holds exactly `hotness` ids.
+    """
 
     name: str
     num_rows: int
     dim: int
     hotness: int = 1
     pooling: Pooling = Pooling.SUM
+    jagged: bool = False
 
     def __post_init__(self) -> None:
         if self.num_rows < 1:

@@ -22,6 +22,7 @@ from hybridrec.config.schema import (
     DEVICES,
     TABLE_DTYPES,
     Config,
+    ModelConfig,
     ScheduleConfig,
     fields_at,
 )
@@ -33,7 +34,7 @@ from hybridrec.optim.dense import DENSE_OPTIMIZERS
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
 from hybridrec.sparse.host import HOST_COPY_MODES
 from hybridrec.train.loggers import LOGGERS, WANDB_MODES
-from hybridrec.types import PIN_MODES, SHARDING_TYPES, Pooling
+from hybridrec.types import PIN_MODES, SHARDING_TYPES, TASKS, Pooling
 
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -115,11 +116,79 @@ def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
     return c
 
 
+def _per_table(m: ModelConfig, key: str, n: int, kind: type, allowed=None) -> None:  # noqa: ANN001
+    """`model.<key>`: one value of `kind` or a list of n (each in `allowed` when given)."""
+    value = getattr(m, key)
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and len(value) != n:
+        raise ValueError(
+            f"model.{key} has {len(value)} entries but there are {n} tables "
+            "(model.num_embeddings_per_feature); give one per table or a single value"
+        )
+    ok = all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool)) for v in values)
+    if not ok:
+        raise ValueError(
+            f"model.{key} must be one {kind.__name__} or a list of {n} (one per table), "
+            f"got {value!r}"
+        )
+    for v in values:
+        if allowed is not None and v not in allowed:
+            raise ValueError(f"model.{key}={v!r} is not one of: {', '.join(allowed)}")
+
+
+def _check_tables(m: ModelConfig) -> None:
+    """The per-table keys agree on the number of tables; the widths fit the architecture."""
+    n = len(m.num_embeddings_per_feature)
+    if n == 0:
+        raise ValueError("model.num_embeddings_per_feature must list at least one table")
+    for i, rows in enumerate(m.num_embeddings_per_feature):
+        if rows < 1:
+            raise ValueError(f"model.num_embeddings_per_feature[{i}] must be >= 1, got {rows}")
+    _per_table(m, "hotness", n, int)
+    if min(m.hotness_list()) < 1:
+        raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
+    _per_table(m, "pooling", n, str, tuple(p.value for p in Pooling))
+    _per_table(m, "jagged", n, bool)
+    for key in ("table_names", "embedding_dims"):
+        value = getattr(m, key)
+        if value is not None and len(value) != n:
+            raise ValueError(
+                f"model.{key} has {len(value)} entries but there are {n} tables "
+                "(model.num_embeddings_per_feature); give one per table"
+            )
+    if m.table_names is not None and len(set(m.table_names)) != n:
+        raise ValueError(f"model.table_names must be distinct, got {m.table_names}")
+    _positive("model.embedding_dim", m.embedding_dim)
+    for t in m.tables():
+        _positive(f"model.embedding_dims (table {t.name})", t.dim)
+    if m.arch == "dlrm":
+        _check_dot_widths(m)
+
+
+def _check_dot_widths(m: ModelConfig) -> None:
+    """DLRM's dot interaction multiplies every pair of vectors: one width for all of them."""
+    widths: dict[int, list[str]] = {}
+    for t in m.tables():
+        widths.setdefault(t.dim, []).append(t.name)
+    if len(widths) > 1:
+        listed = "; ".join(f"width {d}: {', '.join(names)}" for d, names in sorted(widths.items()))
+        raise ValueError(
+            f"model.arch=dlrm needs one width for every table (its dot interaction multiplies "
+            f"every pair), but the tables differ ({listed}); use model.arch=dcnv2, or one width"
+        )
+    d = next(iter(widths))
+    if not m.bottom_mlp or m.bottom_mlp[-1] != d:
+        raise ValueError(
+            f"model.bottom_mlp must end with the tables' width, model.embedding_dim={d} (its "
+            f"output joins the embeddings in the dot interaction), got {m.bottom_mlp}"
+        )
+
+
 def _check(c: Config, world_size: int) -> None:
     m = c.model
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
-    _choice("model.pooling", m.pooling, tuple(p.value for p in Pooling))
+    _choice("model.task", m.task, TASKS)
     _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
     _choice("data.name", c.data.name, SOURCES)
     _check_data(c)
@@ -146,31 +215,10 @@ def _check(c: Config, world_size: int) -> None:
         raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
-    n = len(m.num_embeddings_per_feature)
-    if n == 0:
-        raise ValueError("model.num_embeddings_per_feature must list at least one table")
-    for i, rows in enumerate(m.num_embeddings_per_feature):
-        if rows < 1:
-            raise ValueError(f"model.num_embeddings_per_feature[{i}] must be >= 1, got {rows}")
-    if isinstance(m.hotness, bool) or not isinstance(m.hotness, (int, list)):
-        raise ValueError(f"model.hotness must be an int or a list of {n} ints, got {m.hotness!r}")
-    if isinstance(m.hotness, list):
-        if len(m.hotness) != n or not all(isinstance(h, int) for h in m.hotness):
-            raise ValueError(
-                f"model.hotness has {len(m.hotness)} entries but there are {n} tables "
-                "(model.num_embeddings_per_feature); give one int per table or a single int"
-            )
-    if min(m.hotness_list()) < 1:
-        raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
-    _positive("model.embedding_dim", m.embedding_dim)
+    _check_tables(m)
     _positive("model.num_dense_features", m.num_dense_features)
-    if not m.bottom_mlp or m.bottom_mlp[-1] != m.embedding_dim:
-        raise ValueError(
-            f"model.bottom_mlp must end with model.embedding_dim={m.embedding_dim} (its output "
-            f"joins the embeddings in the interaction), got {m.bottom_mlp}"
-        )
     if not m.top_mlp or m.top_mlp[-1] != 1:
-        raise ValueError(f"model.top_mlp must end with 1 (one logit), got {m.top_mlp}")
+        raise ValueError(f"model.top_mlp must end with 1 (one output), got {m.top_mlp}")
     for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
         if any(w < 1 for w in widths):
             raise ValueError(f"{key} widths must be >= 1, got {widths}")

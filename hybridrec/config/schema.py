@@ -66,20 +66,24 @@ DATA_KEYS = {
 
 @dataclass
 class ModelConfig:
-    """DLRM shape (defaults: the dlrm_tiny model). `hotness`: one int for all tables or one
-    per table."""
+    """The model's shape (defaults: the dlrm_tiny model). Per-table keys (`hotness`,
+    `pooling`, `jagged`) take one value for all tables or a list with one per table."""
 
     name: str = "dlrm_tiny"  # the model's name (conf/model/<name>.yaml)
     arch: str = "dlrm"  # dlrm (dot interaction) | dcnv2 (low-rank cross network)
+    task: str = "binary"  # binary (BCE; AUC, log loss) | regression (MSE; RMSE, MAE)
     num_dense_features: int = 13  # dense (continuous) inputs per sample
-    embedding_dim: int = 16  # width of every table
+    embedding_dim: int = 16  # width of every table (unless embedding_dims is set)
     # rows of each table (one table per categorical feature, named cat_0, cat_1, ...)
     num_embeddings_per_feature: list[int] = field(
         default_factory=lambda: [5000, 1200, 400, 100, 20, 4]
     )
-    hotness: Any = 1  # ids per sample per table: one int, or one per table
-    pooling: str = "sum"  # sum | mean (over a table's ids in one sample)
-    # last width must equal embedding_dim
+    table_names: list[str] | None = None  # one name per table; null = cat_0, cat_1, ...
+    embedding_dims: list[int] | None = None  # one width per table (dcnv2); null = embedding_dim
+    hotness: Any = 1  # ids per sample per table (jagged: at most this many)
+    pooling: Any = "sum"  # sum | mean (over a table's ids in one sample)
+    jagged: Any = False  # bags hold 0..hotness ids, padded with -1 (list features)
+    # last width must equal embedding_dim (dlrm)
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
     # last width must be 1 (one logit)
     top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
@@ -88,16 +92,34 @@ class ModelConfig:
     init_from: str | None = None  # warm start from a hybridrec-export file
     table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
 
-    def hotness_list(self) -> list[int]:
+    def per_table(self, key: str) -> list[Any]:
+        """`key`'s value for each table: a list as is, one value repeated."""
         n = len(self.num_embeddings_per_feature)
-        return [int(self.hotness)] * n if isinstance(self.hotness, int) else list(self.hotness)
+        value = getattr(self, key)
+        if key == "embedding_dims" and value is None:
+            value = self.embedding_dim
+        return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+    def hotness_list(self) -> list[int]:
+        return [int(h) for h in self.per_table("hotness")]
+
+    def dims(self) -> list[int]:
+        return [int(d) for d in self.per_table("embedding_dims")]
 
     def tables(self) -> tuple[TableConfig, ...]:
-        """One TableConfig per categorical feature, named cat_0 .. cat_{T-1}."""
+        """One TableConfig per categorical feature (named by table_names, else cat_<t>)."""
+        n = len(self.num_embeddings_per_feature)
+        names = list(self.table_names) if self.table_names else [f"cat_{i}" for i in range(n)]
         return tuple(
-            TableConfig(f"cat_{i}", int(rows), self.embedding_dim, h, Pooling(self.pooling))
-            for i, (rows, h) in enumerate(
-                zip(self.num_embeddings_per_feature, self.hotness_list(), strict=True)
+            TableConfig(name, int(rows), d, h, Pooling(p), bool(j))
+            for name, rows, d, h, p, j in zip(
+                names,
+                self.num_embeddings_per_feature,
+                self.dims(),
+                self.hotness_list(),
+                self.per_table("pooling"),
+                self.per_table("jagged"),
+                strict=True,
             )
         )
 

@@ -21,19 +21,20 @@ from hybridrec.model.mlp import MLP
 
 
 class DenseArch(nn.Module):
-    """Bottom MLP, interaction, top MLP: (dense [B, F], pooled [B, T, D]) -> logits [B]."""
+    """Bottom MLP, interaction, top MLP: (dense [B, F], pooled [B, T, D]) -> logits [B].
+
+    dcnv2 takes tables of different widths: pooled is then [B, sum_t D_t] (tables in order)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num_tables = len(cfg.num_embeddings_per_feature)
-        d = cfg.embedding_dim
         self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True)
         self.arch = cfg.arch
         if cfg.arch == "dlrm":
             self.interaction: nn.Module = DotInteraction(num_tables)
-            top_in = self.interaction.output_dim(d)
-        else:
-            top_in = d * (num_tables + 1)
+            top_in = self.interaction.output_dim(cfg.bottom_mlp[-1])
+        else:  # bottom output and every table's pooled vector, concatenated
+            top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
             self.interaction = LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank)
         self.top = MLP(top_in, cfg.top_mlp, final_relu=False)
 

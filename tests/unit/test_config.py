@@ -81,7 +81,10 @@ def test_a_data_key_of_another_dataset_names_the_datasets_that_have_it():
         ("model.arch=dcn", r"model.arch='dcn' is not one of: dlrm, dcnv2"),
         ("model.pooling=max", r"model.pooling='max' is not one of: sum, mean"),
         ("model.hotness=[1,2]", r"model.hotness has 2 entries but there are 6 tables"),
-        ("model.bottom_mlp=[64,8]", r"model.bottom_mlp must end with model.embedding_dim=16"),
+        (
+            "model.bottom_mlp=[64,8]",
+            r"model.bottom_mlp must end with the tables' width, model.embedding_dim=16",
+        ),
         ("model.top_mlp=[64,2]", r"model.top_mlp must end with 1"),
         ("train.steps=0", r"train.steps must be > 0"),
         ("optim.sparse.lr=-1", r"optim.sparse.lr must be > 0"),
