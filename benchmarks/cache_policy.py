@@ -39,7 +39,8 @@ from hybridrec.data import build_source
 from hybridrec.optim import SparseSGD
 from hybridrec.parallelize import make_plan
 from hybridrec.planner import OptimizerFootprint, cache_row_bytes
-from hybridrec.sparse.fused import LookupInput, regular_bags
+from hybridrec.sparse.bags import regular_bags
+from hybridrec.sparse.fused import LookupInput
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.types import ShardSpec, TableConfig, hot_offsets
 

@@ -7,7 +7,8 @@ rank can produce any global batch and a resumed run sees the same stream.
 - ids: per table, Zipf-like popularity (P(rank k) ~ 1/k^s over the table's rows), drawn by
   inverting the continuous power-law CDF; the popularity ranks are scrambled over the rows
   by a bijection (k * P + c) mod n, with P a prime larger than any table, so hot rows are
-  spread over the table like real hashed ids (this matters for row-wise sharding).
+  spread over the table like real hashed ids (this matters for row-wise sharding). A jagged
+  table's bags hold a uniform 0..hotness of them, padded with PAD_ID (empty bags included).
 - labels: Bernoulli(sigmoid(teacher logit)); the hidden teacher gives every (table, row) a
   fixed pseudo-random value in [-1, 1] from an integer hash, and the dense features a fixed
   linear weight. A model can learn the hot rows' values, so AUC rises clearly above 0.5.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hybridrec.types import Batch, TableConfig, hot_offsets
+from hybridrec.types import PAD_ID, Batch, TableConfig, hot_offsets
 
 _PRIME = 2_147_483_647  # 2^31 - 1: larger than any table, so k -> k*P mod n is a bijection
 _SPLITS = {"train": 0, "eval": 1}
@@ -109,8 +110,14 @@ class SyntheticCriteo:
         cols, logit = [], torch.zeros(batch_size, dtype=torch.float64)
         for t, table in enumerate(self.tables):
             ids = self._zipf_ids(table.num_rows, (batch_size, table.hotness), g, t)
+            value = self._row_value(t, ids)
+            if table.jagged:  # keep the first `length` ids of each bag
+                length = torch.randint(0, table.hotness + 1, (batch_size, 1), generator=g)
+                present = torch.arange(table.hotness) < length
+                ids = ids.masked_fill(~present, PAD_ID)
+                value = value * present
             cols.append(ids)
-            value = self._row_value(t, ids).sum(1) / table.hotness**0.5
+            value = value.sum(1) / table.hotness**0.5
             logit += float(self.table_weight[t]) * value
         logit = (
             logit / len(self.tables) ** 0.5

@@ -300,8 +300,3 @@ class FusedEmbedding(nn.Module):
 
     def set_extra_state(self, state: dict) -> None:
         self.step_count = int(state["step_count"])
-
-
-def regular_bags(batch_size: int, hotness: int, device: torch.device) -> torch.Tensor:
-    """Bag index of ids laid out sample-major as [B, hotness] -> flat [B * hotness]."""
-    return torch.arange(batch_size, device=device).repeat_interleave(hotness)

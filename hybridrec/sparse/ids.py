@@ -1,5 +1,7 @@
 """Range checks of a batch's ids [B, H] against each column's table, with a precise error.
 
+Valid: 0 <= id < rows; a jagged table's columns may also hold PAD_ID (-1, "no id").
+
 On the CPU a bad id raises at once. On CUDA that would cost a host sync every step, so the
 check is deferred: bad ids are read as 0 and the first one is recorded on the device, raised
 by the next `check_inputs()` (at logging, evaluation or checkpoint time, which sync anyway),
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hybridrec.types import TableConfig, hot_offsets
+from hybridrec.types import PAD_ID, TableConfig, hot_offsets
 
 
 class IdOutOfRangeError(ValueError):
@@ -32,17 +34,22 @@ class IdChecker:
     def __init__(self, tables: Sequence[TableConfig], defer: bool | None = None) -> None:
         self.tables = list(tables)
         self.offsets = hot_offsets(self.tables)
-        self._limits: dict[torch.device, torch.Tensor] = {}
+        self._limits: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.defer = defer
         self._record: torch.Tensor | None = None  # [3] int64: sample, column, id; -1 = none
 
     def deferred(self, ids: torch.Tensor) -> bool:
         return ids.is_cuda if self.defer is None else self.defer
 
-    def limits(self, device: torch.device) -> torch.Tensor:
+    def limits(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per column [H]: the smallest valid id (PAD_ID for jagged tables) and the rows."""
         if device not in self._limits:
-            lim = [t.num_rows for t in self.tables for _ in range(t.hotness)]
-            self._limits[device] = torch.tensor(lim, dtype=torch.int64, device=device)
+            low = [PAD_ID if t.jagged else 0 for t in self.tables for _ in range(t.hotness)]
+            high = [t.num_rows for t in self.tables for _ in range(t.hotness)]
+            self._limits[device] = (
+                torch.tensor(low, dtype=torch.int64, device=device),
+                torch.tensor(high, dtype=torch.int64, device=device),
+            )
         return self._limits[device]
 
     def bad_mask(self, ids: torch.Tensor) -> torch.Tensor:
@@ -52,7 +59,8 @@ class IdChecker:
                 f"ids must be [batch, {self.offsets[-1]}] (one column per id of the "
                 f"{len(self.tables)} tables), got {list(ids.shape)}"
             )
-        return (ids < 0) | (ids >= self.limits(ids.device))
+        low, high = self.limits(ids.device)
+        return (ids < low) | (ids >= high)
 
     def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
         """Raise IdOutOfRangeError naming the first bad id's feature, value and table size."""
@@ -64,7 +72,8 @@ class IdChecker:
         table = self.tables[t]
         return IdOutOfRangeError(
             f"feature {t} ({table.name}): id {value} at {where} is outside table "
-            f"{table.name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}){then}"
+            f"{table.name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}"
+            f"{', or -1 for no id' if table.jagged else ''}){then}"
         )
 
     def __call__(self, ids: torch.Tensor, sample_base: int = 0) -> None:

@@ -35,6 +35,11 @@ class Unit:
     row_wise: bool
 
     @property
+    def counted(self) -> bool:
+        """Its ids cross the input dist with one count per sample (a bag's ids here vary)."""
+        return self.row_wise or self.table.jagged
+
+    @property
     def whole(self) -> bool:
         """The unit is its whole table (every row and column)."""
         s, t = self.shard, self.table
@@ -131,6 +136,20 @@ class ShardedLayout:
         return hot_offsets(self.tables)
 
     @cached_property
+    def dp_columns(self) -> dict[int, tuple[int, int]]:
+        """Replicated table -> its columns [a, b) in the replicated tables' [B_l, sum D]."""
+        out, a = {}, 0
+        for i in self.dp_tables:
+            out[i] = (a, a + self.tables[i].dim)
+            a += self.tables[i].dim
+        return out
+
+    @cached_property
+    def one_width(self) -> bool:
+        """Every table has the same width: the pooled output is [B, T, D], else [B, sum D]."""
+        return len({t.dim for t in self.tables}) == 1
+
+    @cached_property
     def width_on(self) -> list[int]:
         """Per rank, the summed width of its units: its share of each sample's output."""
         return [sum(u.shard.width for u in units) for units in self.units_on]
@@ -141,8 +160,9 @@ class ShardedLayout:
         return torch.int32 if id_wire_bytes(self.tables) == 4 else torch.int64
 
     @cached_property
-    def has_row_wise(self) -> bool:
-        return any(u.row_wise for units in self.units_on for u in units)
+    def has_counted(self) -> bool:
+        """Some unit's payload varies per batch: the input dist first exchanges its sizes."""
+        return any(u.counted for units in self.units_on for u in units)
 
     @cached_property
     def has_host(self) -> bool:

@@ -16,30 +16,29 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybridrec.sparse.bags import pooling_scale
 from hybridrec.sparse.dist.row_stats import RowStats
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.sparse.layout import ShardedLayout
-from hybridrec.types import CACHE_HALFLIFE, Pooling, ShardSpec, TableConfig
+from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
 
 
 def full_shard(table: TableConfig, rank: int = 0) -> ShardSpec:
     return ShardSpec(table.name, rank, 0, table.num_rows, 0, table.dim)
 
 
-def pooling_scale(table: TableConfig) -> float:
-    return 1.0 / table.hotness if table.pooling == Pooling.MEAN else 1.0
-
-
 @dataclass
 class SampleMajorLayout:
     """Per column of ids [B, H]: the row offset of its table in the group, its table index,
-    its pooling scale (None when all are 1); and the number of tables T."""
+    its pooling scale (None when all are 1); the number of tables T; and whether some
+    columns are jagged (their PAD_ID entries are no ids: left out of rows and bags)."""
 
     num_tables: int
     row_offset: torch.Tensor
     table: torch.Tensor
     scale: torch.Tensor | None
+    jagged: bool = False
 
 
 def sample_major_layout(tables: Sequence[TableConfig], group: FusedEmbedding) -> SampleMajorLayout:
@@ -59,12 +58,15 @@ def sample_major_layout(tables: Sequence[TableConfig], group: FusedEmbedding) ->
         None
         if all(s == 1.0 for s in scales)
         else torch.tensor(scales, dtype=torch.float32, device=device),
+        any(t.jagged for t in tables),
     )
 
 
 def sample_major_rows(ids: torch.Tensor, layout: SampleMajorLayout) -> torch.Tensor:
-    """ids [B, H] -> the group rows [B * H] they read, in the layout's order."""
-    return (ids + layout.row_offset).reshape(-1)
+    """ids [B, H] -> the group rows [N] they read, in the layout's order (N = B * H when no
+    column is jagged; else the ids >= 0)."""
+    rows = (ids + layout.row_offset).reshape(-1)
+    return rows[ids.reshape(-1) >= 0] if layout.jagged else rows
 
 
 def lookup_sample_major(
@@ -83,6 +85,10 @@ def lookup_sample_major(
     scale = layout.scale
     if scale is not None:
         scale = scale.expand(B, -1).reshape(-1)
+    if layout.jagged:
+        present = ids.reshape(-1) >= 0
+        bags = bags[present]
+        scale = scale[present] if scale is not None else None
     if rows is None:
         rows = sample_major_rows(ids, layout)
     pooled = group.lookup(rows, bags, scale, B * T, out_dtype)

@@ -1,6 +1,7 @@
 """The sharded embedding collection: every table of the plan, spread over ranks, looking local.
 
     forward(ids [B_l, H]) -> pooled [B_l, T, D]    (B_l = this rank's slice of the global B)
+                                                   ([B_l, sum_t D_t] when widths differ)
 
 One step, each stage in its own module: check ids (hybridrec.sparse.ids) -> input dist
 (sparse.dist.input) -> one fused lookup per width group (sparse.local, sparse.fused) -> output
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
+from hybridrec.sparse.bags import divide_means, mean_divisors
 from hybridrec.sparse.dist.input import input_dist
 from hybridrec.sparse.dist.output import output_dist, reassemble
 from hybridrec.sparse.dist.replicated import ReplicaInputs, replicated_lookup, sync_replicas
@@ -44,7 +46,7 @@ from hybridrec.sparse.local import (
     sample_major_layout,
     sample_major_rows,
 )
-from hybridrec.types import ShardingPlan, TableConfig
+from hybridrec.types import Pooling, ShardingPlan, TableConfig
 
 
 @dataclass(frozen=True)
@@ -239,13 +241,15 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if (
             self.autocast_output
             and self.layout.whole_values
+            and not any(t.jagged and t.pooling == Pooling.MEAN for t in self.tables)
             and torch.is_autocast_enabled(device.type)
         ):
             return torch.get_autocast_dtype(device.type)
         return None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B_l, H] int64 -> pooled [B_l, T, D] fp32 (or the hand-off dtype)."""
+        """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]) fp32 (or the hand-off
+        dtype; jagged tables' columns padded with PAD_ID)."""
         staged, self._staged = self._staged, None
         if staged is not None:
             if staged.ids.shape != ids.shape:
@@ -254,12 +258,14 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         else:  # ids may come from the host (a no-op when they are on the device already)
             ids = self._check_ids(ids.to(self.device, non_blocking=True))
         handoff = self.handoff_dtype(ids.device)
+        divisors = mean_divisors(ids, self.tables, self.layout.offsets)
         if self.sample_major is not None:
             [group] = self.groups.values()
             with timing.phase("lookup"):
                 rows = staged.rows if staged is not None else None
                 out_dtype = handoff or torch.float32
-                return lookup_sample_major(ids, self.sample_major, group, out_dtype, rows)
+                pooled = lookup_sample_major(ids, self.sample_major, group, out_dtype, rows)
+                return divide_means(pooled, divisors)
         inputs = staged.inputs if staged is not None else None
         if inputs is None:
             with timing.phase("input_dist"):
@@ -282,7 +288,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             received, replicated = output_dist(
                 pooled, replicated, b_local, self.layout, self.group, self.stats, wire, after
             )
-        out = reassemble(received, replicated, self.layout)
+        out = reassemble(received, replicated, self.layout, divisors)
         if handoff is not None or self.world == 1:  # 1/W: in the exchange's backward, or 1
             return out
         return ScaleGrad.apply(out, 1.0 / self.world)

@@ -38,11 +38,13 @@ def host_cfg(mode: str, sparse: str, world: int) -> Config:
     return cfg
 
 
-def collect(env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False) -> dict:
+def collect(
+    env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False, steps: int = STEPS
+) -> dict:
     trainer = Trainer(cfg, env)
     if warm:  # as training does: each rank's caches start with its rows' hottest ids
         assert trainer.warm_start_caches() > 0
-    batches = [trainer.train_batch(s) for s in range(STEPS)]
+    batches = [trainer.train_batch(s) for s in range(steps)]
     with torch.no_grad():
         first = batches[0].to(env.device)
         logits = trainer.model(first.dense, first.ids)

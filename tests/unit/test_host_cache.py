@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
+from hybridrec.sparse.bags import regular_bags
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import (
     CacheTooSmallError,
     HostCachedEmbedding,

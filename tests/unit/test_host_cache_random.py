@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
+from hybridrec.sparse.bags import regular_bags
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import HostCachedEmbedding
 from tests.unit.test_host_cache import SHARDS, _assert_free_list, _assert_same
 

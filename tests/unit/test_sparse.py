@@ -15,7 +15,8 @@ import torch
 
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse import EmbeddingCollection, IdOutOfRangeError
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, regular_bags
+from hybridrec.sparse.bags import regular_bags
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.local import full_shard
 from hybridrec.types import Pooling, ShardSpec, TableConfig

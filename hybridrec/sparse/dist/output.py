@@ -1,7 +1,8 @@
 """Output dist: each local unit's pooled rows [B, w_u] go back to the ranks whose samples
-they are, and each rank rebuilds its tables [B_l, T, D] (table-wise: the unit as is;
-column-wise: slices concatenated in column order; row-wise: partial sums added in shard
-order; replicated tables: looked up locally).
+they are, and each rank rebuilds its tables (table-wise: the unit as is; column-wise: slices
+concatenated in column order; row-wise: partial sums added in shard order; replicated
+tables: looked up locally; jagged means: divided by their bags' lengths) as [B_l, T, D], or
+[B_l, sum_t D_t] when the tables' widths differ.
 
 One differentiable all_to_all_single (`Exchange`), in the collection's comm dtype (fp32:
 exact) or, with a hand-off dtype (bf16 under autocast, whole values only), in that dtype
@@ -79,7 +80,7 @@ def output_dist(
     after_backward: AfterBackward,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Local units' pooled [B, w_u] -> every unit's [B_l, w_u] for this rank's samples, in
-    received order; `replicated` [B_l, T_dp, D] passes through the same autograd node.
+    received order; `replicated` [B_l, sum D_dp] passes through the same autograd node.
     `wire`: (dtype on the wire, keep that dtype on arrival, backward scale)."""
     world, rank = layout.world, layout.rank
     device = replicated.device
@@ -103,21 +104,25 @@ def output_dist(
 
 
 def reassemble(
-    received: list[torch.Tensor], replicated: torch.Tensor, layout: ShardedLayout
+    received: list[torch.Tensor],
+    replicated: torch.Tensor,
+    layout: ShardedLayout,
+    divisors: dict[int, torch.Tensor],
 ) -> torch.Tensor:
-    """Received units [B_l, w_u] and replicated tables [B_l, T_dp, D] -> pooled [B_l, T, D]."""
-    dp_position = {i: n for n, i in enumerate(layout.dp_tables)}
+    """Received units [B_l, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, T, D]
+    ([B_l, sum D] for mixed widths); `divisors`: bag lengths [B_l, 1] of jagged mean tables."""
     per_table = []
     for i in range(len(layout.tables)):
-        if i in dp_position:
-            per_table.append(replicated[:, dp_position[i]])
-            continue
-        pieces = [received[p] for p in layout.table_units[i]]
-        if layout.plan.tables[i].sharding == ShardingType.COLUMN_WISE:
-            per_table.append(torch.cat(pieces, dim=1))
-        else:  # table-wise: one piece; row-wise: partial sums, added in shard order
-            total = pieces[0]
-            for p in pieces[1:]:
-                total = total + p
-            per_table.append(total)
-    return torch.stack(per_table, dim=1)
+        if i in layout.dp_columns:
+            a, b = layout.dp_columns[i]
+            piece = replicated[:, a:b]
+        else:
+            pieces = [received[p] for p in layout.table_units[i]]
+            if layout.plan.tables[i].sharding == ShardingType.COLUMN_WISE:
+                piece = torch.cat(pieces, dim=1)
+            else:  # table-wise: one piece; row-wise: partial sums, added in shard order
+                piece = pieces[0]
+                for p in pieces[1:]:
+                    piece = piece + p
+        per_table.append(piece / divisors[i] if i in divisors else piece)
+    return torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)

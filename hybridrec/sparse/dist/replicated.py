@@ -17,9 +17,9 @@ from torch import nn
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, all_gather_rows, all_reduce_sum
 from hybridrec.sparse.costs import replica_sync
-from hybridrec.sparse.local import pooling_scale
 from hybridrec.kernels.segment import dedupe
-from hybridrec.sparse.fused import LookupInput, regular_bags
+from hybridrec.sparse.bags import bag_ids, pooling_scale
+from hybridrec.sparse.fused import LookupInput
 from hybridrec.sparse.layout import ShardedLayout
 
 ReplicaInputs = dict[str, list[LookupInput]]  # replicated group key -> its tables' inputs
@@ -29,7 +29,8 @@ ReplicaInputs = dict[str, list[LookupInput]]  # replicated group key -> its tabl
 def replicated_lookup(
     ids: torch.Tensor, layout: ShardedLayout, groups: nn.ModuleDict
 ) -> tuple[torch.Tensor, ReplicaInputs]:
-    """ids [B_l, H] -> ([B_l, T_dp, D] for this rank's samples, the inputs the backward needs)."""
+    """ids [B_l, H] -> (this rank's samples' pooled replicated tables side by side, [B_l,
+    sum of their widths] in table order (layout.dp_columns), the inputs the backward needs)."""
     b_local, offsets = ids.shape[0], layout.offsets
     pooled: dict[int, torch.Tensor] = {}
     saved: ReplicaInputs = {}
@@ -37,14 +38,13 @@ def replicated_lookup(
         inputs = []
         for i in idx:
             t = layout.tables[i]
-            cols = ids[:, offsets[i] : offsets[i + 1]]
-            bags = regular_bags(b_local, t.hotness, ids.device)
-            inputs.append(LookupInput(cols.reshape(-1), bags, b_local, pooling_scale(t)))
+            rows, bags = bag_ids(ids[:, offsets[i] : offsets[i + 1]], t)
+            inputs.append(LookupInput(rows, bags, b_local, pooling_scale(t)))
         saved[key] = inputs
         pooled.update(zip(idx, groups[key](inputs), strict=True))
     if not layout.dp_tables:
-        return torch.zeros(b_local, 0, layout.tables[0].dim, device=ids.device), saved
-    return torch.stack([pooled[i] for i in layout.dp_tables], dim=1), saved
+        return torch.zeros(b_local, 0, device=ids.device), saved
+    return torch.cat([pooled[i] for i in layout.dp_tables], dim=1), saved
 
 
 @torch.no_grad()
@@ -56,14 +56,14 @@ def sync_replicas(
     group: dist.ProcessGroup,
     stats: CommStats | None,
 ) -> None:
-    """grad [B_l, T_dp, D] of this rank's samples -> the same update on every replica."""
-    position = {i: n for n, i in enumerate(layout.dp_tables)}
+    """grad [B_l, sum of widths] of this rank's samples -> the same update on every replica."""
+    columns = layout.dp_columns
     b_local, world = grad.shape[0], layout.world
     for key, idx in layout.dp_group_tables.items():
         emb = groups[key]
         with timing.phase("sparse_update"):
             rows, bags, scale, _ = emb.flatten(inputs[key])
-            grad_pooled = torch.cat([grad[:, position[i]] for i in idx])
+            grad_pooled = torch.cat([grad[:, slice(*columns[i])] for i in idx])
             unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
         ids = b_local * sum(layout.tables[i].hotness for i in idx)
         if world == 1:  # the only replica: its own rows and sums

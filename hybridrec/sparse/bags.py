@@ -1,0 +1,67 @@
+"""How a table's id columns become bags: fixed hotness, or jagged (padded with PAD_ID).
+
+A batch's ids [B, H] give table t the columns offsets[t]:offsets[t+1] (t.hotness of them).
+Not jagged: every column is an id, bag b holds ids [b, :]. Jagged (a list feature): a bag
+holds the ids >= 0 of its row, 0..hotness of them; PAD_ID (-1) marks "no id", wherever it
+stands. Lookups and exchanges only ever see the real ids, with one bag index or one count
+per sample.
+
+Pooling: sum; or mean, which for a fixed hotness h is a per-id scale 1/h inside the lookup,
+and for a jagged bag its sum divided by its length after the exchange (`mean_divisors`), on
+the rank that owns the sample: a row shard sees only part of a bag, never its length. An
+empty bag pools to zeros either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hybridrec.types import Pooling, TableConfig
+
+
+def pooling_scale(table: TableConfig) -> float:
+    """The per-id multiplier inside the lookup (jagged means divide later: 1 here)."""
+    if table.pooling == Pooling.MEAN and not table.jagged:
+        return 1.0 / table.hotness
+    return 1.0
+
+
+def regular_bags(batch_size: int, hotness: int, device: torch.device) -> torch.Tensor:
+    """Bag index of ids laid out sample-major as [B, hotness] -> flat [B * hotness]."""
+    return torch.arange(batch_size, device=device).repeat_interleave(hotness)
+
+
+def bag_ids(cols: torch.Tensor, table: TableConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """A table's columns [B, h] -> (ids [N], bags [N] non-decreasing) of its real ids."""
+    if not table.jagged:
+        return cols.reshape(-1), regular_bags(cols.shape[0], table.hotness, cols.device)
+    present = cols >= 0
+    lengths = present.sum(1)
+    bags = torch.repeat_interleave(torch.arange(cols.shape[0], device=cols.device), lengths)
+    return cols[present], bags
+
+
+def mean_divisors(
+    ids: torch.Tensor, tables: Sequence[TableConfig], offsets: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """Table index -> [B, 1] fp32 bag lengths (at least 1) for every jagged mean table."""
+    out = {}
+    for i, t in enumerate(tables):
+        if t.jagged and t.pooling == Pooling.MEAN:
+            present = ids[:, offsets[i] : offsets[i + 1]] >= 0
+            out[i] = present.sum(1, keepdim=True).clamp_(min=1).float()
+    return out
+
+
+def divide_means(pooled: torch.Tensor, divisors: dict[int, torch.Tensor]) -> torch.Tensor:
+    """pooled [B, T, D] with each jagged mean table's sums divided by its bag lengths (the
+    other tables divided by 1: unchanged, bit for bit)."""
+    if not divisors:
+        return pooled
+    B, T = pooled.shape[0], pooled.shape[1]
+    denom = torch.ones(B, T, 1, dtype=pooled.dtype, device=pooled.device)
+    for i, d in divisors.items():
+        denom[:, i] = d.to(pooled.dtype)
+    return pooled / denom
