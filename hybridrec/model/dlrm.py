@@ -59,8 +59,3 @@ class DLRM(nn.Module):
         """dense [B, F] float, ids [B, H] int64 -> logits [B] fp32."""
         pooled = self.embeddings(ids)
         return self.dense(dense, pooled).float()
-
-
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean binary cross-entropy over the batch (the gradient-scaling convention builds on it)."""
-    return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)

@@ -65,4 +65,10 @@ def test_calibration_is_predicted_over_actual_clicks():
     three = torch.full((4,), math.log(3.0), dtype=torch.float64)  # predicts 0.75 each
     assert math.isclose(calibration(three, labels), 1.5)
     assert math.isnan(calibration(logits, torch.zeros(4)))
-    assert set(eval_metrics(logits, labels)) == {"auc", "logloss", "accuracy", "ne", "calibration"}
+    assert set(eval_metrics(logits, labels, "binary")) == {
+        "auc",
+        "logloss",
+        "accuracy",
+        "ne",
+        "calibration",
+    }
