@@ -56,6 +56,6 @@ class DLRM(nn.Module):
         self.dense = dense
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """dense [B, F] float, ids [B, H] int64 -> logits [B] fp32."""
+        """dense [B, F] float, ids [B, H] int64 -> raw outputs [B] fp32 (logits when binary)."""
         pooled = self.embeddings(ids)
         return self.dense(dense, pooled).float()
