@@ -56,7 +56,7 @@ from benchmarks.common import (
 from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.distributed import init_distributed
-from hybridrec.model import loss_fn
+from hybridrec.model import bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.train.trainer import Trainer
@@ -187,7 +187,7 @@ def run_naive(cfg: Config, stream: BatchStream, device: torch.device, args) -> d
         dev = pooled.detach().to(device).requires_grad_()
         with autocast:
             logits = model.dense(b.dense, dev).float()
-        loss = loss_fn(logits, b.labels)
+        loss = bce_loss(logits, b.labels)
         dense_opt.zero_grad(set_to_none=True)
         sparse_opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -54,7 +54,7 @@ from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.distributed import DistEnv
 from hybridrec.distributed.comm import CommStats
-from hybridrec.model import DenseArch, loss_fn
+from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
@@ -175,7 +175,7 @@ def measure_plain(cfg: Config, steps: int, warmup: int) -> dict:
 
     def step(i: int) -> None:
         b = batches[i]
-        loss = loss_fn(model(b.dense, b.ids), b.labels)
+        loss = bce_loss(model(b.dense, b.ids), b.labels)
         losses.append(loss.detach())
         dense_opt.zero_grad(set_to_none=True)
         sparse_opt.zero_grad(set_to_none=True)

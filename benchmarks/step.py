@@ -38,7 +38,7 @@ from benchmarks.common import (
 from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.distributed import DistEnv, resolve_device
-from hybridrec.model import DenseArch, loss_fn
+from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.parallelize import compile_dense
 from hybridrec.train.trainer import Trainer
@@ -86,7 +86,7 @@ def run_plain(cfg: Config, batches: list[Batch], device: torch.device, args) -> 
         b = batches[i % len(batches)]
         with autocast:
             logits = model(b.dense, b.ids).float()
-        loss = loss_fn(logits, b.labels)
+        loss = bce_loss(logits, b.labels)
         dense_opt.zero_grad(set_to_none=True)
         sparse_opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -119,7 +119,7 @@ def run_dense_only(cfg: Config, batches: list[Batch], device: torch.device, args
         b, p = batches[i % len(batches)], pooled[i % len(batches)]
         with autocast:
             logits = dense(b.dense, p).float()
-        loss = loss_fn(logits, b.labels)
+        loss = bce_loss(logits, b.labels)
         opt.zero_grad(set_to_none=True)
         p.grad = None
         loss.backward()

@@ -39,6 +39,7 @@ from hybridrec.train.sweep import (
     environ,
     final_metrics,
     launch_ranks,
+    objective,
     wandb_environ,
 )
 
@@ -120,15 +121,15 @@ def _train(cfg: Config, run_dir: Path) -> float | None:
             f"{cfg.checkpoint.dir}; run the same command again to resume",
             PREEMPTED_EXIT,
         )
-    auc = result["eval"].get("auc")
-    return None if auc is None else float(auc)
+    return objective(result["eval"])
 
 
 # An absolute path: a relative one resolves against the calling *module* when this runs as the
 # `hybridrec-train` console script (not `python -m`), which Hydra reads as package "conf".
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(raw: DictConfig) -> float | None:
-    """Train (or launch the ranks that train); returns the final eval AUC for Hydra sweeps."""
+    """Train (or launch the ranks that train); returns the final eval AUC (regression: RMSE)
+    for Hydra sweeps."""
     init_logging(int(os.environ.get("RANK", 0)))
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN or show_traceback():  # a sweep records each job's error
@@ -155,7 +156,7 @@ def _run(raw: DictConfig, run_dir: Path) -> float | None:
 def _run_validated(cfg: Config, launch: bool, run_dir: Path) -> float | None:
     if launch:
         launch_ranks(cfg, run_dir)
-        return final_metrics(run_dir / "metrics.jsonl")["auc"]
+        return objective(final_metrics(run_dir / "metrics.jsonl"))
     with environ(**wandb_environ()):  # a sweep job training in this process
         return _train(cfg, run_dir)
 

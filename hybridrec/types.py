@@ -157,7 +157,7 @@ class Batch:
 
     dense  [B, F] float32 (F = 13 for Criteo), already transformed (log1p)
     ids    [B, H] int64; table t's ids are columns hot_offsets[t]:hot_offsets[t+1]
-    labels [B]    float32 in {0, 1}
+    labels [B]    float32: in {0, 1} for model.task=binary, any value for regression
     """
 
     dense: torch.Tensor

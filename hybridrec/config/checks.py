@@ -184,6 +184,28 @@ def _check_dot_widths(m: ModelConfig) -> None:
         )
 
 
+def _check_task(c: Config) -> None:
+    """Each stop target reads its task's metric; synthetic data has binary labels only."""
+    task = c.model.task
+    if c.eval.target_auc is not None and task != "binary":
+        raise ValueError(
+            f"eval.target_auc={c.eval.target_auc} needs model.task=binary (a regression model "
+            "reports no AUC); use eval.target_rmse, or unset eval.target_auc"
+        )
+    if c.eval.target_rmse is not None:
+        if task != "regression":
+            raise ValueError(
+                f"eval.target_rmse={c.eval.target_rmse} needs model.task=regression (a binary "
+                "model reports no RMSE); use eval.target_auc, or unset eval.target_rmse"
+            )
+        _positive("eval.target_rmse", c.eval.target_rmse)
+    if task == "regression" and c.data.name == "synthetic":
+        raise ValueError(
+            "model.task=regression needs float labels, but data=synthetic makes binary labels "
+            "only; use a file dataset (data=criteo data.path=...) or model.task=binary"
+        )
+
+
 def _check(c: Config, world_size: int) -> None:
     m = c.model
     _choice("device", c.device, DEVICES)
@@ -215,6 +237,7 @@ def _check(c: Config, world_size: int) -> None:
         raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
+    _check_task(c)
     _check_tables(m)
     _positive("model.num_dense_features", m.num_dense_features)
     if not m.top_mlp or m.top_mlp[-1] != 1:

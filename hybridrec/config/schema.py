@@ -246,6 +246,7 @@ class EvalConfig:
     batches: int | None = 8  # global batches per evaluation; None = the whole eval split
     batch_size: int = 2048  # the global eval batch
     target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
+    target_rmse: float | None = None  # model.task=regression: stop once eval RMSE is <= this
     only: bool = False  # evaluate the restored model (checkpoint or model.init_from), no training
 
 

@@ -1,9 +1,10 @@
 """DLRM models. Never imports torch.distributed: distribution is hybridrec.parallelize's job."""
 
-from hybridrec.model.dlrm import DLRM, DenseArch, loss_fn
+from hybridrec.model.dlrm import DLRM, DenseArch
 from hybridrec.model.inference import InferenceDLRM, PredictInputError, load_export
 from hybridrec.model.interaction import DotInteraction, LowRankCrossNet
 from hybridrec.model.mlp import MLP
+from hybridrec.model.task import Task, bce_loss, mse_loss, task_of
 
 __all__ = [
     "DLRM",
@@ -14,5 +15,8 @@ __all__ = [
     "InferenceDLRM",
     "LowRankCrossNet",
     "load_export",
-    "loss_fn",
+    "Task",
+    "bce_loss",
+    "mse_loss",
+    "task_of",
 ]

@@ -56,11 +56,6 @@ class DLRM(nn.Module):
         self.dense = dense
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """dense [B, F] float, ids [B, H] int64 -> logits [B] fp32."""
+        """dense [B, F] float, ids [B, H] int64 -> raw outputs [B] fp32 (logits when binary)."""
         pooled = self.embeddings(ids)
         return self.dense(dense, pooled).float()
-
-
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean binary cross-entropy over the batch (the gradient-scaling convention builds on it)."""
-    return nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)

@@ -1,7 +1,10 @@
 """A trained model for scoring, from a `hybridrec-export` file: plain PyTorch, no trainer.
 
     model = load_export("model.pt")              # the model config travels in the file
-    p = model.predict(dense, ids)                # click probabilities [B]
+    p = model.predict(dense, ids)                # predictions [B]
+
+`predict` gives what model.task (in the exported config) predicts: click probabilities
+(sigmoid of the output) for binary, the raw output for regression (hybridrec.model.task).
 
 One `nn.EmbeddingBag` per table (sum or mean pooling, as trained) in front of the trained
 dense part (`DenseArch`): the same function the trainer computes, without its sharding,
@@ -29,8 +32,9 @@ from torch import nn
 
 from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DenseArch
+from hybridrec.model.task import task_of
 from hybridrec.safeload import load_tensors
-from hybridrec.types import hot_offsets
+from hybridrec.types import TASKS, hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
 
@@ -40,11 +44,12 @@ class PredictInputError(ValueError):
 
 
 class InferenceDLRM(nn.Module):
-    """DLRM for scoring: per-table EmbeddingBags + the dense part; logits [B] fp32."""
+    """DLRM for scoring: per-table EmbeddingBags + the dense part; raw outputs [B] fp32."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.task = task_of(cfg.task)
         self.tables = list(cfg.tables())
         self.offsets = hot_offsets(self.tables)
         self.embeddings = nn.ModuleDict(
@@ -64,10 +69,11 @@ class InferenceDLRM(nn.Module):
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Click probabilities [B] (sigmoid of the logits), in eval mode; inputs checked."""
+        """Predictions [B] in eval mode, inputs checked: click probabilities (sigmoid of the
+        logits) for model.task=binary, the raw output for regression."""
         self.check_inputs(dense, ids)
         self.eval()
-        return torch.sigmoid(self(dense, ids))
+        return self.task.predict(self(dense, ids))
 
     def check_inputs(self, dense: torch.Tensor, ids: torch.Tensor) -> None:
         """Raise PredictInputError unless dense is [B, num_dense_features] of finite floats
@@ -131,6 +137,11 @@ def model_config(path: Path, text: object) -> ModelConfig:
     if arch not in ARCHS:
         raise ValueError(
             f"{path}: model_config arch {arch!r} is not one of {', '.join(ARCHS)}; refused"
+        )
+    task = d.get("task", ModelConfig.task)  # exports older than model.task are binary
+    if task not in TASKS:
+        raise ValueError(
+            f"{path}: model_config task {task!r} is not one of {', '.join(TASKS)}; refused"
         )
     return ModelConfig(**d)
 

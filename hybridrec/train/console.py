@@ -127,16 +127,30 @@ def show_train(row: dict[str, Any], steps: int, bar: tqdm | None) -> None:
     )
 
 
+# The eval metrics a log line shows, in order, with their digits; a task logs its own subset
+EVAL_LINE = (
+    ("auc", 4),
+    ("logloss", 4),
+    ("ne", 4),
+    ("calibration", 3),
+    ("accuracy", 4),
+    ("rmse", 4),
+    ("mae", 4),
+    ("loss", 4),
+)
+
+
+def eval_text(metrics: dict[str, float], keys: tuple[str, ...] | None = None) -> str:
+    """'auc 0.7812  logloss 0.4521 ...': the metrics present (of `keys`, default all)."""
+    shown = [(k, d) for k, d in EVAL_LINE if k in metrics and (keys is None or k in keys)]
+    return "  ".join(f"{k} {metrics[k]:.{d}f}" for k, d in shown)
+
+
 def show_eval(step: int, metrics: dict[str, float], split: str) -> None:
     log.info(
-        "eval @ step %d  auc %.4f  logloss %.4f  ne %.4f  calibration %.3f  accuracy %.4f  "
-        "(%d samples of split %r)",
+        "eval @ step %d  %s  (%d samples of split %r)",
         step,
-        metrics["auc"],
-        metrics["logloss"],
-        metrics["ne"],
-        metrics["calibration"],
-        metrics["accuracy"],
+        eval_text(metrics),
         metrics["eval_samples"],
         split,
     )
@@ -152,7 +166,7 @@ def show_summary(
     ]
     ev = result.get("eval") or {}
     if ev:
-        parts.append(f"eval auc {ev['auc']:.4f} ne {ev['ne']:.4f}")
+        parts.append("eval " + eval_text(ev, ("auc", "ne", "rmse", "mae")))
     if run_dir is not None:
         parts.append(f"metrics {run_dir / 'metrics.jsonl'} (hybridrec-plot {run_dir})")
     if cfg.checkpoint.dir:

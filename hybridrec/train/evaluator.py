@@ -1,8 +1,9 @@
 """Exact evaluation over held-out batches, the same on every rank and for any world size.
 
-Each rank scores its slice of every global eval batch; the logits, labels and a "real
+Each rank scores its slice of every global eval batch; the outputs, labels and a "real
 sample" mask are gathered from all ranks and the metrics (hybridrec.train.metrics) computed
-once over the whole set. A file split's last batch is filled by wrapping around to its start;
+once over the whole set, those of model.task (binary: AUC, log loss, ...; regression:
+MSE, RMSE, MAE). A file split's last batch is filled by wrapping around to its start;
 samples at global positions past the split's rows are masked out, so every row counts once.
 An eval batch that the world size does not divide reaches each rank padded to ceil(B/W)
 samples (hybridrec.data.loader.rank_span); the padding is masked out too, so the metrics are
@@ -39,11 +40,12 @@ def evaluate(
     split_rows: int | None,
     autocast: torch.autocast,
     check_inputs: Callable[[], None],
+    task: str,
     chunk: int | None = None,
     check_dense: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """Metrics over `batches` global batches of `batch_size` (None: the whole split of
-    `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
+    """model.task `task`'s metrics over `batches` global batches of `batch_size` (None: the
+    whole split of `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
     model.eval()
     world = env.world_size
     local_batch = -(-batch_size // world)
@@ -75,6 +77,6 @@ def evaluate(
             dist.all_gather(parts, local, group=env.group)
         local = torch.cat(parts, dim=1)
     local = local[:, local[2] > 0]
-    metrics = eval_metrics(local[0], local[1])
+    metrics = eval_metrics(local[0], local[1], task)
     metrics["eval_samples"] = int(local.shape[1])
     return metrics

@@ -243,7 +243,9 @@ class WandbLogger(NullLogger):
                 str(e).splitlines()[0] if str(e) else "",
             )
             return
-        self._call("define_metric", self.run.define_metric, "eval/auc", summary="max")
+        for key, summary in (("eval/auc", "max"), ("eval/rmse", "min"), ("eval/mae", "min")):
+            if self.run is not None:  # the task's metrics: a run logs AUC or RMSE and MAE
+                self._call("define_metric", self.run.define_metric, key, summary=summary)
         if self.run is not None:
             self.run_id = self.run.id
             where = Path(self.run.dir).parent  # <run dir>/wandb/<offline-run-...>

@@ -1,10 +1,15 @@
-"""Evaluation metrics over a whole split: exact ROC AUC, log loss, accuracy, normalized
-entropy and calibration (the last two as in recommender practice, e.g. TorchRec's NE and
-calibration metrics)."""
+"""Evaluation metrics over a whole split, by model.task: binary reports exact ROC AUC, log loss,
+accuracy, normalized entropy and calibration (the last two as in recommender practice, e.g.
+TorchRec's NE and calibration metrics); regression reports `loss` (mean squared error), `rmse`
+and `mae`. Every metric takes the model's raw outputs [N] and labels [N] of the evaluated
+samples (padding already masked out) and is computed in float64 on the CPU.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -59,7 +64,7 @@ def calibration(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return torch.sigmoid(logits.detach().double().cpu()).sum().item() / positives
 
 
-def eval_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     return {
         "auc": roc_auc(logits, labels),
         "logloss": log_loss(logits, labels),
@@ -67,3 +72,38 @@ def eval_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]
         "ne": normalized_entropy(logits, labels),
         "calibration": calibration(logits, labels),
     }
+
+
+def regression_metrics(outputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Mean squared error (`loss`, the training loss), its root and the mean absolute error."""
+    err = outputs.detach().double().cpu() - labels.detach().double().cpu()
+    mse = err.square().mean().item()
+    return {"loss": mse, "rmse": math.sqrt(mse), "mae": err.abs().mean().item()}
+
+
+_METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], dict[str, float]]] = {
+    "binary": binary_metrics,
+    "regression": regression_metrics,
+}
+
+
+def eval_metrics(outputs: torch.Tensor, labels: torch.Tensor, task: str) -> dict[str, float]:
+    """The metrics of model.task `task` over outputs [N] and labels [N]."""
+    return _METRICS[task](outputs, labels)
+
+
+# The eval metrics a stop target reads: eval.<key>, the metric, and whether higher is better
+TARGETS = (("target_auc", "auc", True), ("target_rmse", "rmse", False))
+
+
+def reached_target(eval_cfg: Any, metrics: dict[str, float]) -> str | None:
+    """`eval.<target>=<value>` when `metrics` reach a set stop target (eval.target_auc: AUC at
+    or above it; eval.target_rmse: RMSE at or below it), else None."""
+    for key, metric, higher in TARGETS:
+        target = getattr(eval_cfg, key)
+        if target is None or metric not in metrics:
+            continue
+        value = metrics[metric]
+        if (value >= target) if higher else (value <= target):
+            return f"eval.{key}={target:g} ({metric} {value:.5f})"
+    return None

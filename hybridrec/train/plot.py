@@ -27,9 +27,17 @@ from hybridrec.train.sweep import common_overrides, job_records
 log = logging.getLogger("hybridrec")
 
 METRICS_FILE = "metrics.jsonl"
-DEFAULT_METRICS = ("train/loss", "eval/auc", "eval/logloss", "train/samples_per_sec")
+# those logged (binary runs: AUC and log loss; regression: RMSE and MAE) are drawn by default
+DEFAULT_METRICS = (
+    "train/loss",
+    "eval/auc",
+    "eval/logloss",
+    "eval/rmse",
+    "eval/mae",
+    "train/samples_per_sec",
+)
 # a bare key means the split it is logged under
-_SPLIT_OF = {k: "eval" for k in ("auc", "logloss", "accuracy", "ne", "calibration")}
+_SPLIT_OF = {k: "eval" for k in ("auc", "logloss", "accuracy", "ne", "calibration", "rmse", "mae")}
 
 
 class PlotError(ValueError):
@@ -187,9 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-o", "--out", type=Path, default=Path("curves.png"), help="PNG to write")
     p.add_argument(
         "--metrics",
-        default=",".join(DEFAULT_METRICS),
-        help="comma-separated, split/key or key (default: %(default)s); any logged key works, "
-        "e.g. time_ms/lookup, cache/hit_rate, lr/sparse",
+        default=None,
+        help=f"comma-separated, split/key or key (default: those of {','.join(DEFAULT_METRICS)} "
+        "that were logged); any logged key works, e.g. time_ms/lookup, cache/hit_rate, lr/sparse",
     )
     p.add_argument(
         "--smooth", type=int, default=1, help="moving average over N train points (default 1)"
@@ -199,7 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.smooth < 1:
         p.error(f"--smooth must be >= 1, got {args.smooth}")
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    given = args.metrics is not None
+    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")]
+    metrics = [m for m in metrics if m]
     if not metrics:
         p.error("--metrics is empty")
     try:
@@ -208,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PlotError, OSError) as e:
         print(f"hybridrec-plot: {e}", file=sys.stderr)
         return 2
-    skipped = [m for m in metrics if m not in drawn]
+    # a default metric the runs' task does not log (AUC of a regression run) is no news
+    skipped = [m for m in metrics if m not in drawn] if given else []
     print(
         f"wrote {args.out} and {args.out.with_suffix('.csv')}: {len(runs)} run(s), "
         f"{', '.join(drawn)}" + (f" (not logged: {', '.join(skipped)})" if skipped else "")

@@ -12,7 +12,8 @@ Hydra sweep whose every job is itself a 2-rank run:
   outside a sweep: `launcher.nproc_per_node=2 sharding=row_wise` is a 2-rank run on a laptop.
 - `SweepSummary`, a Hydra callback (conf/train.yaml, `hydra.callbacks`), writes
   `<job dir>/job.json` after each job (overrides, status, error, wall time) and at the end of
-  the sweep prints one row per job (overrides, final loss, final AUC, samples/s, status) and
+  the sweep prints one row per job (overrides, final loss, final AUC or RMSE, samples/s,
+  status) and
   writes it to `<sweep dir>/summary.md` and `summary.json`. The table is built from the job
   directories, so it also works with launchers that run jobs in other processes, and it is
   printed at exit when a failed job makes Hydra stop before `on_multirun_end`.
@@ -239,16 +240,26 @@ class RanksFailed(RuntimeError):
 
 
 def final_metrics(metrics_path: Path) -> dict[str, float | None]:
-    """Last train loss, last eval AUC and median train samples/s from a metrics.jsonl."""
+    """Last train loss, last eval AUC (binary) and RMSE (regression) and median train
+    samples/s from a metrics.jsonl."""
     rows = read_metrics(metrics_path) if metrics_path.is_file() else []
     train = [r for r in rows if r.get("split") == "train"]
-    evals = [r for r in rows if r.get("split") == "eval" and r.get("auc") is not None]
     rates = [r["samples_per_sec"] for r in train if r.get("samples_per_sec") is not None]
-    return {
-        "loss": train[-1].get("loss") if train else None,
-        "auc": evals[-1]["auc"] if evals else None,
-        "samples_per_sec": statistics.median(rates) if rates else None,
-    }
+    out: dict[str, float | None] = {"loss": train[-1].get("loss") if train else None}
+    for key in ("auc", "rmse"):
+        evals = [r for r in rows if r.get("split") == "eval" and r.get(key) is not None]
+        out[key] = evals[-1][key] if evals else None
+    out["samples_per_sec"] = statistics.median(rates) if rates else None
+    return out
+
+
+def objective(metrics: dict[str, float | None]) -> float | None:
+    """What a run returns to a Hydra sweeper: its final eval AUC (binary, higher is better) or
+    RMSE (regression, lower is better); None without an evaluation."""
+    value = metrics.get("auc")
+    if value is None:
+        value = metrics.get("rmse")
+    return None if value is None else float(value)
 
 
 # -- sweep summary ---------------------------------------------------------------------------
@@ -352,8 +363,10 @@ def _fmt(value: Any, digits: int) -> str:
 
 
 def summary_markdown(jobs: list[dict[str, Any]], common: list[str]) -> str:
-    header = "| job | overrides | status | final loss | final AUC | samples/s | wall s |"
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    rmse = any(j.get("rmse") is not None for j in jobs)  # regression runs: their RMSE too
+    header = "| job | overrides | status | final loss | final AUC |"
+    header += " final RMSE |" * rmse + " samples/s | wall s |"
+    lines = [header, "|---" * (7 + rmse) + "|"]
     for j in jobs:
         varying = [o for o in j["overrides"] if o not in common] or ["(none)"]
         status = j["status"] + (f": {j['error']}" if j.get("error") else "")
@@ -364,6 +377,7 @@ def summary_markdown(jobs: list[dict[str, Any]], common: list[str]) -> str:
             status,
             _fmt(j["loss"], 5),
             _fmt(j["auc"], 4),
+            *([_fmt(j.get("rmse"), 4)] if rmse else []),
             _fmt(j["samples_per_sec"], 0),
             _fmt(j.get("wall_s"), 1),
         ]

@@ -6,7 +6,8 @@ backward (which also updates the embedding rows: hybridrec.sparse.fused) and the
 optimizer step. `fit` runs steps and, on their schedule, logs (rank 0: global mean loss,
 samples/s, phase timings, memory, cache rates), evaluates (hybridrec.train.evaluator), saves
 and resumes (hybridrec.train.resume), and stops on request (hybridrec.train.preemption) or at
-`eval.target_auc`. The trainer reaches embedding modules only through hybridrec.sparse.api.
+`eval.target_auc` / `eval.target_rmse`. The loss is model.task's (hybridrec.model.task). The
+trainer reaches embedding modules only through hybridrec.sparse.api.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed import failure
 from hybridrec.distributed.comm import all_reduce_sum, any_rank
 from hybridrec.distributed.env import DistEnv
-from hybridrec.model import loss_fn
+from hybridrec.model import task_of
 from hybridrec.optim import LRSchedule, build_dense_optimizer
 from hybridrec.parallelize import build_model, compile_dense
 from hybridrec.sparse.api import embedding_modules
@@ -42,6 +43,7 @@ from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_nam
 from hybridrec.train.evaluator import evaluate
 from hybridrec.train.health import NonFiniteWatch
 from hybridrec.train.loggers import NullLogger, truncate_metrics
+from hybridrec.train.metrics import reached_target
 from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
@@ -73,6 +75,7 @@ class Trainer:
         opts = [opt for m in self.embeddings for opt in m.sparse_optimizers()]
         self._sparse_opts = list({id(o): o for o in opts}.values())  # each shared one once
         self.lr = (cfg.optim.dense.lr, cfg.optim.sparse.lr)  # (dense, sparse) of the last step
+        self.loss = task_of(cfg.model.task).loss  # mean over this rank's slice
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
         self.autocast = torch.autocast(
@@ -166,7 +169,7 @@ class Trainer:
                 dense = self.dense_checks["train"](dense, self.step, self.env.rank * batch.size)
             with timing.phase("forward"), self.autocast:
                 logits = self.model(dense, batch.ids)
-            loss = loss_fn(logits, batch.labels)
+            loss = self.loss(logits, batch.labels)
             if pipeline is not None:
                 pipeline.prefetch_next()
             self.dense_opt.zero_grad(set_to_none=True)
@@ -233,6 +236,7 @@ class Trainer:
                 self._eval_rows(),
                 self.autocast,
                 self.check_inputs,
+                self.cfg.model.task,
                 # host caches hold one training batch's rows: evaluate in chunks that fit
                 chunk=self.local_batch if any(m.prefetches for m in self.embeddings) else None,
                 check_dense=self.dense_checks.get("eval"),
@@ -411,9 +415,9 @@ class Trainer:
                 if final_eval:
                     self._record({"step": step, "split": "eval", **final_eval})
                     console.show_eval(step, final_eval, cfg.data.eval_split)
-                    target = cfg.eval.target_auc
-                    if target is not None and final_eval["auc"] >= target:
-                        log.info("reached eval.target_auc=%.5f at step %d: stopping", target, step)
+                    reached = reached_target(cfg.eval, final_eval)
+                    if reached:
+                        log.info("reached %s at step %d: stopping", reached, step)
                         stop = True
             if stop and not saved:
                 self.save()

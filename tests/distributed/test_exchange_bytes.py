@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hybridrec.distributed.comm import CommStats
-from hybridrec.model import loss_fn
+from hybridrec.model import bce_loss
 from hybridrec.parallelize import build_model
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
 from tests.distributed.harness import spawn
@@ -35,7 +35,7 @@ def one_step(env, modes, comm_dtype="fp32"):
         batch = build_source(cfg).batch(0, cfg.train.batch_size)
         n = batch.size // env.world_size
         batch = batch.slice(env.rank * n, (env.rank + 1) * n)
-        loss_fn(model(batch.dense, batch.ids), batch.labels).backward()
+        bce_loss(model(batch.dense, batch.ids), batch.labels).backward()
         cost = estimate_cost(
             plan,
             cfg.model.tables(),

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hybridrec.model import loss_fn
+from hybridrec.model import bce_loss
 from hybridrec.parallelize import build_model
 from tests.distributed.harness import spawn
 from tests.distributed.test_equivalence import make_cfg
@@ -55,7 +55,7 @@ def bad_id_on_rank_1(env):
     batch = batch.slice(env.rank * n, (env.rank + 1) * n)
     if env.rank == 1:
         batch.ids[5, 3] = 700  # table cat_2 has 700 rows; column 3 is its only id
-    return _try(lambda: loss_fn(model(batch.dense, batch.ids), batch.labels).backward())
+    return _try(lambda: bce_loss(model(batch.dense, batch.ids), batch.labels).backward())
 
 
 def test_out_of_range_id_on_one_rank_fails_all_ranks():
@@ -77,7 +77,7 @@ def deferred_bad_id_on_rank_1(env):
     batch = batch.slice(env.rank * n, (env.rank + 1) * n)
     if env.rank == 1:
         batch.ids[5, 3] = 700
-    loss_fn(model(batch.dense, batch.ids), batch.labels).backward()
+    bce_loss(model(batch.dense, batch.ids), batch.labels).backward()
     return _try(model.embeddings.check_inputs)
 
 

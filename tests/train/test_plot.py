@@ -144,3 +144,24 @@ def test_a_single_train_point_is_drawn(tmp_path, monkeypatch):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main([str(run), "-o", str(tmp_path / "c.png"), "--metrics", "loss"]) == 0
     assert markers == {"run": "o"}
+
+
+def test_a_regression_run_gets_its_own_default_panels(tmp_path, capsys):
+    """No AUC nor log loss in a regression run: the defaults draw its RMSE and MAE, and
+    the defaults it did not log are not reported as missing."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "split": "train", "loss": 1 / s, "samples_per_sec": 1e5} for s in (5, 10)]
+    rows.append({"step": 10, "split": "eval", "loss": 0.8, "rmse": 0.9, "mae": 0.7})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "c.png"
+    assert main([str(run), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith("train/loss, eval/rmse, eval/mae, train/samples_per_sec")
+    assert {r["metric"] for r in _csv(out.with_suffix(".csv"))} == {
+        "train/loss",
+        "eval/rmse",
+        "eval/mae",
+        "train/samples_per_sec",
+    }
+    assert parse_metric("rmse") == ("eval", "rmse")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hybridrec.config import validate
-from hybridrec.train.sweep import _quote, final_metrics, write_summary
+from hybridrec.train.sweep import _quote, final_metrics, objective, write_summary
 from tests.cli import run_cli
 from tests.train.wandb_file import offline_run_file, read_records, run_record
 
@@ -146,6 +146,26 @@ def test_summary_from_job_dirs(tmp_path):
     assert jobs[2]["loss"] is None
     assert "| 1 | sharding=row_wise | completed | 0.40000 | 0.7500 | 200 | 1.0 |" in printed
     assert (tmp_path / "summary.md").read_text().count("\n| ") == 4  # header + 3 jobs
+
+
+def test_regression_jobs_report_their_rmse(tmp_path):
+    """A regression run logs RMSE, no AUC: the summary gains a final RMSE column and the
+    value a sweeper reads is the RMSE."""
+    for num, task, metrics in ((0, "binary", {"auc": 0.7}), (1, "regression", {"rmse": 0.93})):
+        d = tmp_path / str(num)
+        d.mkdir()
+        info = {"job": num, "overrides": [f"model.task={task}"], "status": "completed"}
+        (d / "job.json").write_text(json.dumps(info | {"error": None, "wall_s": 1.0}))
+        rows = [{"step": 4, "split": "train", "loss": 0.5}, {"step": 4, "split": "eval", **metrics}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final = final_metrics(tmp_path / "1" / "metrics.jsonl")
+    assert (final["auc"], final["rmse"], objective(final)) == (None, 0.93, 0.93)
+    binary = final_metrics(tmp_path / "0" / "metrics.jsonl")
+    assert (binary["auc"], binary["rmse"], objective(binary)) == (0.7, None, 0.7)
+    printed = write_summary(tmp_path)
+    assert "| final loss | final AUC | final RMSE | samples/s |" in printed
+    assert "| 0 | model.task=binary | completed | 0.50000 | 0.7000 | - | - | 1.0 |" in printed
+    assert "| 1 | model.task=regression | completed | 0.50000 | - | 0.9300 | - | 1.0 |" in printed
 
 
 def test_launcher_config_is_validated():

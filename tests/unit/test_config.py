@@ -289,3 +289,20 @@ def test_data_keys_name_schema_keys_of_known_sources():
     assert tuple(sorted(DATA_KEYS)) == tuple(sorted(SOURCES))
     for keys in DATA_KEYS.values():
         assert set(keys) <= set(fields_at("data"))
+
+
+def test_task_mistakes_name_the_key():
+    """A stop target reads its task's metric; synthetic data has binary labels only."""
+    file_data = ("data=criteo", "data.path=/data/x")
+    with pytest.raises(ValueError, match=r"^model.task='ranking' is not one of: binary, regr"):
+        validate(_compose("model.task=ranking"))
+    with pytest.raises(ValueError, match=r"^model.task=regression needs float labels, but data="):
+        validate(_compose("model.task=regression"))
+    with pytest.raises(ValueError, match=r"^eval.target_auc=0.8 needs model.task=binary"):
+        validate(_compose("model.task=regression", *file_data, "eval.target_auc=0.8"))
+    with pytest.raises(ValueError, match=r"^eval.target_rmse=0.9 needs model.task=regression"):
+        validate(_compose("eval.target_rmse=0.9"))
+    with pytest.raises(ValueError, match=r"^eval.target_rmse must be > 0, got 0"):
+        validate(_compose("model.task=regression", *file_data, "eval.target_rmse=0"))
+    cfg = validate(_compose("model.task=regression", *file_data, "eval.target_rmse=0.9"))
+    assert (cfg.model.task, cfg.eval.target_rmse) == ("regression", 0.9)

