@@ -121,7 +121,8 @@ class _Reader:
         self.d = value
 
     def fail(self, sub: str, what: str) -> ValueError:
-        return ValueError(f"{self.where}: {self.key}.{sub} {what}")
+        sep = "" if what.startswith("=") else " "
+        return ValueError(f"{self.where}: {self.key}.{sub}{sep}{what}")
 
     def get(self, sub: str, kind: type | tuple, default: Any = ..., choices: tuple = ()) -> Any:
         if sub not in self.d or self.d[sub] is None:
