@@ -107,7 +107,10 @@ class Manifest:
         return int(start), int(end)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["spec"] is None and not d["features"]:  # Criteo: the keys it has always had
+            del d["spec"], d["features"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "manifest") -> Manifest:
