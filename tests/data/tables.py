@@ -76,6 +76,7 @@ def write_csv(path: Path, cols: dict[str, list], delimiter: str = ",", lists: st
             return lists.join(map(str, v))
         return str(v)
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     names = list(cols)
     lines = [delimiter.join(names)]
     for r in range(len(cols[names[0]])):

@@ -297,3 +297,9 @@ def test_pandas_style_dictionary_and_nullable_float_columns(tmp_path):
 
     a, b = open_dataset(tmp_path / "p"), open_dataset(tmp_path / "q")
     assert (a.categorical == b.categorical).all()
+
+
+def test_split_values_that_do_not_fit_the_column(tmp_path):
+    split = {"by": "column", "column": "movie", "values": {"train": ["one"], "val": [2]}}
+    msg = _fails(tmp_path, movies(), spec_dict(split=split))
+    assert msg == "split.values.train: ['one'] cannot be compared with column 'movie' of type int64"

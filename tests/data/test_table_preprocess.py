@@ -3,6 +3,7 @@ checked against a plain-Python reference, read back through the readers Criteo u
 
 from __future__ import annotations
 
+import gzip
 import math
 
 import numpy as np
@@ -159,6 +160,21 @@ def test_csv_with_a_delimited_list_column_and_int_categoricals(tmp_path):
     np.testing.assert_array_equal(ds.categorical[:, keep], other.categorical[:, keep])
     np.testing.assert_array_equal(ds.labels, other.labels)
     np.testing.assert_allclose(ds.dense, other.dense, rtol=1e-6)
+
+
+def test_gzip_csv_and_hive_partitioned_csv(tmp_path):
+    cols = movies()
+    plain = write_csv(tmp_path / "m.csv", cols)
+    (tmp_path / "m.csv.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    preprocess_table(parse_spec(SPEC), [tmp_path / "m.csv.gz"], tmp_path / "gz")
+    preprocess_table(parse_spec(SPEC), [plain], tmp_path / "plain")
+    a, b = open_dataset(tmp_path / "gz"), open_dataset(tmp_path / "plain")
+    np.testing.assert_array_equal(a.categorical, b.categorical)
+    for day, (lo, hi) in ((1, (0, 30)), (2, (30, 40))):
+        write_csv(tmp_path / "h" / f"day={day}" / "p.csv", {k: v[lo:hi] for k, v in cols.items()})
+    split = {"by": "column", "column": "day", "values": {"train": "1", "val": [2]}}
+    m = preprocess_table(parse_spec(spec_dict(split=split)), [tmp_path / "h"], tmp_path / "hive")
+    assert m.manifest.splits == {"train": [0, 30], "val": [30, 40], "test": [40, 40]}
 
 
 def test_tsv_and_a_custom_list_delimiter(tmp_path):

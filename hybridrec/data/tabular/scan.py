@@ -183,8 +183,11 @@ class Splitter:
             if pa.types.is_string(t) or pa.types.is_large_string(t):
                 values = [v if isinstance(v, str) else str(v) for v in values]
             try:
-                self._sets[key] = pa.array(values, type=t)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                try:
+                    self._sets[key] = pa.array(values, type=t)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                    self._sets[key] = pa.array(values).cast(t)  # "1" for an int column
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
                 raise ValueError(
                     f"split.values.{name}: {values} cannot be compared with column "
                     f"{self.split.column!r} of type {t}"
