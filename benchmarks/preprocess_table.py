@@ -48,9 +48,7 @@ SPEC = {
         {"name": "country", "column": "country", "encoding": "identity", "rows": 200},
         {"name": "tags", "column": "tags", "kind": "list", "pooling": "mean"},
     ],
-    "tables": [
-        {"name": n, "width": 16} for n in ("user", "item", "country", "tags")
-    ],
+    "tables": [{"name": n, "width": 16} for n in ("user", "item", "country", "tags")],
     "split": {"by": "fraction", "val": 0.05, "test": 0.05, "seed": 0},
 }
 

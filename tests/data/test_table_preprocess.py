@@ -177,6 +177,45 @@ def test_gzip_csv_and_hive_partitioned_csv(tmp_path):
     assert m.manifest.splits == {"train": [0, 30], "val": [30, 40], "test": [40, 40]}
 
 
+def _fnv_splitmix(text: str) -> int:
+    """The documented text hash, byte by byte in plain Python."""
+    m = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001B3) & m
+    z = (h + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+@pytest.mark.parametrize("kind", ["single", "list"])
+def test_hashing_text_matches_the_documented_hash(tmp_path, kind):
+    cols = movies()
+    cols["user"][7] = "ünïcode, longer than the others"
+    d = spec_dict()
+    if kind == "single":
+        d["sparse"][0] = {"name": "user", "column": "user", "encoding": "hashing", "cap": 97}
+        values = [[u] for u in cols["user"]]
+    else:
+        d["sparse"][3] = {
+            "name": "genres",
+            "column": "genres",
+            "kind": "list",
+            "encoding": "hashing",
+            "cap": 97,
+        }
+        values = [g or [] for g in cols["genres"]]
+    src = write_parquet(tmp_path / "t.parquet", cols)
+    preprocess_table(parse_spec(d), [src], tmp_path / "out", batch_rows=7)
+    ds = open_dataset(tmp_path / "out")
+    col = 0 if kind == "single" else slice(3, None)
+    for r, vs in enumerate(values):
+        want = [0 if v is None else 1 + _fnv_splitmix(v) % 96 for v in vs]
+        got = np.atleast_1d(ds.categorical[r, col]).tolist()
+        assert got[: len(want)] == want and all(x == -1 for x in got[len(want) :]), r
+
+
 def test_tsv_and_a_custom_list_delimiter(tmp_path):
     cols = movies()
     src = write_csv(tmp_path / "movies.tsv", cols, delimiter="\t", lists=";")

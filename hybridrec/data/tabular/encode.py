@@ -4,8 +4,9 @@ Ids per encoding (docs/data-spec.md; every null value has an id of its own):
 - vocabulary: 0 = null, 1 = out of vocabulary (unseen in train, or seen < min_count times),
   2.. = train values by decreasing train count (ties by value); rows = 2 + kept values.
 - hashing: 0 = null, 1 + hash(value) mod (cap - 1) otherwise; rows = cap. Integers (and
-  booleans) hash by splitmix64 of the int64, anything else by the first 8 bytes of BLAKE2b of
-  its text (CSV values are text: 7 in a CSV hashes as "7").
+  booleans) hash by splitmix64 of the int64, text by splitmix64 of the FNV-1a hash of its
+  UTF-8 bytes, anything else by that of its Python repr (CSV values are text: 7 in a CSV
+  hashes as "7").
 - identity: the value itself, an integer in [0, rows); null = rows; the table has rows + 1.
 Lists are bags of such ids padded with -1 to `max_len` (longer lists keep their first
 max_len ids and are counted as truncated); a single feature is one id per row.
@@ -16,8 +17,6 @@ counts/<table>.npz). Memory: the vocabulary and one count per table row, never t
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +36,28 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
         return (z ^ (z >> np.uint64(31))) & _M
 
 
-def _text_hash(v: object) -> int:
-    text = v if isinstance(v, str) else repr(v)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+def text_hash(arr: pa.Array) -> np.ndarray:
+    """[n] uint64: splitmix64 of the 64-bit FNV-1a of each string's UTF-8 bytes (no nulls),
+    vectorised over the strings, one step per byte position."""
+    n = len(arr)
+    wide = pa.types.is_large_string(arr.type)
+    itemsize = 8 if wide else 4
+    offsets = np.frombuffer(
+        arr.buffers()[1], np.int64 if wide else np.int32, n + 1, arr.offset * itemsize
+    ).astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], np.uint8) if n and offsets[-1] else np.zeros(1, np.uint8)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # the strings still going are a prefix
+    starts, lens = offsets[:-1][order], lengths[order]
+    h = np.full(n, 0xCBF29CE484222325, np.uint64)
+    prime = np.uint64(0x100000001B3)
+    with np.errstate(over="ignore"):
+        for j in range(int(lens.max()) if n else 0):
+            k = int(np.searchsorted(-lens, -j, side="left"))  # lens > j for the first k
+            h[:k] = (h[:k] ^ data[starts[:k] + j]) * prime
+    out = np.empty(n, np.uint64)
+    out[order] = splitmix64(h)
+    return out
 
 
 class Feature:
@@ -116,13 +134,15 @@ class Feature:
             ids = (1 + splitmix64(raw.view(np.uint64)) % np.uint64(s.cap - 1)).astype(np.int64)
         else:
             enc = values.dictionary_encode()
-            uniq = enc.dictionary.to_pylist()
+            words = enc.dictionary
             if s.encoding == "vocabulary":
-                table = np.array([self.vocab.get(u, 1) for u in uniq] + [0], np.int64)
+                table = np.array([self.vocab.get(u, 1) for u in words.to_pylist()] + [0], np.int64)
             else:
-                h = np.array([_text_hash(u) for u in uniq] + [0], np.uint64)
+                if not is_text(words.type):
+                    words = pa.array([repr(u) for u in words.to_pylist()], pa.string())
+                h = np.append(text_hash(words), np.uint64(0))
                 table = (1 + h % np.uint64(s.cap - 1)).astype(np.int64)
-            idx = pc.fill_null(enc.indices, len(uniq)).to_numpy(zero_copy_only=False)
+            idx = pc.fill_null(enc.indices, len(words)).to_numpy(zero_copy_only=False)
             ids = table[idx]
         ids[nulls] = 0
         return ids
