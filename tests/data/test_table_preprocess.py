@@ -152,6 +152,12 @@ def test_csv_with_a_delimited_list_column_and_int_categoricals(tmp_path):
     )
     want = [0 if z is None else zips.get(str(z), 1) for z in cols["zip"]]
     assert ds.categorical[:, 2].tolist() == want
+    # in Parquet the zips are ints, counted and ordered as ints
+    preprocess_table(parse_spec(d), [write_parquet(tmp_path / "z.parquet", cols)], tmp_path / "z")
+    zips = vocab_ids(cols["zip"][:20])
+    want = [0 if z is None else zips.get(z, 1) for z in cols["zip"]]
+    assert open_dataset(tmp_path / "z").categorical[:, 2].tolist() == want
+    assert open_dataset(tmp_path / "z").manifest.features[2]["values"] == "int64"
     # the same table in Parquet gives the same ids for every other column
     pq_src = write_parquet(tmp_path / "movies.parquet", cols)
     preprocess_table(parse_spec(SPEC), [pq_src], tmp_path / "pq")

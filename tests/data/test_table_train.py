@@ -120,3 +120,21 @@ def test_cli_trains_on_a_table_and_writes_metrics(tmp_path):
         and bad.stderr.startswith("hybridrec-train: model.hotness=2 contradicts the dataset")
         and bad.stderr.count("\n") == 1
     )
+
+
+def test_a_model_whose_bags_differ_from_the_dataset_is_refused_at_open(table_dir):
+    import dataclasses
+
+    from hybridrec.data.manifest import Manifest
+    from hybridrec.data.source import check_model_matches
+
+    m = validate(compose(["data=table", f"data.path={table_dir}"])).model
+    manifest = Manifest.load(table_dir)
+    check_model_matches(manifest, m, "x")  # the filled model fits
+    flat = dataclasses.replace(m, jagged=False)
+    with pytest.raises(ValueError) as e:
+        check_model_matches(manifest, flat, "x")
+    assert str(e.value) == (
+        "table genres: the dataset x holds 3 id column(s) (jagged: True) but the model has "
+        "hotness 3, jagged False; use data=table, which takes them from the dataset"
+    )
