@@ -29,6 +29,7 @@ from hybridrec.config.schema import (
 from hybridrec.data.build import SOURCES
 from hybridrec.data.loader import LOADERS
 from hybridrec.data.readers import READERS
+from hybridrec.data.table_model import fill_model
 from hybridrec.kernels.dispatch import KERNEL_MODES
 from hybridrec.optim.dense import DENSE_OPTIMIZERS
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
@@ -101,6 +102,8 @@ def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
         cfg = OmegaConf.structured(cfg)
     raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
+    if (raw.get("data") or {}).get("name") == "table":  # the model's tables come from the data
+        raw = fill_model(raw)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except ConfigKeyError as e:
@@ -325,6 +328,8 @@ def _check_data(c: Config) -> None:
             "data.name=synthetic already draws model.hotness ids per bag"
         )
     _positive("data.prefetch", d.prefetch, allow_zero=True)
+    if d.spec is not None and d.name != "table":
+        raise ValueError(f"data.spec applies to data=table, not data.name={d.name}")
     if d.name == "criteo" and not d.path:
         raise ValueError(
             "data.path must name a directory made by hybridrec-preprocess when data.name=criteo"

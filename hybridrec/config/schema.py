@@ -61,6 +61,19 @@ DATA_KEYS = {
         "multi_hot",
         "preprocess",
     ),
+    "table": (
+        "name",
+        "path",
+        "spec",
+        "reader",
+        "dali_device",
+        "loader",
+        "prefetch",
+        "shuffle",
+        "last_batch",
+        "eval_split",
+        "verify",
+    ),
 }
 
 
@@ -142,13 +155,16 @@ class PreprocessConfig:
 @dataclass
 class DataConfig:
     """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream;
-    `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows."""
+    `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows;
+    `table`: your own table, made by hybridrec-preprocess --spec (the model follows it)."""
 
-    name: str = "synthetic"  # synthetic | criteo | criteo_sample
+    name: str = "synthetic"  # synthetic | criteo | criteo_sample | table
     zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
     teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
     label_noise: float = 0.0  # probability that a label is flipped after sampling
-    path: str | None = None  # criteo: dataset dir; criteo_sample: raw TSV (None = beside repo)
+    # criteo, table: dataset dir; criteo_sample: raw TSV (None = beside repo)
+    path: str | None = None
+    spec: str | None = None  # table: the dataset spec (YAML) the data must have been made with
     cache_dir: str | None = None  # criteo_sample: None = $HYBRIDREC_CACHE or ~/.cache/hybridrec
     reader: str = "memmap"  # memmap | dali
     dali_device: str = "auto"  # auto (GPU when training on one) | cpu | gpu

@@ -1,4 +1,5 @@
-"""Data: sources, loaders, Criteo preprocessing, datasets. `synthetic` (the default) needs no files.
+"""Data: sources, loaders, preprocessing (Criteo, your own tables), datasets. `synthetic` (the
+default) needs no files.
 
 Names are imported on first use (PEP 562), so `hybridrec-preprocess` and its worker processes
 load only numpy and pyarrow, not torch.
@@ -6,6 +7,8 @@ load only numpy and pyarrow, not torch.
     build_source, build_loader       config -> source / per-rank loader   (data.build)
     SyntheticCriteo                  the endless synthetic stream          (data.synthetic)
     preprocess, PreprocessOptions    raw Criteo TSV -> binary dataset      (data.preprocess)
+    load_spec, DatasetSpec           a table's dataset spec (YAML)         (data.spec)
+    preprocess_table                 Parquet/CSV + spec -> binary dataset  (data.tabular)
     open_dataset, Dataset            memmapped arrays + manifest           (data.dataset)
     Manifest                         the dataset's JSON manifest           (data.manifest)
     BinarySource                     a dataset as a batch source           (data.source)
@@ -26,6 +29,9 @@ _EXPORTS = {
     "SyntheticCriteo": "hybridrec.data.synthetic",
     "preprocess": "hybridrec.data.preprocess",
     "PreprocessOptions": "hybridrec.data.preprocess",
+    "load_spec": "hybridrec.data.spec",
+    "DatasetSpec": "hybridrec.data.spec",
+    "preprocess_table": "hybridrec.data.tabular",
     "open_dataset": "hybridrec.data.dataset",
     "Dataset": "hybridrec.data.dataset",
     "CorruptBlockError": "hybridrec.data.dataset",

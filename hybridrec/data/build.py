@@ -2,7 +2,9 @@
 
 - data.name: `synthetic` (default, no files), `criteo` (a directory made by
   hybridrec-preprocess, data.path), `criteo_sample` (the 200 real rows beside the repo,
-  preprocessed into a cache on first use); see hybridrec.data.source.
+  preprocessed into a cache on first use), `table` (a directory made by hybridrec-preprocess
+  --spec from your own table, data.path; the model's tables follow it,
+  hybridrec.data.table_model); see hybridrec.data.source.
 - data.loader: `per_rank` (every rank reads its own slice) or `broadcast` (rank 0 reads,
   broadcasts, every rank keeps its slice); both read `data.prefetch` batches ahead.
 """
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybridrec")
 
 # data.name: the sources build_source makes
-SOURCES = ("synthetic", "criteo", "criteo_sample")
+SOURCES = ("synthetic", "criteo", "criteo_sample", "table")
 
 
 def build_source(cfg: Config) -> BatchSource:
@@ -45,7 +47,7 @@ def build_source(cfg: Config) -> BatchSource:
             d.teacher_scale,
             d.label_noise,
         )
-    if d.name in ("criteo", "criteo_sample"):
+    if d.name in ("criteo", "criteo_sample", "table"):
         from hybridrec.data.source import open_source
 
         return open_source(cfg)

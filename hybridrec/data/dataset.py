@@ -1,9 +1,10 @@
 """Open a preprocessed dataset directory: memory-mapped arrays, checked against the manifest.
 
     ds = open_dataset("criteo_bin/")
-    ds.labels       [N]      uint8   (memmap)
-    ds.dense        [N, 13]  float32 (memmap; already log(1 + max(x, 0)))
-    ds.categorical  [N, 26]  int32   (memmap; table t's ids in column t)
+    ds.labels       [N]      uint8   (memmap; float32 for a table made from a dataset spec)
+    ds.dense        [N, 13]  float32 (memmap; already log(1 + max(x, 0)); [N, F] for a table)
+    ds.categorical  [N, 26]  int32   (memmap; table t's ids in column t; a table's list
+                                      features take `hotness` columns each, padded with -1)
     ds.manifest     the Manifest (splits, cardinalities, encoding, counts files, ...)
     ds.split("val") -> (start, end) rows
 

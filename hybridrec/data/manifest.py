@@ -10,7 +10,13 @@ directory complete. It records
 - per table: its cardinality (`num_embeddings`, the rows a model's table needs), how many
   distinct ids the train split uses, its hottest ids, and the file with every id's train
   frequency (`counts/cat_<t>.npz`: `ids`, `counts`, for hot-row caches);
-- the encoding and transforms, the options that produced it and their fingerprint.
+- the encoding and transforms, the options that produced it and their fingerprint;
+- for a table made from a dataset spec (hybridrec.data.spec): the normalised `spec` and per
+  feature (`features`, in table order) its table, width, hotness, jagged and pooling flags and
+  statistics; Criteo datasets have neither (`spec` None), and their tables are one-hot.
+
+Arrays: labels [N] (uint8 for Criteo, float32 for a table), dense [N, F] float32,
+categorical [N, H] int32 or int64 (H = the sum of the tables' hotness; padding -1).
 
 Manifest.load(path).to_dict() == json.load(path): the round trip is exact (tested).
 """
@@ -76,6 +82,15 @@ class Manifest:
     created: str = ""
     format: str = FORMAT
     version: int = VERSION
+    spec: dict[str, Any] | None = None  # the dataset spec a table was made with
+    features: list[dict[str, Any]] = field(default_factory=list)  # per table, spec datasets
+
+    @property
+    def hotness(self) -> list[int]:
+        """Id columns per table in `categorical` (Criteo: one each)."""
+        if not self.features:
+            return [1] * len(self.tables)
+        return [int(f["hotness"]) for f in self.features]
 
     @property
     def num_blocks(self) -> int:
@@ -92,7 +107,10 @@ class Manifest:
         return int(start), int(end)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["spec"] is None and not d["features"]:  # Criteo: the keys it has always had
+            del d["spec"], d["features"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "manifest") -> Manifest:

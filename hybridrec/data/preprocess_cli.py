@@ -4,6 +4,11 @@
     hybridrec-preprocess --input day_0.gz day_1.gz day_2.gz --output bin --encoding vocab \\
         --min-count 3
     hybridrec-preprocess --input sample.tsv --output bin --train-fraction 0.9
+    hybridrec-preprocess --spec spec.yaml --input events/ --output bin   (your own table)
+
+With --spec, the inputs are Parquet or CSV/TSV tables described by the dataset spec
+(docs/data-spec.md; hybridrec.data.tabular): one line per feature is printed, and the Criteo
+options (--encoding, --hash-cap, --min-count, --split, ...) do not apply.
 
 With one input file the split defaults to rows (each file's first --train-fraction is train,
 the rest val + test, a note says so); with several, to days (--holdout-days last files).
@@ -41,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
         description="Turn raw Criteo TSV day files (plain or gzip) into a hybridrec binary "
         "dataset: blocked .npy arrays plus manifest.json.",
     )
+    p.add_argument(
+        "--spec", default=None, help="a dataset spec (YAML): preprocess your own Parquet/CSV table"
+    )
     p.add_argument("--input", nargs="+", required=True, help="day files and/or directories")
     p.add_argument("--output", required=True, help="dataset directory to create or resume")
     p.add_argument("--encoding", choices=("hash", "vocab"), default="hash")
@@ -71,7 +79,58 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset")
     p.add_argument("--keep-work", action="store_true", help="keep .work/ (per-file parts)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument(
+        "--batch-rows", type=int, default=65536, help="--spec: rows per read batch (memory)"
+    )
     return p
+
+
+CRITEO_ONLY = (
+    "encoding",
+    "hash_cap",
+    "min_count",
+    "split",
+    "holdout_days",
+    "train_fraction",
+    "on_error",
+    "chunk_mb",
+    "workers",
+    "keep_work",
+)
+
+
+def _table(args: argparse.Namespace) -> int:
+    """--spec: a Parquet/CSV table described by a dataset spec."""
+    from hybridrec.data.spec import load_spec
+    from hybridrec.data.tabular import preprocess_table
+
+    p = parser()
+    given = [k for k in CRITEO_ONLY if getattr(args, k) != p.get_default(k)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} applies to raw Criteo files; with --spec the spec sets it")
+    report = preprocess_table(
+        load_spec(args.spec),
+        args.input,
+        args.output,
+        block_rows=args.block_rows,
+        checksums=args.checksums,
+        overwrite=args.overwrite,
+        batch_rows=args.batch_rows,
+    )
+    m = report.manifest
+    if report.up_to_date:
+        print(f"{args.output}: up to date ({m.num_rows:,} rows, fingerprint {m.fingerprint})")
+        return 0
+    for line in report.lines:
+        print(line)
+    splits = ", ".join(f"{k} {v[1] - v[0]:,}" for k, v in m.splits.items())
+    dropped = f", {m.skipped_rows:,} rows in no split dropped" if m.skipped_rows else ""
+    print(
+        f"wrote {os.path.abspath(args.output)}: {m.num_rows:,} rows ({splits}{dropped}) from "
+        f"{len(m.sources)} file(s) in {report.seconds:.1f}s"
+    )
+    return 0
 
 
 def _default_split(inputs: list[str], train_fraction: float) -> str:
@@ -100,6 +159,15 @@ def summarise_counts(values: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.spec is not None:
+        try:
+            return _table(args)
+        except ValueError as e:
+            print(f"hybridrec-preprocess: error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            print(f"hybridrec-preprocess: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
     try:
         options = PreprocessOptions(
             encoding=args.encoding,

@@ -14,7 +14,8 @@ copying plus exact casts (ids -> int64, labels -> float32).
   ImportError, without DALI installed. Pipelines are sequential; a non-consecutive step
   rebuilds the pipeline at that step, so random access still works (slowly).
 
-Shapes: B = hi - lo samples; dense [B, 13] float32, ids [B, 26] int64, labels [B] float32.
+Shapes: B = hi - lo samples; dense [B, F] float32, ids [B, H] int64 (Criteo: F = 13, H = 26;
+a table's H = the sum of its tables' hotness, padding -1 kept), labels [B] float32.
 """
 
 from __future__ import annotations

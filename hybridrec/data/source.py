@@ -8,6 +8,8 @@ the loaders stop there).
 
 `open_source(cfg)`:
 - data.name=criteo: opens the preprocessed directory `data.path`;
+- data.name=table: the same, for a directory made from a dataset spec (the model's tables
+  were filled from its manifest by hybridrec.data.table_model);
 - data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE, else
   `<repo>/../shared/data/criteo_sample.tsv`) is preprocessed with `data.preprocess` into
   `<cache>/criteo_sample-<key>/` on first use, cache = data.cache_dir, else $HYBRIDREC_CACHE,
@@ -167,9 +169,17 @@ def check_model_matches(
             f"dataset {where} has {len(cards)} categorical tables but the model "
             f"({model.name}) has {len(rows)}; use a model with the dataset's tables: {fix}"
         )
-    hot = model.hotness_list()
+    hot, jagged = model.hotness_list(), model.per_table("jagged")
+    data_hot = manifest.hotness
     for t, (table, h) in enumerate(zip(manifest.tables, hot, strict=True)):
-        if h != 1 and multi_hot != "synthetic":
+        f = manifest.features[t] if manifest.features else None
+        if f is not None and (h != f["hotness"] or bool(jagged[t]) != f["jagged"]):
+            raise ValueError(
+                f"table {table.name}: the dataset {where} holds {f['hotness']} id column(s) "
+                f"(jagged: {f['jagged']}) but the model has hotness {h}, jagged {jagged[t]}; "
+                "use data=table, which takes them from the dataset"
+            )
+        if h != data_hot[t] and multi_hot != "synthetic":
             raise ValueError(
                 f"table {table.name}: model.hotness is {h} but the dataset is one-hot "
                 "(one id per sample and table); set model.hotness=1, or data.multi_hot="
@@ -240,10 +250,10 @@ def preprocessed_sample(raw: Path, cache: Path, options: dict) -> Path:
 
 def dataset_dir(cfg: Config) -> Path:
     d = cfg.data
-    if d.name == "criteo":
+    if d.name in ("criteo", "table"):
         if not d.path:
             raise ValueError(
-                "data.name=criteo needs data.path: a directory made by hybridrec-preprocess"
+                f"data.name={d.name} needs data.path: a directory made by hybridrec-preprocess"
             )
         return Path(d.path).expanduser()
     if d.name == "criteo_sample":

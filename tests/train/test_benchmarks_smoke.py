@@ -96,3 +96,13 @@ def test_host_cache_benchmark_runs_every_row(tmp_path):
         assert row in text
     assert "a new synthetic batch every step" in text and "warm-started" in text
     assert "| pipelined ms/step |" in text  # training's way (no wait between steps) too
+
+
+def test_preprocess_table_benchmark_writes_both_formats(tmp_path):
+    from benchmarks import preprocess_table
+
+    out = tmp_path / "prep.md"
+    preprocess_table.main(["--rows=3000", "--repeat=1", "--batch-rows=1000", f"--out={out}"])
+    text = out.read_text()
+    assert "| parquet " in text and "| csv " in text and "preprocess / bare read" in text
+    assert "Architecture:" in text or "(lscpu not available)" in text

@@ -68,6 +68,13 @@ def test_never_imports_torch_distributed(sub):
             ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train"),
             (),
         ),
+        # reading users' tables needs numpy and pyarrow only, like Criteo's preprocessing
+        (
+            "data/tabular",
+            ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train"),
+            (),
+        ),
+        ("data/spec.py", ("torch", "hybridrec."), ()),
         # the host cache's policy: tensor functions, no cache object, copies or threads
         (
             "sparse/host/policy.py",

@@ -1,0 +1,312 @@
+"""The dataset spec: which columns of a user's table become the label, dense and sparse features.
+
+A YAML file (docs/data-spec.md) parsed into frozen dataclasses; `load_spec(path)` raises a
+ValueError of one line naming the file and the key (`sparse[1] (genres).encoding`) for any
+mistake. Defaults are filled in, so `DatasetSpec.to_dict()` is the complete, normalised spec
+that the manifest records, and `fingerprint()` (a hash of it) identifies it.
+
+Invariants checked here: one feature per table (shared tables are not supported by the model
+yet), every feature's table listed under `tables` and every listed table used, distinct
+feature names, a binary label rule only for binary tasks, disjoint split values, fractions
+in range. Whether the columns exist and hold the declared kinds is checked against the data
+(hybridrec.data.tabular).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TASKS = ("binary", "regression")
+TRANSFORMS = ("none", "log1p", "standardize")
+KINDS = ("single", "list")
+ENCODINGS = ("vocabulary", "hashing", "identity")
+POOLINGS = ("sum", "mean")
+RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
+SPLITS_BY = ("column", "rows", "fraction")
+MAX_LIST_LEN = 256  # the default max_len (the longest train list) is capped at this
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    column: str
+    task: str = "binary"
+    rule: dict[str, Any] | None = None  # binary only: {op, value}; label = column <op> value
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    column: str
+    transform: str = "none"
+
+
+@dataclass(frozen=True)
+class SparseSpec:
+    name: str
+    column: str
+    kind: str = "single"
+    encoding: str = "vocabulary"
+    min_count: int = 1  # vocabulary: train values seen fewer times share the OOV id
+    cap: int | None = None  # hashing: the table's rows (id 0 = null, 1..cap-1 hashed values)
+    rows: int | None = None  # identity: ids are in [0, rows); the null id is `rows`
+    table: str = ""  # default: the feature's name
+    pooling: str = "sum"
+    max_len: int | None = None  # list: longer lists are truncated; None = longest in train
+    delimiter: str = "|"  # list columns read from CSV: the separator inside the string
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    width: int
+    rows: int | None = None  # None: what the feature's encoding needs
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    by: str = "fraction"
+    column: str | None = None  # by=column
+    values: dict[str, list[Any]] | None = None  # by=column: split -> the column's values
+    train_fraction: float = 0.8  # by=rows: the first fraction of rows (file order) is train
+    val: float = 0.1  # by=fraction: per-row probability of val ...
+    test: float = 0.1  # ... and of test
+    seed: int = 0  # by=fraction: seeds the per-row uniform draws (in file order)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    label: LabelSpec
+    dense: tuple[DenseSpec, ...]
+    sparse: tuple[SparseSpec, ...]
+    tables: tuple[TableSpec, ...]
+    split: SplitSpec
+
+    def table(self, name: str) -> TableSpec:
+        return next(t for t in self.tables if t.name == name)
+
+    def columns(self) -> list[str]:
+        """Every column the spec reads, in first-use order."""
+        cols = [self.label.column, *(d.column for d in self.dense)]
+        cols += [s.column for s in self.sparse]
+        if self.split.by == "column" and self.split.column:
+            cols.append(self.split.column)
+        return list(dict.fromkeys(cols))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def fingerprint(self) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _Reader:
+    """Checks one mapping of the YAML: known keys only, typed values, messages naming the key."""
+
+    def __init__(self, where: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
+        self.where, self.key = where, key
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {key} must be a mapping with keys {', '.join(allowed)}")
+        unknown = [k for k in value if k not in allowed]
+        if unknown:
+            raise ValueError(
+                f"{where}: {key}.{unknown[0]} is not a key of {key}; keys: {', '.join(allowed)}"
+            )
+        self.d = value
+
+    def fail(self, sub: str, what: str) -> ValueError:
+        sep = "" if what.startswith("=") else " "
+        return ValueError(f"{self.where}: {self.key}.{sub}{sep}{what}")
+
+    def get(self, sub: str, kind: type | tuple, default: Any = ..., choices: tuple = ()) -> Any:
+        if sub not in self.d or self.d[sub] is None:
+            if default is ...:
+                raise self.fail(sub, "is required")
+            return default
+        v = self.d[sub]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.fail(sub, f"must be {names}, got {v!r}")
+        if choices and v not in choices:
+            raise self.fail(sub, f"={v!r} is not one of: {', '.join(choices)}")
+        if kind is int and v < 1:
+            raise self.fail(sub, f"must be >= 1, got {v}")
+        return v
+
+
+def _label(where: str, d: Any) -> LabelSpec:
+    r = _Reader(where, "label", d, ("column", "task", "rule"))
+    task = r.get("task", str, "binary", TASKS)
+    rule = r.d.get("rule")
+    if rule is not None:
+        if task != "binary":
+            raise r.fail("rule", "makes a binary label; it does not apply to task: regression")
+        rr = _Reader(where, "label.rule", rule, ("op", "value"))
+        op = rr.get("op", str, choices=RULE_OPS)
+        value = rr.get("value", (int, float, str))
+        if isinstance(value, str) and op not in ("==", "!="):
+            raise rr.fail("value", f"must be a number for op {op!r}, got {value!r}")
+        rule = {"op": op, "value": value}
+    return LabelSpec(r.get("column", str), task, rule)
+
+
+def _list(where: str, key: str, value: Any) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: {key} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _sparse(where: str, i: int, d: Any) -> SparseSpec:
+    fields = tuple(f.name for f in dataclasses.fields(SparseSpec))
+    r = _Reader(where, f"sparse[{i}]", d, fields)
+    column = r.get("column", str)
+    name = r.get("name", str, column)
+    r.key = f"sparse[{i}] ({name})"
+    encoding = r.get("encoding", str, "vocabulary", ENCODINGS)
+    kind = r.get("kind", str, "single", KINDS)
+    s = SparseSpec(
+        name=name,
+        column=column,
+        kind=kind,
+        encoding=encoding,
+        min_count=r.get("min_count", int, 1),
+        cap=r.get("cap", int, None),
+        rows=r.get("rows", int, None),
+        table=r.get("table", str, name),
+        pooling=r.get("pooling", str, "sum", POOLINGS),
+        max_len=r.get("max_len", int, None),
+        delimiter=r.get("delimiter", str, "|"),
+    )
+    needs = {"hashing": "cap", "identity": "rows"}.get(encoding)
+    if needs and getattr(s, needs) is None:
+        raise r.fail(needs, f"is required with encoding: {encoding}")
+    if encoding == "hashing" and s.cap < 2:
+        raise r.fail("cap", f"must be >= 2 (id 0 is the null id), got {s.cap}")
+    for key, owner in (("cap", "hashing"), ("rows", "identity"), ("min_count", "vocabulary")):
+        if key in d and encoding != owner:
+            raise r.fail(key, f"applies to encoding: {owner}, not {encoding}")
+    for key in ("max_len", "delimiter"):
+        if key in d and kind != "list":
+            raise r.fail(key, "applies to kind: list only")
+    if not s.delimiter:
+        raise r.fail("delimiter", "must not be empty")
+    return s
+
+
+def _split(where: str, d: Any) -> SplitSpec:
+    if d is None:
+        return SplitSpec()
+    fields = tuple(f.name for f in dataclasses.fields(SplitSpec))
+    r = _Reader(where, "split", d, fields)
+    by = r.get("by", str, choices=SPLITS_BY)
+    own = {"column": ("column", "values"), "rows": ("train_fraction",)}
+    own["fraction"] = ("val", "test", "seed")
+    for key in d:
+        if key != "by" and key not in own[by]:
+            raise r.fail(key, f"does not apply to split by: {by} (its keys: {', '.join(own[by])})")
+    if by == "column":
+        vr = _Reader(where, "split.values", r.get("values", dict), ("train", "val", "test"))
+        values, seen = {}, {}
+        for name in ("train", "val", "test"):
+            v = vr.d.get(name)
+            v = [] if v is None else v if isinstance(v, list) else [v]
+            for x in v:
+                if x in seen:
+                    raise vr.fail(name, f"repeats {x!r}, already in split {seen[x]}")
+                seen[x] = name
+            values[name] = v
+        if not values["train"]:
+            raise vr.fail("train", "is required: the column values of the training rows")
+        return SplitSpec(by, r.get("column", str), values)
+    if by == "rows":
+        f = float(r.get("train_fraction", (int, float), 0.8))
+        if not 0.0 < f <= 1.0:
+            raise r.fail("train_fraction", f"must be in (0, 1], got {f}")
+        return SplitSpec(by, train_fraction=f)
+    val, test = (float(r.get(k, (int, float), 0.1)) for k in ("val", "test"))
+    if val < 0 or test < 0 or val + test >= 1:
+        raise r.fail("val", f"and split.test must be >= 0 with val + test < 1, got {val}, {test}")
+    seed = r.d.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise r.fail("seed", f"must be an integer >= 0, got {seed!r}")
+    return SplitSpec(by, val=val, test=test, seed=seed)
+
+
+def parse_spec(d: Any, where: str = "spec") -> DatasetSpec:
+    """A spec mapping (as read from YAML) -> DatasetSpec; ValueError naming `where` and the key."""
+    keys = ("label", "dense", "sparse", "tables", "split")
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: the spec must be a mapping with keys {', '.join(keys)}")
+    unknown = [k for k in d if k not in keys]
+    if unknown:
+        raise ValueError(f"{where}: {unknown[0]} is not a spec key; keys: {', '.join(keys)}")
+    if "label" not in d:
+        raise ValueError(f"{where}: label is required (label: {{column: ..., task: binary}})")
+    label = _label(where, d["label"])
+    dense = []
+    for i, x in enumerate(_list(where, "dense", d.get("dense"))):
+        r = _Reader(where, f"dense[{i}]", x, ("column", "transform"))
+        dense.append(DenseSpec(r.get("column", str), r.get("transform", str, "none", TRANSFORMS)))
+    if not dense:
+        raise ValueError(
+            f"{where}: dense must list at least one numeric column (the model's bottom MLP "
+            "reads them)"
+        )
+    sparse = [_sparse(where, i, x) for i, x in enumerate(_list(where, "sparse", d.get("sparse")))]
+    if not sparse:
+        raise ValueError(f"{where}: sparse must list at least one categorical or list column")
+    tables = []
+    for i, x in enumerate(_list(where, "tables", d.get("tables"))):
+        r = _Reader(where, f"tables[{i}]", x, ("name", "width", "rows"))
+        tables.append(TableSpec(r.get("name", str), r.get("width", int), r.get("rows", int, None)))
+    _check_names(where, sparse, tables)
+    return DatasetSpec(
+        label, tuple(dense), tuple(sparse), tuple(tables), _split(where, d.get("split"))
+    )
+
+
+def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) -> None:
+    names, listed, users = set(), {t.name: i for i, t in enumerate(tables)}, {}
+    if len(listed) != len(tables):
+        dup = next(t.name for i, t in enumerate(tables) if listed[t.name] != i)
+        raise ValueError(f"{where}: tables lists {dup!r} twice")
+    for i, s in enumerate(sparse):
+        if s.name in names:
+            raise ValueError(f"{where}: sparse[{i}].name {s.name!r} is used twice; names differ")
+        names.add(s.name)
+        if s.table in users:
+            raise ValueError(
+                f"{where}: sparse[{i}] ({s.name}) and {users[s.table]} both use table "
+                f"{s.table!r}: features sharing one table are not supported yet; give each "
+                "its own table"
+            )
+        users[s.table] = s.name
+        if s.table not in listed:
+            raise ValueError(
+                f"{where}: sparse[{i}] ({s.name}) uses table {s.table!r}, which tables does not "
+                f"list; add {{name: {s.table}, width: 16}} to tables"
+            )
+    unused = [t.name for t in tables if t.name not in users]
+    if unused:
+        raise ValueError(f"{where}: tables lists {unused[0]!r}, which no sparse feature uses")
+
+
+def load_spec(path: str | Path) -> DatasetSpec:
+    """Read and check the spec YAML at `path` (one-line ValueError naming the file and key)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"spec {p}: no such file")
+    try:
+        d = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
+    return parse_spec(d, str(p))

@@ -1,0 +1,98 @@
+"""`data=table`: the model's table keys come from the dataset's manifest, before validation.
+
+`fill_model(raw)` runs inside hybridrec.config.validate on the composed config, so every rank
+(each composes and validates the same command line) and every checkpoint (which compares model
+configs on resume) sees the filled values. conf/model/table.yaml (selected by
+conf/data/table.yaml) leaves these keys null, meaning "from the dataset":
+
+    task, num_dense_features, num_embeddings_per_feature, table_names, embedding_dims,
+    embedding_dim, hotness, pooling, jagged; bottom_mlp null -> [64, first table's width]
+
+A key the user set (not null) must equal the dataset's value: else one line naming the key and
+the dataset's value. `data.spec`, when given, must be the spec the data was preprocessed with
+(its fingerprint). Filling an already filled config changes nothing (validate is idempotent).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrec.data.manifest import Manifest
+from hybridrec.data.spec import load_spec
+
+PER_TABLE = ("hotness", "pooling", "jagged")
+
+
+def dataset_model(manifest: Manifest) -> dict[str, Any]:
+    """The model keys a table dataset fixes (see the module docstring)."""
+    f = manifest.features
+    widths = [int(x["width"]) for x in f]
+    return {
+        "task": manifest.schema["labels"]["task"],
+        "num_dense_features": int(manifest.arrays["dense"].row_shape[0]),
+        "num_embeddings_per_feature": [int(x["num_embeddings"]) for x in f],
+        "table_names": [x["table"] for x in f],
+        "embedding_dims": widths,
+        "embedding_dim": widths[0],
+        "hotness": [int(x["hotness"]) for x in f],
+        "pooling": [x["pooling"] for x in f],
+        "jagged": [bool(x["jagged"]) for x in f],
+    }
+
+
+def _same(key: str, given: Any, want: Any) -> bool:
+    if key in PER_TABLE and not isinstance(given, list):
+        given = [given] * len(want)
+    return given == want
+
+
+def open_manifest(data: DictConfig) -> tuple[Path, Manifest]:
+    """The table dataset `data.path` names, checked against `data.spec` when given."""
+    if OmegaConf.is_missing(data, "path") or not data.get("path"):
+        raise ValueError(
+            "data=table needs data.path: a directory made by hybridrec-preprocess --spec "
+            "(docs/data-spec.md)"
+        )
+    path = Path(str(data.path)).expanduser()
+    m = Manifest.load(path)
+    if m.spec is None:
+        raise ValueError(
+            f"data.path={path} holds Criteo data, not a table made from a dataset spec; use "
+            "data=criteo for it, or preprocess your table with hybridrec-preprocess --spec"
+        )
+    spec_file = data.get("spec")
+    if spec_file:
+        want = load_spec(spec_file).fingerprint()
+        have = m.options.get("spec_fingerprint")
+        if want != have:
+            raise ValueError(
+                f"data.spec={spec_file} is not the spec {path} was preprocessed with (spec "
+                f"fingerprint {want}, the dataset's {have}); re-run hybridrec-preprocess --spec "
+                f"{spec_file} --input ... --output {path}, or point data.path at its output"
+            )
+    return path, m
+
+
+def fill_model(raw: DictConfig) -> DictConfig:
+    """`raw` with the model keys the table dataset fixes filled in (a copy); see above."""
+    raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
+    path, manifest = open_manifest(raw.data)
+    model = raw.get("model") or OmegaConf.create({})
+    for key, want in dataset_model(manifest).items():
+        given = model.get(key)
+        if given is None:
+            model[key] = want
+            continue
+        given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
+        if not _same(key, given, want):
+            raise ValueError(
+                f"model.{key}={given} contradicts the dataset {path}: it has {want}; leave "
+                f"model.{key} unset with data=table (model=table takes it from the dataset)"
+            )
+    if model.get("bottom_mlp") is None:
+        model["bottom_mlp"] = [64, int(model["embedding_dims"][0])]
+    raw["model"] = model
+    return raw

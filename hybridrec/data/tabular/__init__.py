@@ -1,0 +1,273 @@
+"""A user's table (Parquet or CSV/TSV) + a dataset spec -> a binary dataset directory.
+
+`preprocess_table(spec, inputs, output)` is what `hybridrec-preprocess --spec` runs. It writes
+the directory format the Criteo preprocessing writes (hybridrec.data.manifest), so readers,
+loaders, shuffling and checksums work unchanged: labels.npy, dense.npy, categorical.npy,
+counts/<table>.npz and manifest.json, last and atomically.
+
+Two streamed passes over the inputs (hybridrec.data.tabular.scan), in file order:
+1. the train split's statistics: vocabularies, standardize's mean and std, the longest list;
+2. encode every row (hybridrec.data.tabular.encode) into per-split parts, then assemble.
+Memory: one batch of `batch_rows` rows plus the vocabularies and a count per table row.
+A run whose inputs, spec and options match the directory's fingerprint does nothing; another
+dataset there needs `overwrite`. A failed run leaves no .work/ behind (nor an output
+directory it created).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hybridrec.data.manifest import FORMAT, MANIFEST, VERSION, Manifest, SourceFile
+from hybridrec.data.spec import DatasetSpec
+from hybridrec.data.tabular import columns
+from hybridrec.data.tabular.encode import Feature, feature_line
+from hybridrec.data.tabular.scan import Splitter, Table, open_table
+from hybridrec.data.tabular.write import ARRAY_NAMES, Moments, SplitParts, write_counts
+
+__all__ = ["TableReport", "preprocess_table"]
+
+
+@dataclass
+class TableReport:
+    manifest: Manifest
+    up_to_date: bool = False
+    seconds: float = 0.0
+    lines: list[str] = field(default_factory=list)  # one per label, dense and sparse feature
+
+
+def _fingerprint(table: Table, spec: DatasetSpec, block_rows: int, checksums: bool) -> str:
+    files = []
+    for _, frag in table.fragments():
+        st = Path(frag.path).stat()
+        files.append((frag.path, st.st_size, st.st_mtime_ns))
+    ident = {
+        "format": [FORMAT, VERSION, "table"],
+        "spec": spec.fingerprint(),
+        "options": [block_rows, checksums],
+        "inputs": files,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def preprocess_table(
+    spec: DatasetSpec,
+    inputs: list[str | Path],
+    output: str | Path,
+    block_rows: int = 16384,
+    checksums: bool = True,
+    overwrite: bool = False,
+    batch_rows: int = 65536,
+) -> TableReport:
+    """Build (or confirm) the dataset in `output`; see the module docstring."""
+    t0 = time.perf_counter()
+    if block_rows < 1 or batch_rows < 1:
+        raise ValueError(f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}")
+    table = open_table(inputs, spec)
+    output = Path(output)
+    fp = _fingerprint(table, spec, block_rows, checksums)
+    if (output / MANIFEST).is_file():
+        old = Manifest.load(output)
+        if old.fingerprint == fp:
+            return TableReport(old, up_to_date=True)
+        if not overwrite:
+            raise ValueError(
+                f"{output} already holds a dataset built from other inputs, spec or options "
+                f"(fingerprint {old.fingerprint}, now {fp}); pass --overwrite to replace it"
+            )
+        for name in [MANIFEST, *(f"{a}.npy" for a in ARRAY_NAMES)]:
+            (output / name).unlink(missing_ok=True)
+        shutil.rmtree(output / "counts", ignore_errors=True)
+    created = not output.exists()
+    work = output / ".work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        report = _build(table, spec, output, work, fp, block_rows, checksums, batch_rows)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if created and output.exists() and not any(output.iterdir()):
+            output.rmdir()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _build(
+    table: Table,
+    spec: DatasetSpec,
+    output: Path,
+    work: Path,
+    fp: str,
+    block_rows: int,
+    checksums: bool,
+    batch_rows: int,
+) -> TableReport:
+    total = table.count_rows() if spec.split.by == "rows" else None
+    features = [Feature(s, i, spec.table(s.table)) for i, s in enumerate(spec.sparse)]
+    cols = spec.columns()
+
+    # 1. train statistics
+    moments = [Moments() for _ in spec.dense]
+    splitter = Splitter(spec.split, total)
+    for file, row0, batch in table.batches(cols, batch_rows):
+        train = splitter.codes(batch) == 0
+        for d, m in zip(spec.dense, moments, strict=True):
+            values, _ = columns.dense(columns.plain(batch.column(d.column)), d, file, row0)
+            m.add(values[train])
+        for f in features:
+            col = columns.plain(batch.column(f.spec.column))
+            f.count(columns.bags(col, f.spec, f.index, file, row0), train)
+    for f in features:
+        f.finish_counting()
+    big = max(f.num_embeddings for f in features) >= 2**31
+    hot = sum(f.max_len for f in features)
+    parts = SplitParts(
+        work,
+        {"labels": (), "dense": (len(spec.dense),), "categorical": (hot,)},
+        {"labels": "float32", "dense": "float32", "categorical": "int64" if big else "int32"},
+    )
+
+    # 2. encode every row into its split's part
+    splitter = Splitter(spec.split, total)
+    dense_nulls = [0] * len(spec.dense)
+    sources: dict[str, list[int]] = {}  # file -> [kept rows, train rows, rows in no split]
+    try:
+        for file, row0, batch in table.batches(cols, batch_rows):
+            codes = splitter.codes(batch)
+            keep = codes >= 0
+            src = sources.setdefault(file, [0, 0, 0])
+            src[0] += int(keep.sum())
+            src[1] += int((codes == 0).sum())
+            src[2] += int((~keep).sum())
+            labels = columns.labels(
+                columns.plain(batch.column(spec.label.column)), spec.label, file, row0
+            )
+            dense = np.zeros((batch.num_rows, len(spec.dense)), np.float32)
+            for k, (d, m) in enumerate(zip(spec.dense, moments, strict=True)):
+                values, nulls = columns.dense(columns.plain(batch.column(d.column)), d, file, row0)
+                dense[:, k] = columns.transform(values, d.transform, m.mean, m.std)
+                dense_nulls[k] += int(nulls[keep].sum())
+            ids = [
+                f.encode(
+                    columns.bags(
+                        columns.plain(batch.column(f.spec.column)), f.spec, f.index, file, row0
+                    ),
+                    codes,
+                    file,
+                    row0,
+                )
+                for f in features
+            ]
+            kept = codes[keep]
+            parts.add(
+                kept,
+                {
+                    "labels": labels[keep],
+                    "dense": dense[keep],
+                    "categorical": np.concatenate(ids, axis=1),
+                },
+            )
+    finally:
+        parts.close()
+    num_rows = sum(parts.rows.values())
+    if parts.rows["train"] == 0:
+        raise ValueError(
+            f"no rows in the train split (of {num_rows} rows in any split); check split in the spec"
+        )
+
+    # 3. assemble; manifest.json last
+    arrays = parts.assemble(output, block_rows, checksums)
+    tables = write_counts(output, features)
+    described = [f.describe() for f in features]
+    dense_desc = []
+    for d, m, nulls in zip(spec.dense, moments, dense_nulls, strict=True):
+        rule = {"none": "x", "log1p": "log(1 + max(x, 0))"}.get(
+            d.transform, f"(x - {m.mean!r}) / {m.std if m.std > 0 else 1.0!r}"
+        )
+        dense_desc.append(
+            {
+                "column": d.column,
+                "transform": d.transform,
+                "rule": rule,
+                "train_mean": m.mean,
+                "train_std": m.std,
+                "nulls": nulls,
+            }
+        )
+    label = spec.label
+    label_rule = (
+        f"{label.column} {label.rule['op']} {label.rule['value']!r} -> 1 else 0"
+        if (label.rule)
+        else ("0/1" if label.task == "binary" else "the value")
+    )
+    manifest = Manifest(
+        num_rows=num_rows,
+        block_rows=block_rows,
+        splits=parts.splits(),
+        arrays=arrays,
+        tables=tables,
+        schema={
+            "raw": f"{table.format} table: {', '.join(str(p) for p in table.paths)}",
+            "labels": {
+                "fields": [label.column],
+                "task": label.task,
+                "dtype": "float32",
+                "shape": ["N"],
+            },
+            "dense": {
+                "fields": [d.column for d in spec.dense],
+                "dtype": "float32",
+                "shape": ["N", len(spec.dense)],
+                "columns": dense_desc,
+            },
+            "categorical": {
+                "fields": [f.spec.column for f in features],
+                "tables": [f.table.name for f in features],
+                "hotness": [d["hotness"] for d in described],
+                "dtype": arrays["categorical"].dtype,
+                "shape": ["N", hot],
+            },
+            "layout": "each .npy is [num_blocks, block_rows, ...]; rows >= num_rows are zero "
+            "padding; a table's id columns are padded with -1 after a list's ids",
+        },
+        encoding={
+            "kind": "spec",
+            "rule": "per feature, see docs/data-spec.md: vocabulary 0 = null, 1 = out of "
+            "vocabulary, 2.. by train count; hashing 0 = null; identity null = rows",
+            "counted_on": "train",
+        },
+        transforms={
+            "label": f"{label.task}: {label_rule}, stored float32",
+            "dense": "null -> 0, then each column's transform (schema.dense.columns)",
+            "categorical": "see encoding; lists padded with -1",
+        },
+        sources=[
+            SourceFile(file, Path(file).stat().st_size, v[0], v[1], v[2])
+            for file, v in sources.items()
+        ],
+        options={
+            "block_rows": block_rows,
+            "checksums": checksums,
+            "spec_fingerprint": spec.fingerprint(),
+        },
+        fingerprint=fp,
+        skipped_rows=sum(v[2] for v in sources.values()),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        spec=spec.to_dict(),
+        features=described,
+    )
+    manifest.save(output)
+    lines = [f"{label.column}: label ({label.task}: {label_rule}), {num_rows} rows"]
+    for d in dense_desc:
+        lines.append(
+            f"{d['column']}: dense ({d['transform']}), {num_rows} rows, {d['nulls']} nulls"
+        )
+    lines += [feature_line(d) for d in described]
+    return TableReport(manifest, lines=lines)

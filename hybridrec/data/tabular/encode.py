@@ -1,0 +1,277 @@
+"""One sparse feature's encoding: raw values -> ids of its table, plus what the manifest reports.
+
+Ids per encoding (docs/data-spec.md; every null value has an id of its own):
+- vocabulary: 0 = null, 1 = out of vocabulary (unseen in train, or seen < min_count times),
+  2.. = train values by decreasing train count (ties by value); rows = 2 + kept values.
+- hashing: 0 = null, 1 + hash(value) mod (cap - 1) otherwise; rows = cap. Integers (and
+  booleans) hash by splitmix64 of the int64, text by splitmix64 of the FNV-1a hash of its
+  UTF-8 bytes, anything else by that of its Python repr (CSV values are text: 7 in a CSV
+  hashes as "7").
+- identity: the value itself, an integer in [0, rows); null = rows; the table has rows + 1.
+Lists are bags of such ids padded with -1 to `max_len` (longer lists keep their first
+max_len ids and are counted as truncated); a single feature is one id per row.
+
+Pass 1 (`count`) sees the train rows only: vocabulary counts, the longest train list. Pass 2
+(`encode`) sees every row: ids, per-feature statistics, and each id's train frequency (for
+counts/<table>.npz). Memory: the vocabulary and one count per table row, never the row count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hybridrec.data.spec import MAX_LIST_LEN, SparseSpec, TableSpec
+from hybridrec.data.tabular.columns import Bags, is_text, pad, where
+
+_M = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))) & _M
+
+
+def text_hash(arr: pa.Array) -> np.ndarray:
+    """[n] uint64: splitmix64 of the 64-bit FNV-1a of each string's UTF-8 bytes (no nulls),
+    vectorised over the strings, one step per byte position."""
+    n = len(arr)
+    wide = pa.types.is_large_string(arr.type)
+    itemsize = 8 if wide else 4
+    offsets = np.frombuffer(
+        arr.buffers()[1], np.int64 if wide else np.int32, n + 1, arr.offset * itemsize
+    ).astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], np.uint8) if n and offsets[-1] else np.zeros(1, np.uint8)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # the strings still going are a prefix
+    starts, lens = offsets[:-1][order], lengths[order]
+    h = np.full(n, 0xCBF29CE484222325, np.uint64)
+    prime = np.uint64(0x100000001B3)
+    with np.errstate(over="ignore"):
+        for j in range(int(lens.max()) if n else 0):
+            k = int(np.searchsorted(-lens, -j, side="left"))  # lens > j for the first k
+            h[:k] = (h[:k] ^ data[starts[:k] + j]) * prime
+    out = np.empty(n, np.uint64)
+    out[order] = splitmix64(h)
+    return out
+
+
+class Feature:
+    """One sparse feature through both passes (see the module docstring)."""
+
+    def __init__(self, spec: SparseSpec, index: int, table: TableSpec) -> None:
+        self.spec, self.index, self.table = spec, index, table
+        self.key = f"sparse[{index}] ({spec.name})"
+        self.counts: dict = {}  # vocabulary, pass 1: value -> train count
+        self.train_max_len = 0
+        self.value_type = ""
+        self.vocab: dict = {}
+        self.distinct_train = 0
+        self.num_embeddings = 0
+        self.max_len = 1
+        # pass 2 statistics
+        self.rows = self.nulls = self.truncated = self.len_sum = 0
+        self.len_min, self.len_max = None, 0
+        self.id_counts: np.ndarray | None = None
+
+    # -- pass 1 ---------------------------------------------------------------------------
+    def count(self, b: Bags, train: np.ndarray) -> None:
+        """Train statistics of one batch (`train` [n] bool marks its train rows)."""
+        self.value_type = self.value_type or str(b.values.type)
+        lengths = b.lengths()
+        if self.spec.kind == "list" and train.any():
+            self.train_max_len = max(self.train_max_len, int(lengths[train].max()))
+        if self.spec.encoding != "vocabulary" or not train.any():
+            return
+        values = b.values.filter(pa.array(np.repeat(train, lengths)))
+        vc = pc.value_counts(values)
+        for v, c in zip(
+            vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True
+        ):
+            if v is not None:
+                self.counts[v] = self.counts.get(v, 0) + c
+
+    def finish_counting(self) -> None:
+        """Fix the vocabulary, the table's rows and max_len (after pass 1)."""
+        s = self.spec
+        if s.encoding == "vocabulary":
+            kept = sorted(
+                (v for v, c in self.counts.items() if c >= s.min_count),
+                key=lambda v: (-self.counts[v], v),
+            )
+            self.vocab = {v: i + 2 for i, v in enumerate(kept)}
+            self.distinct_train = len(self.counts)
+            self.counts = {}
+            need = 2 + len(kept)
+        else:
+            need = s.cap if s.encoding == "hashing" else s.rows + 1
+        if self.table.rows is not None and self.table.rows < need:
+            raise ValueError(
+                f"tables: {self.table.name}.rows={self.table.rows} is too small: feature "
+                f"{s.name} ({s.encoding}) needs {need} rows; raise it or leave it out"
+            )
+        self.num_embeddings = self.table.rows or need
+        if s.kind == "list":
+            self.max_len = s.max_len or max(1, min(self.train_max_len, MAX_LIST_LEN))
+        self.id_counts = np.zeros(self.num_embeddings, np.int64)
+
+    # -- pass 2 ---------------------------------------------------------------------------
+    def _ids(self, values: pa.Array, b: Bags, file: str, row0: int) -> np.ndarray:
+        """int64 ids [m] of `values` (the bag values, flattened)."""
+        s, n = self.spec, len(values)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if s.encoding == "identity":
+            return self._identity(values, b, file, row0)
+        nulls = values.is_null().to_numpy(zero_copy_only=False)
+        t = values.type
+        if s.encoding == "hashing" and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
+            raw = pc.fill_null(pc.cast(values, pa.int64()), 0).to_numpy(zero_copy_only=False)
+            ids = (1 + splitmix64(raw.view(np.uint64)) % np.uint64(s.cap - 1)).astype(np.int64)
+        else:
+            enc = values.dictionary_encode()
+            words = enc.dictionary
+            if s.encoding == "vocabulary":
+                table = np.array([self.vocab.get(u, 1) for u in words.to_pylist()] + [0], np.int64)
+            else:
+                if not is_text(words.type):
+                    words = pa.array([repr(u) for u in words.to_pylist()], pa.string())
+                h = np.append(text_hash(words), np.uint64(0))
+                table = (1 + h % np.uint64(s.cap - 1)).astype(np.int64)
+            idx = pc.fill_null(enc.indices, len(words)).to_numpy(zero_copy_only=False)
+            ids = table[idx]
+        ids[nulls] = 0
+        return ids
+
+    def _identity(self, values: pa.Array, b: Bags, file: str, row0: int) -> np.ndarray:
+        s, t = self.spec, values.type
+        nulls = values.is_null().to_numpy(zero_copy_only=False)
+        bad_what = None
+        if is_text(t):
+            try:
+                ints = pc.cast(values, pa.int64())
+            except pa.ArrowInvalid:
+                py = values.to_pylist()
+                bad = next(i for i, v in enumerate(py) if v is not None and not _is_int(v))
+                bad_what = (bad, f"the string {py[bad]!r}")
+        elif pa.types.is_floating(t):
+            f = pc.fill_null(values, 0).to_numpy(zero_copy_only=False)
+            frac = f != np.floor(f)
+            if frac.any():
+                bad_what = (int(frac.argmax()), f"{f[frac.argmax()]:g}")
+            ints = pc.cast(pc.fill_null(values, 0), pa.int64(), safe=False)
+        elif pa.types.is_integer(t):
+            ints = values
+        else:
+            raise ValueError(
+                f"{self.key}: column {s.column!r} is of type {t} in {file}; encoding: identity "
+                "needs integer ids: use encoding: vocabulary or hashing"
+            )
+        if bad_what is not None:
+            i, shown = bad_what
+            raise ValueError(
+                f"{self.key}: column {s.column!r} holds {shown} at "
+                f"{where(file, row0, int(b.rows_of(np.array([i]))[0]))}; encoding: identity "
+                "needs integer ids: use encoding: vocabulary or hashing for strings"
+            )
+        ids = pc.fill_null(ints, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        out = (ids < 0) | (ids >= s.rows)
+        out &= ~nulls
+        if out.any():
+            i = int(out.argmax())
+            raise ValueError(
+                f"{self.key}: column {s.column!r} holds id {ids[i]} at "
+                f"{where(file, row0, int(b.rows_of(np.array([i]))[0]))}, outside [0, rows="
+                f"{s.rows}); raise sparse[{self.index}].rows or use encoding: vocabulary"
+            )
+        ids[nulls] = s.rows
+        return ids
+
+    def encode(self, b: Bags, split: np.ndarray, file: str, row0: int) -> np.ndarray:
+        """[n, max_len] int64 ids of one batch's kept rows (split >= 0), -1 past a list's end;
+        updates the statistics and the train id counts."""
+        ids = self._ids(b.values, b, file, row0)
+        lengths = b.lengths()
+        keep = split >= 0
+        self.rows += int(keep.sum())
+        self.nulls += int(b.null_rows[keep].sum())
+        if self.spec.kind == "single":
+            out = ids.reshape(-1, 1)
+        else:
+            out, _ = pad(ids, b.offsets, self.max_len)
+            kl = lengths[keep]
+            if kl.size:
+                self.len_sum += int(kl.sum())
+                self.len_max = max(self.len_max, int(kl.max()))
+                lo = int(kl.min())
+                self.len_min = lo if self.len_min is None else min(self.len_min, lo)
+                self.truncated += int((kl > self.max_len).sum())
+        out = out[keep]
+        train_ids = out[split[keep] == 0]
+        train_ids = train_ids[train_ids >= 0]
+        self.id_counts += np.bincount(train_ids, minlength=self.num_embeddings)
+        return out
+
+    def distinct(self) -> int:
+        """Distinct non-null values in train (hashing: distinct hashed ids)."""
+        if self.spec.encoding == "vocabulary":
+            return self.distinct_train
+        seen = self.id_counts > 0
+        seen[0 if self.spec.encoding == "hashing" else self.spec.rows] = False
+        return int(seen.sum())
+
+    def describe(self) -> dict:
+        """The manifest's record of this feature."""
+        s = self.spec
+        d = {
+            "name": s.name,
+            "column": s.column,
+            "kind": s.kind,
+            "values": self.value_type,
+            "encoding": s.encoding,
+            "table": self.table.name,
+            "num_embeddings": self.num_embeddings,
+            "width": self.table.width,
+            "hotness": self.max_len if s.kind == "list" else 1,
+            "jagged": s.kind == "list",
+            "pooling": s.pooling,
+            "rows": self.rows,
+            "distinct_train": self.distinct(),
+            "nulls": self.nulls,
+        }
+        if s.kind == "list":
+            d["length"] = {
+                "min": self.len_min or 0,
+                "mean": self.len_sum / self.rows if self.rows else 0.0,
+                "max": self.len_max,
+            }
+            d["max_len"] = self.max_len
+            d["truncated"] = self.truncated
+        return d
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def feature_line(d: dict) -> str:
+    """The one line `hybridrec-preprocess` prints for a feature."""
+    v = d["values"]
+    values = "strings" if "string" in v else "ints" if "int" in v else f"{v} values"
+    kind = f"list of {values}" if d["kind"] == "list" else values
+    line = f"{d['name']}: {kind}, {d['rows']} rows, {d['distinct_train']} distinct, "
+    line += f"{d['nulls']} nulls"
+    if d["kind"] == "list":
+        ln = d["length"]
+        line += f", length {ln['min']}..{ln['max']} (mean {ln['mean']:.1f})"
+        if d["truncated"]:
+            line += f", {d['truncated']} truncated to {d['max_len']}"
+    return line + f", table {d['table']} ({d['num_embeddings']} rows, width {d['width']})"

@@ -1,0 +1,218 @@
+"""Reading the user's table: inputs -> pyarrow datasets -> record batches with their split.
+
+Inputs are Parquet files or directories (Spark, pandas, duckdb output; hive-partitioned
+`key=value/` directories add their keys as columns) or CSV/TSV files (header row first) or
+directories of them; the format comes from the file names (.parquet/.pq, .csv, .tsv/.tab,
+optionally compressed: .gz, .bz2, .zst). Files are read in natural order (part-2 before
+part-10), one fragment at a time, in batches of `batch_rows` rows: memory is bounded by the
+batch (and Parquet's row groups), never by the number of rows. CSV columns the spec names
+are read as strings (empty field = null) and converted by hybridrec.data.tabular.columns,
+which can then name the row of a bad value.
+
+Every batch comes with its file and first row (0-based within the file) and a split code
+per row (0 train, 1 val, 2 test, -1 in no split: dropped), computed in file order so that
+both passes, and every rerun, agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
+
+from hybridrec.data.spec import DatasetSpec, SplitSpec
+
+SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+_COMPRESSED = (".gz", ".bz2", ".zst")
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".tab": "tsv"}
+
+
+def _natural(path: str) -> list:
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", path)]
+
+
+def _visible(p: Path) -> bool:
+    return not p.name.startswith((".", "_"))  # Spark's _SUCCESS, .crc files: not data
+
+
+def file_format(path: Path) -> str:
+    """parquet | csv | tsv, from the file name (a compression suffix is skipped)."""
+    suffixes = [s.lower() for s in path.suffixes]
+    while suffixes and suffixes[-1] in _COMPRESSED:
+        suffixes.pop()
+    fmt = _FORMATS.get(suffixes[-1] if suffixes else "")
+    if fmt is None:
+        raise ValueError(
+            f"input {path}: cannot tell its format from the name; name Parquet files "
+            "*.parquet, CSV files *.csv, TSV files *.tsv"
+        )
+    return fmt
+
+
+def input_format(inputs: list[Path]) -> str:
+    """The one format of every input file (directories: the files under them)."""
+    found: dict[str, Path] = {}
+    for p in inputs:
+        if p.is_dir():
+            files = [
+                f
+                for f in sorted(p.rglob("*"))
+                if f.is_file()
+                and all(_visible(q) for q in f.relative_to(p).parents if q.name)
+                and _visible(f)
+            ]
+            if not files:
+                raise ValueError(f"input directory {p} holds no data files")
+        elif p.is_file():
+            files = [p]
+        else:
+            raise ValueError(f"input {p} does not exist")
+        for f in files:
+            found.setdefault(file_format(f), f)
+    if len(found) > 1:
+        kinds = ", ".join(f"{k} ({v})" for k, v in found.items())
+        raise ValueError(f"the inputs mix formats: {kinds}; give files of one format")
+    return next(iter(found))
+
+
+@dataclass
+class Table:
+    """The opened inputs: one pyarrow dataset per input path, all of one format."""
+
+    paths: list[Path]
+    datasets: list[ds.Dataset]
+    format: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.datasets[0].schema
+
+    def fragments(self) -> Iterator[tuple[ds.Dataset, ds.Fragment]]:
+        for d in self.datasets:
+            for frag in sorted(d.get_fragments(), key=lambda f: _natural(f.path)):
+                yield d, frag
+
+    def count_rows(self) -> int:
+        return sum(d.count_rows() for d in self.datasets)
+
+    def batches(
+        self, columns: list[str], batch_rows: int
+    ) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+        """(file, first row in the file, batch) in file order; unreadable files name themselves."""
+        for d, frag in self.fragments():
+            row = 0
+            try:
+                for b in frag.to_batches(schema=d.schema, columns=columns, batch_size=batch_rows):
+                    yield frag.path, row, b
+                    row += b.num_rows
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                why = " ".join(str(e).split())[:300]
+                raise ValueError(f"{frag.path}: cannot be read after row {row}: {why}") from None
+
+
+def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
+    """Open `inputs` and check that every column the spec names is there (else one line
+    naming the column, the spec key and the available columns)."""
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise ValueError("no input files given")
+    fmt = input_format(paths)
+    if fmt == "parquet":
+        file_format_: ds.FileFormat = ds.ParquetFileFormat()
+    else:
+        file_format_ = ds.CsvFileFormat(
+            parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ","),
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: pa.string() for c in spec.columns()},
+                strings_can_be_null=True,
+            ),
+        )
+    datasets = []
+    for p in paths:
+        try:
+            datasets.append(ds.dataset(str(p), format=file_format_, partitioning="hive"))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ValueError(
+                f"input {p}: cannot be read as {fmt}: {' '.join(str(e).split())}"
+            ) from None
+    table = Table(paths, datasets, fmt)
+    for p, d in zip(paths, datasets, strict=True):
+        names = d.schema.names
+        for key, column in _column_keys(spec):
+            if column not in names:
+                raise ValueError(
+                    f"{p}: column {column!r} (spec {key}) is not in the data; its columns: "
+                    f"{', '.join(names)}"
+                )
+    return table
+
+
+def _column_keys(spec: DatasetSpec) -> list[tuple[str, str]]:
+    keys = [("label.column", spec.label.column)]
+    keys += [(f"dense[{i}].column", d.column) for i, d in enumerate(spec.dense)]
+    keys += [(f"sparse[{i}] ({s.name}).column", s.column) for i, s in enumerate(spec.sparse)]
+    if spec.split.by == "column":
+        keys.append(("split.column", spec.split.column))
+    return keys
+
+
+class Splitter:
+    """Split codes for consecutive batches in file order (see the module docstring)."""
+
+    def __init__(self, split: SplitSpec, total_rows: int | None) -> None:
+        self.split, self.seen = split, 0
+        self.rng = np.random.default_rng(split.seed) if split.by == "fraction" else None
+        if split.by == "rows":
+            assert total_rows is not None
+            self.n_train = int(np.floor(split.train_fraction * total_rows))
+            self.n_val_end = self.n_train + (total_rows - self.n_train) // 2
+        self._sets: dict[str, pa.Array] = {}
+
+    def _value_set(self, name: str, values: list, column: pa.ChunkedArray | pa.Array) -> pa.Array:
+        key = f"{name}:{column.type}"
+        if key not in self._sets:
+            t = column.type
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                values = [v if isinstance(v, str) else str(v) for v in values]
+            try:
+                try:
+                    self._sets[key] = pa.array(values, type=t)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                    self._sets[key] = pa.array(values).cast(t)  # "1" for an int column
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+                raise ValueError(
+                    f"split.values.{name}: {values} cannot be compared with column "
+                    f"{self.split.column!r} of type {t}"
+                ) from None
+        return self._sets[key]
+
+    def codes(self, batch: pa.RecordBatch) -> np.ndarray:
+        n, s = batch.num_rows, self.split
+        start, self.seen = self.seen, self.seen + n
+        if s.by == "rows":
+            idx = np.arange(start, start + n)
+            return np.where(idx < self.n_train, 0, np.where(idx < self.n_val_end, 1, 2)).astype(
+                np.int8
+            )
+        if s.by == "fraction":
+            u = self.rng.random(n)
+            return np.where(u < s.val, 1, np.where(u < s.val + s.test, 2, 0)).astype(np.int8)
+        import pyarrow.compute as pc
+
+        col = batch.column(s.column)
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        out = np.full(n, -1, np.int8)
+        for name, code in SPLIT_CODES.items():
+            if s.values[name]:
+                hit = pc.is_in(col, value_set=self._value_set(name, s.values[name], col))
+                out[hit.to_numpy(zero_copy_only=False)] = code
+        return out

@@ -1,0 +1,92 @@
+"""Small user tables for the table-dataset tests, and plain-Python references for their ids."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+N = 40
+
+
+def movies(n: int = N, start: int = 0) -> dict[str, list]:
+    """Columns of a MovieLens-like table; rows start..start+n-1 (deterministic)."""
+    rows = range(start, start + n)
+    user = [None if i % 11 == 0 else f"u{i % 5}" for i in rows]
+    if start == 0:
+        user[3] = "rare"  # once in train: out of vocabulary with min_count 2
+        user[-1] = "only_in_test"
+    return {
+        "rating": [1 + (i * 7) % 5 for i in rows],
+        "age": [None if i % 9 == 4 else float(20 + (i * 13) % 30) for i in rows],
+        "user": user,
+        "movie": [None if i % 17 == 5 else i % 13 for i in rows],
+        "zip": [None if i % 10 == 9 else (i % 3) * 100 + 1 for i in rows],
+        "genres": [None if i % 7 == 0 else [f"g{(i + k) % 5}" for k in range(i % 4)] for i in rows],
+    }
+
+
+SPEC = {
+    "label": {"column": "rating", "task": "binary", "rule": {"op": ">=", "value": 4}},
+    "dense": [{"column": "age", "transform": "standardize"}],
+    "sparse": [
+        {"name": "user", "column": "user", "encoding": "vocabulary", "min_count": 2},
+        {"name": "movie", "column": "movie", "encoding": "identity", "rows": 13},
+        {"name": "zip", "column": "zip", "encoding": "hashing", "cap": 1000},
+        {"name": "genres", "column": "genres", "kind": "list", "pooling": "mean"},
+    ],
+    "tables": [
+        {"name": "user", "width": 8},
+        {"name": "movie", "width": 8},
+        {"name": "zip", "width": 8},
+        {"name": "genres", "width": 8},
+    ],
+    "split": {"by": "rows", "train_fraction": 0.5},
+}
+
+
+def spec_dict(**changes: object) -> dict:
+    """A deep copy of SPEC with top-level keys replaced."""
+    d = yaml.safe_load(yaml.safe_dump(SPEC))
+    d.update(changes)
+    return d
+
+
+def write_spec(path: Path, d: dict) -> Path:
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def write_parquet(path: Path, cols: dict[str, list], **kw: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), path, **kw)
+    return path
+
+
+def write_csv(path: Path, cols: dict[str, list], delimiter: str = ",", lists: str = "|") -> Path:
+    """A CSV with a header; None is an empty field, a list is joined by `lists`."""
+
+    def cell(v: object) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, list):
+            return lists.join(map(str, v))
+        return str(v)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(cols)
+    lines = [delimiter.join(names)]
+    for r in range(len(cols[names[0]])):
+        lines.append(delimiter.join(cell(cols[c][r]) for c in names))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def vocab_ids(train_values: list, min_count: int = 1) -> dict:
+    """Value -> id: 2.. by decreasing train count, then value (0 null, 1 out of vocabulary)."""
+    counts = Counter(v for v in train_values if v is not None)
+    kept = sorted((v for v, c in counts.items() if c >= min_count), key=lambda v: (-counts[v], v))
+    return {v: i + 2 for i, v in enumerate(kept)}

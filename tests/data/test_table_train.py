@@ -1,0 +1,140 @@
+"""data=table: the model's tables come from the dataset, contradictions and wrong specs are one
+line, and `hybridrec-train data=table` trains (single-id features: list features need the
+sparse layer's padding support)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridrec.config import compose, validate
+from hybridrec.data.build import build_source
+from hybridrec.data.spec import parse_spec
+from hybridrec.data.tabular import preprocess_table
+from tests.cli import run_cli
+from tests.data.tables import SPEC, movies, spec_dict, write_parquet, write_spec
+
+
+@pytest.fixture
+def table_dir(tmp_path):
+    src = write_parquet(tmp_path / "movies.parquet", movies())
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+    return tmp_path / "bin"
+
+
+def _single_id_spec() -> dict:
+    d = spec_dict()
+    d["sparse"] = d["sparse"][:3]
+    d["tables"] = d["tables"][:3]
+    return d
+
+
+def test_the_model_is_filled_from_the_manifest(table_dir):
+    cfg = validate(compose(["data=table", f"data.path={table_dir}", "train.batch_size=4"]))
+    m = cfg.model
+    assert m.name == "table" and m.task == "binary" and m.num_dense_features == 1
+    assert m.table_names == ["user", "movie", "zip", "genres"]
+    assert m.num_embeddings_per_feature == [7, 14, 1000, 7]
+    assert m.embedding_dims == [8, 8, 8, 8] and m.embedding_dim == 8 and m.bottom_mlp == [64, 8]
+    assert m.hotness == [1, 1, 1, 3] and m.jagged == [False, False, False, True]
+    assert m.pooling == ["sum", "sum", "sum", "mean"]
+    assert [t.hotness for t in m.tables()] == [1, 1, 1, 3]
+    assert validate(cfg).model == m  # what a rank or a resumed checkpoint re-validates
+    source = build_source(cfg)
+    assert source.batch(0, 4).ids.shape == (4, 6)
+
+
+def test_overrides_that_contradict_the_dataset_name_the_key_and_its_value(table_dir):
+    ok = validate(compose(["data=table", f"data.path={table_dir}", "model.embedding_dim=8"]))
+    assert ok.model.embedding_dim == 8
+    with pytest.raises(ValueError) as e:
+        validate(compose(["data=table", f"data.path={table_dir}", "model.hotness=1"]))
+    assert str(e.value) == (
+        f"model.hotness=1 contradicts the dataset {table_dir}: it has [1, 1, 1, 3]; leave "
+        "model.hotness unset with data=table (model=table takes it from the dataset)"
+    )
+    with pytest.raises(
+        ValueError, match=r"^model.task=regression contradicts the dataset .*: it has binary;"
+    ):
+        validate(compose(["data=table", f"data.path={table_dir}", "model.task=regression"]))
+    with pytest.raises(ValueError, match=r"^model.num_dense_features=13 contradicts"):
+        validate(compose(["data=table", f"data.path={table_dir}", "model=dlrm_tiny"]))
+
+
+def test_data_spec_must_be_the_one_the_data_was_made_with(table_dir, tmp_path):
+    same = write_spec(tmp_path / "same.yaml", SPEC)
+    assert validate(compose(["data=table", f"data.path={table_dir}", f"data.spec={same}"]))
+    other = write_spec(
+        tmp_path / "other.yaml", spec_dict(split={"by": "rows", "train_fraction": 0.6})
+    )
+    with pytest.raises(ValueError) as e:
+        validate(compose(["data=table", f"data.path={table_dir}", f"data.spec={other}"]))
+    msg = str(e.value)
+    assert msg.startswith(f"data.spec={other} is not the spec {table_dir} was preprocessed with")
+    assert msg.endswith(
+        f"re-run hybridrec-preprocess --spec {other} --input ... --output {table_dir}, or point "
+        "data.path at its output"
+    )
+    with pytest.raises(
+        ValueError, match="^data.spec applies to data=table, not data.name=synthetic$"
+    ):
+        validate(compose([f"data.spec={same}"]))
+
+
+def test_data_table_needs_a_path_to_a_table_dataset(tmp_path):
+    with pytest.raises(ValueError, match="^data=table needs data.path: a directory made by"):
+        validate(compose(["data=table"]))
+    with pytest.raises(ValueError, match="not found: .* is not a preprocessed dataset"):
+        validate(compose(["data=table", f"data.path={tmp_path}"]))
+
+
+def test_a_criteo_directory_is_refused_with_data_table(sample_dataset):
+    with pytest.raises(ValueError, match="holds Criteo data, not a table made from a dataset spec"):
+        validate(compose(["data=table", f"data.path={sample_dataset}"]))
+
+
+def test_cli_trains_on_a_table_and_writes_metrics(tmp_path):
+    src = write_parquet(tmp_path / "movies.parquet", movies(80))
+    spec = write_spec(tmp_path / "spec.yaml", _single_id_spec())
+    preprocess_table(parse_spec(_single_id_spec()), [src], tmp_path / "bin", block_rows=8)
+    run = tmp_path / "run"
+    out = run_cli(
+        "data=table",
+        f"data.path={tmp_path / 'bin'}",
+        f"data.spec={spec}",
+        "train.steps=3",
+        "train.batch_size=8",
+        "train.log_every=1",
+        "eval.batch_size=8",
+        "device=cpu",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r][-1] == 3
+    bad = run_cli("data=table", f"data.path={tmp_path / 'bin'}", "model.hotness=2", cwd=tmp_path)
+    assert (
+        bad.returncode == 2
+        and bad.stderr.startswith("hybridrec-train: model.hotness=2 contradicts the dataset")
+        and bad.stderr.count("\n") == 1
+    )
+
+
+def test_a_model_whose_bags_differ_from_the_dataset_is_refused_at_open(table_dir):
+    import dataclasses
+
+    from hybridrec.data.manifest import Manifest
+    from hybridrec.data.source import check_model_matches
+
+    m = validate(compose(["data=table", f"data.path={table_dir}"])).model
+    manifest = Manifest.load(table_dir)
+    check_model_matches(manifest, m, "x")  # the filled model fits
+    flat = dataclasses.replace(m, jagged=False)
+    with pytest.raises(ValueError) as e:
+        check_model_matches(manifest, flat, "x")
+    assert str(e.value) == (
+        "table genres: the dataset x holds 3 id column(s) (jagged: True) but the model has "
+        "hotness 3, jagged False; use data=table, which takes them from the dataset"
+    )
