@@ -61,6 +61,8 @@ class TableConfig:
     `jagged`: a sample's bag holds 0..hotness ids (a list feature, `hotness` = its max length),
     its columns padded with PAD_ID past its length; mean pooling divides by the ids present,
     and an empty bag pools to zeros. Not jagged: every bag holds exactly `hotness` ids.
+    `mean_ids`: a jagged table's average ids per bag, when known (the planner's estimates of
+    exchanged bytes and lookups; memory is planned for `hotness`).
     """
 
     name: str
@@ -69,6 +71,7 @@ class TableConfig:
     hotness: int = 1
     pooling: Pooling = Pooling.SUM
     jagged: bool = False
+    mean_ids: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_rows < 1:
@@ -78,6 +81,17 @@ class TableConfig:
         if self.hotness < 1:
             raise ValueError(f"table {self.name!r}: hotness must be >= 1, got {self.hotness}")
         object.__setattr__(self, "pooling", Pooling(self.pooling))
+        if self.mean_ids is not None and not 0 <= self.mean_ids <= self.hotness:
+            raise ValueError(
+                f"table {self.name!r}: mean_ids must be in [0, hotness={self.hotness}], "
+                f"got {self.mean_ids}"
+            )
+
+    @property
+    def expected_ids(self) -> float:
+        """Ids per bag the planner expects: mean_ids for a jagged table when known, else
+        hotness (exact for fixed bags, an upper bound for jagged ones)."""
+        return self.mean_ids if self.jagged and self.mean_ids is not None else self.hotness
 
 
 def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int]:

@@ -152,7 +152,7 @@ def _check_tables(m: ModelConfig) -> None:
         raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
     _per_table(m, "pooling", n, str, tuple(p.value for p in Pooling))
     _per_table(m, "jagged", n, bool)
-    for key in ("table_names", "embedding_dims"):
+    for key in ("table_names", "embedding_dims", "mean_ids"):
         value = getattr(m, key)
         if value is not None and len(value) != n:
             raise ValueError(

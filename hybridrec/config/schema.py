@@ -96,6 +96,9 @@ class ModelConfig:
     hotness: Any = 1  # ids per sample per table (jagged: at most this many)
     pooling: Any = "sum"  # sum | mean (over a table's ids in one sample)
     jagged: Any = False  # bags hold 0..hotness ids, padded with -1 (list features)
+    # average ids per bag of each table (list features; data=table fills it): the planner's
+    # estimates; null = hotness
+    mean_ids: list[float] | None = None
     # last width must equal embedding_dim (dlrm)
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
     # last width must be 1 (one logit)
@@ -124,14 +127,15 @@ class ModelConfig:
         n = len(self.num_embeddings_per_feature)
         names = list(self.table_names) if self.table_names else [f"cat_{i}" for i in range(n)]
         return tuple(
-            TableConfig(name, int(rows), d, h, Pooling(p), bool(j))
-            for name, rows, d, h, p, j in zip(
+            TableConfig(name, int(rows), d, h, Pooling(p), bool(j), None if m is None else float(m))
+            for name, rows, d, h, p, j, m in zip(
                 names,
                 self.num_embeddings_per_feature,
                 self.dims(),
                 self.hotness_list(),
                 self.per_table("pooling"),
                 self.per_table("jagged"),
+                self.mean_ids if self.mean_ids is not None else [None] * n,
                 strict=True,
             )
         )

@@ -40,6 +40,7 @@ def dataset_model(manifest: Manifest) -> dict[str, Any]:
         "hotness": [int(x["hotness"]) for x in f],
         "pooling": [x["pooling"] for x in f],
         "jagged": [bool(x["jagged"]) for x in f],
+        "mean_ids": [float(x["length"]["mean"] if x["jagged"] else x["hotness"]) for x in f],
     }
 
 

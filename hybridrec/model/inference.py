@@ -10,7 +10,8 @@ One `nn.EmbeddingBag` per table (sum or mean pooling, as trained) in front of th
 dense part (`DenseArch`): the same function the trainer computes, without its sharding,
 fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
 float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
-tables' hotness, each table's ids in its columns. Move it with `.to(device)`; it is an
+tables' hotness, each table's ids in its columns (a list feature's padded with -1 past its
+length, as in training: hybridrec.sparse.bags). Move it with `.to(device)`; it is an
 ordinary module (torch.compile, torch.export and TorchScript tracing apply). `predict`
 checks its inputs first (shapes, dtypes, finite dense values, each table's id range) and
 raises PredictInputError, one line naming the table or feature, the value and its row;
@@ -34,7 +35,7 @@ from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DenseArch
 from hybridrec.model.task import task_of
 from hybridrec.safeload import load_tensors
-from hybridrec.types import TASKS, hot_offsets
+from hybridrec.types import TASKS, Pooling, TableConfig, hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
 
@@ -58,14 +59,28 @@ class InferenceDLRM(nn.Module):
         self.dense = DenseArch(cfg)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        pooled = torch.stack(
-            [
-                self.embeddings[t.name](ids[:, self.offsets[i] : self.offsets[i + 1]])
-                for i, t in enumerate(self.tables)
-            ],
-            dim=1,
+        pooled = [
+            self._pool(t, ids[:, self.offsets[i] : self.offsets[i + 1]])
+            for i, t in enumerate(self.tables)
+        ]
+        one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as in training
+        x = torch.stack(pooled, dim=1) if one_width else torch.cat(pooled, dim=1)
+        return self.dense(dense, x).float()
+
+    def _pool(self, t: TableConfig, cols: torch.Tensor) -> torch.Tensor:
+        """cols [B, hotness] -> [B, D]. A jagged bag sums its ids >= 0 (the padding weighs 0)
+        and a mean divides by their number, as training does; an empty bag gives zeros."""
+        bag = self.embeddings[t.name]
+        if not t.jagged:
+            return bag(cols)
+        present = cols >= 0
+        weight = present.to(bag.weight.dtype)
+        pooled = nn.functional.embedding_bag(
+            cols.clamp(min=0), bag.weight, mode="sum", per_sample_weights=weight
         )
-        return self.dense(dense, pooled).float()
+        if t.pooling == Pooling.MEAN:
+            pooled = pooled / weight.sum(1, keepdim=True).clamp(min=1)
+        return pooled
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -108,12 +123,13 @@ class InferenceDLRM(nn.Module):
             )
         for i, t in enumerate(self.tables):
             cols = ids[:, self.offsets[i] : self.offsets[i + 1]]
-            out = (cols < 0) | (cols >= t.num_rows)
+            out = (cols < (-1 if t.jagged else 0)) | (cols >= t.num_rows)
             if bool(out.any()):
                 row, col = (int(x) for x in out.nonzero()[0])
                 raise PredictInputError(
                     f"table {t.name!r} (feature {i}): id {int(cols[row, col])} at row {row} is "
-                    f"outside its {t.num_rows} rows (valid ids: 0..{t.num_rows - 1})"
+                    f"outside its {t.num_rows} rows (valid ids: 0..{t.num_rows - 1}"
+                    f"{', or -1 for no id' if t.jagged else ''})"
                 )
 
 

@@ -170,13 +170,14 @@ def estimate_cost(
                 rows = b_local * t.hotness
             elif tp.sharding is ShardingType.ROW_WISE:
                 share = s.num_rows / t.num_rows
-                ids.to[s.rank] += b_local * id_bytes + b_local * t.hotness * share * id_bytes
+                ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
                 emb.frm[s.rank] += b_local * s.width * comm_bytes
-                rows = batch_size * t.hotness * share
-            else:
-                ids.to[s.rank] += b_local * t.hotness * id_bytes
+                rows = batch_size * t.expected_ids * share
+            else:  # a jagged table's ids travel with one count per sample
+                counts = b_local * id_bytes if t.jagged else 0
+                ids.to[s.rank] += counts + b_local * t.expected_ids * id_bytes
                 emb.frm[s.rank] += b_local * s.width * comm_bytes
-                rows = batch_size * t.hotness
+                rows = batch_size * t.expected_ids
             lookups[s.rank] += rows
             fwd_bytes[s.rank] += rows * s.width * weight_bytes
             state = optimizer.bytes_per_row + s.width * optimizer.bytes_per_element
@@ -186,8 +187,12 @@ def estimate_cost(
     for (rank, width), (rows, ids_per_rank) in dp_groups.items():
         # replicated tables of one width form one fused group, synced together
         dp_reduce[rank] += replica_sync(rows, width, ids_per_rank, world)[1]
-    if any(tp.sharding is ShardingType.ROW_WISE for tp in plan.tables):
-        for r in range(world):  # the count exchange: one int64 to every other rank
+    if any(
+        tp.sharding is ShardingType.ROW_WISE
+        or (by_name[tp.table].jagged and tp.sharding is not ShardingType.DATA_PARALLEL)
+        for tp in plan.tables
+    ):
+        for r in range(world):  # the payload sizes' exchange: one int64 to every other rank
             ids.frm[r] += ID_BYTES
 
     memory = rank_memory(plan, tables, batch_size, optimizer, weight_bytes)

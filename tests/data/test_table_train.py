@@ -1,6 +1,6 @@
 """data=table: the model's tables come from the dataset, contradictions and wrong specs are one
-line, and `hybridrec-train data=table` trains (single-id features: list features need the
-sparse layer's padding support)."""
+line, and `hybridrec-train data=table` trains, list features included, equally on 1 and 2
+ranks."""
 
 from __future__ import annotations
 
@@ -21,13 +21,6 @@ def table_dir(tmp_path):
     src = write_parquet(tmp_path / "movies.parquet", movies())
     preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
     return tmp_path / "bin"
-
-
-def _single_id_spec() -> dict:
-    d = spec_dict()
-    d["sparse"] = d["sparse"][:3]
-    d["tables"] = d["tables"][:3]
-    return d
 
 
 def test_the_model_is_filled_from_the_manifest(table_dir):
@@ -94,26 +87,40 @@ def test_a_criteo_directory_is_refused_with_data_table(sample_dataset):
         validate(compose(["data=table", f"data.path={sample_dataset}"]))
 
 
-def test_cli_trains_on_a_table_and_writes_metrics(tmp_path):
+def test_cli_trains_on_a_table_with_a_list_feature_equally_on_1_and_2_ranks(tmp_path):
+    """The genres list (0..3 ids, mean-pooled, padded with -1) from Parquet through the
+    memmap reader, trained by the CLI: one process, and 2 ranks row-wise with the broadcast
+    loader, give the same losses and final evaluation."""
     src = write_parquet(tmp_path / "movies.parquet", movies(80))
-    spec = write_spec(tmp_path / "spec.yaml", _single_id_spec())
-    preprocess_table(parse_spec(_single_id_spec()), [src], tmp_path / "bin", block_rows=8)
-    run = tmp_path / "run"
-    out = run_cli(
+    spec = write_spec(tmp_path / "spec.yaml", SPEC)
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+    common = (
         "data=table",
         f"data.path={tmp_path / 'bin'}",
         f"data.spec={spec}",
-        "train.steps=3",
+        "train.steps=4",
         "train.batch_size=8",
         "train.log_every=1",
         "eval.batch_size=8",
+        "eval.batches=null",
+        "optim.dense.name=sgd",
         "device=cpu",
-        f"hydra.run.dir={run}",
-        cwd=tmp_path,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r][-1] == 3
+    runs = {}
+    for name, extra in (
+        ("one", ()),
+        ("two", ("launcher.nproc_per_node=2", "sharding=row_wise", "data.loader=broadcast")),
+    ):
+        run = tmp_path / name
+        out = run_cli(*common, *extra, f"hydra.run.dir={run}", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    one, two = runs["one"], runs["two"]
+    assert [r["step"] for r in one if "loss" in r and "auc" not in r][-1] == 4
+    for key in ("loss", "auc"):
+        a = [r[key] for r in one if key in r]
+        b = [r[key] for r in two if key in r]
+        assert len(a) == len(b) > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6), key
     bad = run_cli("data=table", f"data.path={tmp_path / 'bin'}", "model.hotness=2", cwd=tmp_path)
     assert (
         bad.returncode == 2

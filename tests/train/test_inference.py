@@ -17,11 +17,16 @@ from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
+from tests.distributed.test_jagged_equivalence import jagged_cfg
 
 
-@pytest.mark.parametrize("pooling", ["sum", "mean"])
+@pytest.mark.parametrize("pooling", ["sum", "mean", "jagged"])
 def test_exported_model_scores_like_the_trainer(tmp_path, pooling, capsys):
-    cfg = make_cfg("none", "adam", 1, pooling)
+    # jagged: list features padded with -1 (sum and mean), tables of widths 4 and 8 (dcnv2)
+    if pooling == "jagged":
+        cfg = jagged_cfg("none", "adam", 1)
+    else:
+        cfg = make_cfg("none", "adam", 1, pooling)
     cfg.checkpoint.dir, cfg.train.steps, cfg.eval.batches = str(tmp_path / "ck"), 4, 1
     trainer = Trainer(cfg, init_distributed("cpu"))
     trainer.fit()
