@@ -1,5 +1,6 @@
 """Training through the Triton kernels (Triton's CPU interpreter here, compiled on CUDA) equals
-training through the torch ops: sharding=none and host-resident tables, every optimizer.
+training through the torch ops: sharding=none (fixed and jagged bags) and host-resident
+tables, every optimizer.
 
 Tolerance: the kernels sum pooled rows and per-row gradients in another order than torch's
 ops (see tests/unit/test_dispatch.py), so results agree to float32 round-off.
@@ -16,6 +17,7 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 from tests.distributed.test_equivalence import make_cfg
 from tests.distributed.test_host_equivalence import collect, host_cfg
+from tests.distributed.test_jagged_equivalence import jagged_cfg
 
 pytest.importorskip("triton")
 STEPS = 3
@@ -37,9 +39,21 @@ def _train(cfg) -> tuple[list[float], list[torch.Tensor]]:
     return losses, state
 
 
-@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
-def test_triton_kernels_train_like_torch_ops(interpreter, sparse):
-    cfg = make_cfg("none", sparse, 1)
+@pytest.mark.parametrize(
+    "sparse,model",
+    [
+        ("sgd", "fixed"),
+        ("rowwise_adagrad", "fixed"),
+        ("adam", "fixed"),
+        ("adam", "dcnv2"),  # jagged bags (empty ones too), mean pooling, widths 4 and 8
+        ("rowwise_adagrad", "dlrm"),  # jagged, one width: the sample-major lookup
+    ],
+)
+def test_triton_kernels_train_like_torch_ops(interpreter, sparse, model):
+    if model == "fixed":
+        cfg = make_cfg("none", sparse, 1)
+    else:
+        cfg = jagged_cfg("none", sparse, 1, arch=model)
     cfg.train.kernels = "torch"
     ref_losses, ref_state = _train(cfg)
     cfg.train.kernels = "triton"
