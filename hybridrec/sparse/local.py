@@ -62,11 +62,34 @@ def sample_major_layout(tables: Sequence[TableConfig], group: FusedEmbedding) ->
     )
 
 
-def sample_major_rows(ids: torch.Tensor, layout: SampleMajorLayout) -> torch.Tensor:
-    """ids [B, H] -> the group rows [N] they read, in the layout's order (N = B * H when no
-    column is jagged; else the ids >= 0)."""
-    rows = (ids + layout.row_offset).reshape(-1)
-    return rows[ids.reshape(-1) >= 0] if layout.jagged else rows
+@dataclass(frozen=True)
+class SampleMajorInputs:
+    """A batch's lookup in the sample-major layout: group rows [N], bags [N] (b * T + t,
+    non-decreasing) and per-id scales [N] or None; N = B * H, or the ids >= 0 if jagged."""
+
+    rows: torch.Tensor
+    bags: torch.Tensor
+    scale: torch.Tensor | None
+
+
+def sample_major_inputs(ids: torch.Tensor, layout: SampleMajorLayout) -> SampleMajorInputs:
+    """ids [B, H] (checked) -> what the group's lookup reads, made once per batch (a host
+    cache prefetches these very rows). Jagged columns: one pass finds the real ids."""
+    B, H = ids.shape
+    T = layout.num_tables
+    if not layout.jagged:
+        rows = (ids + layout.row_offset).reshape(-1)
+        first = torch.arange(B, device=ids.device).unsqueeze(1) * T
+        bags = (first + layout.table).reshape(-1)
+        scale = layout.scale.expand(B, -1).reshape(-1) if layout.scale is not None else None
+        return SampleMajorInputs(rows, bags, scale)
+    flat = ids.reshape(-1)
+    where = (flat >= 0).nonzero().squeeze(1)  # positions of the real ids, in sample order
+    col = where.remainder(H)
+    rows = flat.index_select(0, where) + layout.row_offset.index_select(0, col)
+    bags = where.div(H, rounding_mode="floor") * T + layout.table.index_select(0, col)
+    scale = layout.scale.index_select(0, col) if layout.scale is not None else None
+    return SampleMajorInputs(rows, bags, scale)
 
 
 def lookup_sample_major(
@@ -74,24 +97,14 @@ def lookup_sample_major(
     layout: SampleMajorLayout,
     group: FusedEmbedding,
     out_dtype: torch.dtype,
-    rows: torch.Tensor | None = None,
+    inputs: SampleMajorInputs | None = None,
 ) -> torch.Tensor:
-    """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`; `rows`:
-    sample_major_rows(ids, layout) when already made (a host cache knows the very tensor it
-    prefetched)."""
+    """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`;
+    `inputs`: sample_major_inputs(ids, layout) when already made (by the prefetch)."""
     B, T = ids.shape[0], layout.num_tables
-    first = torch.arange(B, device=ids.device).unsqueeze(1) * T
-    bags = (first + layout.table).reshape(-1)
-    scale = layout.scale
-    if scale is not None:
-        scale = scale.expand(B, -1).reshape(-1)
-    if layout.jagged:
-        present = ids.reshape(-1) >= 0
-        bags = bags[present]
-        scale = scale[present] if scale is not None else None
-    if rows is None:
-        rows = sample_major_rows(ids, layout)
-    pooled = group.lookup(rows, bags, scale, B * T, out_dtype)
+    if inputs is None:
+        inputs = sample_major_inputs(ids, layout)
+    pooled = group.lookup(inputs.rows, inputs.bags, inputs.scale, B * T, out_dtype)
     return pooled.view(B, T, group.width)
 
 

@@ -40,11 +40,12 @@ from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.sparse.local import (
     HostOptions,
+    SampleMajorInputs,
     build_groups,
     lookup_sample_major,
     lookup_units,
+    sample_major_inputs,
     sample_major_layout,
-    sample_major_rows,
 )
 from hybridrec.types import Pooling, ShardingPlan, TableConfig
 
@@ -52,11 +53,11 @@ from hybridrec.types import Pooling, ShardingPlan, TableConfig
 @dataclass(frozen=True)
 class Staged:
     """A batch's ids, checked, with what prefetch() computed for them: the input dist
-    (several ranks) or the sample-major group rows (one rank)."""
+    (several ranks) or the sample-major lookup inputs (one rank)."""
 
     ids: torch.Tensor
     inputs: list[LookupInput] | None
-    rows: torch.Tensor | None
+    sample_major: SampleMajorInputs | None
 
 
 class ShardedEmbeddingCollection(EmbeddingModule):
@@ -199,9 +200,9 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             clean = self._check_ids(ids.to(self.device, non_blocking=True))
             if self.sample_major is not None:
                 # the forward passes the cache these very rows: it knows them prefetched
-                staged = Staged(clean, None, sample_major_rows(clean, self.sample_major))
+                staged = Staged(clean, None, sample_major_inputs(clean, self.sample_major))
                 [group] = self.groups.values()
-                group.prefetch(staged.rows)
+                group.prefetch(staged.sample_major.rows)
                 return staged
             staged = Staged(clean, input_dist(clean, self.layout, self.group, self.stats), None)
             for key, group in self.groups.items():
@@ -262,9 +263,9 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if self.sample_major is not None:
             [group] = self.groups.values()
             with timing.phase("lookup"):
-                rows = staged.rows if staged is not None else None
+                made = staged.sample_major if staged is not None else None
                 out_dtype = handoff or torch.float32
-                pooled = lookup_sample_major(ids, self.sample_major, group, out_dtype, rows)
+                pooled = lookup_sample_major(ids, self.sample_major, group, out_dtype, made)
                 return divide_means(pooled, divisors)
         inputs = staged.inputs if staged is not None else None
         if inputs is None:
