@@ -93,6 +93,14 @@ def _render(
     return out
 
 
+def _hotness(t: TableConfig) -> str:
+    """Ids per bag: '3', or for a list feature '0..6' with its mean when known."""
+    if not t.jagged:
+        return str(t.hotness)
+    mean = f" ({t.mean_ids:.1f})" if t.mean_ids is not None else ""
+    return f"0..{t.hotness}{mean}"
+
+
 def format_plan(plan: ShardingPlan, cost: PlanCost, tables: Sequence[TableConfig]) -> str:
     """The plan and its cost as text: one row per table, one row per rank, one summary line."""
     by_name = {t.name: t for t in tables}
@@ -104,7 +112,7 @@ def format_plan(plan: ShardingPlan, cost: PlanCost, tables: Sequence[TableConfig
                 t.name,
                 _count(t.num_rows),
                 str(t.dim),
-                str(t.hotness),
+                _hotness(t),
                 tp.sharding.value,
                 _shards(tp, t, plan.world_size),
                 tp.reason,
