@@ -30,22 +30,28 @@ def one_step(env, modes, comm_dtype="fp32"):
     for mode in modes:
         cfg = make_cfg(mode, "sgd", env.world_size)
         cfg.sharding.comm_dtype = comm_dtype
-        stats = CommStats()
-        model, plan = build_model(cfg, env, stats)
         batch = build_source(cfg).batch(0, cfg.train.batch_size)
-        n = batch.size // env.world_size
-        batch = batch.slice(env.rank * n, (env.rank + 1) * n)
-        bce_loss(model(batch.dense, batch.ids), batch.labels).backward()
-        cost = estimate_cost(
-            plan,
-            cfg.model.tables(),
-            Topology(env.world_size, 1 << 40),
-            cfg.train.batch_size,
-            OptimizerFootprint.for_optimizer("sgd"),
-            comm_bytes=4 if comm_dtype == "fp32" else 2,
-        )
-        out[mode] = (dict(stats.sent), dict(stats.recv), cost.ranks[env.rank], plan)
+        out[mode] = measure_step(env, cfg, batch, comm_bytes=4 if comm_dtype == "fp32" else 2)
     return out
+
+
+def measure_step(env, cfg, batch, comm_bytes=4):
+    """One forward/backward of this rank's part of `batch`: (bytes sent and received per
+    exchange, this rank's cost-model figures, the plan)."""
+    stats = CommStats()
+    model, plan = build_model(cfg, env, stats)
+    n = batch.size // env.world_size
+    part = batch.slice(env.rank * n, (env.rank + 1) * n)
+    bce_loss(model(part.dense, part.ids), part.labels).backward()
+    cost = estimate_cost(
+        plan,
+        cfg.model.tables(),
+        Topology(env.world_size, 1 << 40),
+        cfg.train.batch_size,
+        OptimizerFootprint.for_optimizer("sgd"),
+        comm_bytes=comm_bytes,
+    )
+    return dict(stats.sent), dict(stats.recv), cost.ranks[env.rank], plan
 
 
 def test_bytes_exchanged_equal_cost_model():
@@ -121,27 +127,14 @@ def jagged_step(env, modes):
     for mode in modes:
         cfg = jagged_cfg(mode, "sgd", env.world_size)
         cfg.train.batch_size = 1536
-        source = build_source(cfg)
-        batch = source.batch(0, cfg.train.batch_size)
+        batch = build_source(cfg).batch(0, cfg.train.batch_size)
         # the planner's expectation, from this very batch: each table's mean ids per bag
         offsets = [0]
         for t in cfg.model.tables():
             offsets.append(offsets[-1] + t.hotness)
         cols = [batch.ids[:, a:b] for a, b in zip(offsets, offsets[1:])]
         cfg.model.mean_ids = [float((c >= 0).sum(1).double().mean()) for c in cols]
-        stats = CommStats()
-        model, plan = build_model(cfg, env, stats)
-        n = batch.size // env.world_size
-        part = batch.slice(env.rank * n, (env.rank + 1) * n)
-        bce_loss(model(part.dense, part.ids), part.labels).backward()
-        cost = estimate_cost(
-            plan,
-            cfg.model.tables(),
-            Topology(env.world_size, 1 << 40),
-            cfg.train.batch_size,
-            OptimizerFootprint.for_optimizer("sgd"),
-        )
-        out[mode] = (dict(stats.sent), dict(stats.recv), cost.ranks[env.rank])
+        out[mode] = measure_step(env, cfg, batch)
     return out
 
 
@@ -153,7 +146,7 @@ def test_jagged_bytes_follow_the_cost_model():
     results = spawn(3, jagged_step, modes)
     for mode in modes:
         for rank, res in enumerate(results):
-            sent, recv, cost = res[mode]
+            sent, recv, cost, _ = res[mode]
             label = f"jagged {mode} rank {rank}"
             assert sent["output_dist"] == cost.emb_sent_bytes, label
             assert recv["output_dist"] == cost.emb_recv_bytes, label
