@@ -129,3 +129,20 @@ def test_input_errors_name_the_file_and_key(tmp_path, inp, message):
     with pytest.raises(ValueError) as e:
         load_spec(path)
     assert str(e.value) == f"{path}: {message}"
+
+
+def test_only_an_empty_field_is_null_in_csv(tmp_path):
+    """As in Criteo's files: text such as NA or null is a value (NA is Namibia's country
+    code), not a missing field; a number column holding it is an error naming the row."""
+    cols = movies()
+    cols["user"][:6] = ["NA", "NA", "null", None, "NA", "u1"]
+    src = write_csv(tmp_path / "m.csv", cols)
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "out", block_rows=8)
+    user = np.asarray(open_dataset(tmp_path / "out").categorical)[:6, 0].tolist()
+    assert user[3] == 0 and user[0] == user[1] == user[4] >= 2 and user[2] not in (0, user[0])
+    cols["age"][2] = "NA"
+    with pytest.raises(ValueError) as e:
+        preprocess_table(parse_spec(SPEC), [write_csv(tmp_path / "b.csv", cols)], tmp_path / "b")
+    assert (
+        str(e.value) == f"dense column 'age' holds 'NA' at {tmp_path / 'b.csv'} row 3, not a number"
+    )

@@ -172,7 +172,9 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
             read_options=pacsv.ReadOptions(column_names=None if header else list(inp.columns)),
             parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=bad_rows),
             convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.string() for c in names}, strings_can_be_null=True
+                column_types={c: pa.string() for c in names},
+                strings_can_be_null=True,
+                null_values=[""],  # only an empty field: "NA" is a value (as for Criteo)
             ),
         )
     datasets = []
