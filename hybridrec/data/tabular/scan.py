@@ -100,7 +100,7 @@ class BadRows:
         r, self.first = self.first, None
         if r is None:
             return None
-        at = f"{file} row {r.number - self.header}" if r.number else file
+        at = f"{file} row {r.number - self.header}" if (r.number or 0) > 0 else file
         names = "the spec's input.columns names" if not self.header else "the header row has"
         return (
             f"{at} has {r.actual_columns} fields but {names} {r.expected_columns}: "
