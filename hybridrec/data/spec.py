@@ -5,6 +5,10 @@ ValueError of one line naming the file and the key (`sparse[1] (genres).encoding
 mistake. Defaults are filled in, so `DatasetSpec.to_dict()` is the complete, normalised spec
 that the manifest records, and `fingerprint()` (a hash of it) identifies it.
 
+An optional `input` section says how CSV/TSV files are read: a header row (the default) or
+headerless fields named by `input.columns` (Criteo's day files), the delimiter, and the
+format when the file names do not tell it (`day_0`).
+
 Invariants checked here: one feature per table (shared tables are not supported by the model
 yet), every feature's table listed under `tables` and every listed table used, distinct
 feature names, a binary label rule only for binary tasks, disjoint split values, fractions
@@ -30,6 +34,7 @@ ENCODINGS = ("vocabulary", "hashing", "identity")
 POOLINGS = ("sum", "mean")
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
+INPUT_FORMATS = ("csv", "tsv")
 MAX_LIST_LEN = 256  # the default max_len (the longest train list) is capped at this
 
 
@@ -80,12 +85,24 @@ class SplitSpec:
 
 
 @dataclass(frozen=True)
+class InputSpec:
+    """How CSV/TSV inputs are read; a spec without `input` reads a header row and takes the
+    format from the file names."""
+
+    format: str | None = None  # csv | tsv for every input, whatever its name (None: by name)
+    header: bool = True  # False: no header row; `columns` names the fields in file order
+    columns: tuple[str, ...] | None = None  # header: false only, one name per field
+    delimiter: str | None = None  # one character (None: ',' for csv, tab for tsv)
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     label: LabelSpec
     dense: tuple[DenseSpec, ...]
     sparse: tuple[SparseSpec, ...]
     tables: tuple[TableSpec, ...]
     split: SplitSpec
+    input: InputSpec | None = None
 
     def table(self, name: str) -> TableSpec:
         return next(t for t in self.tables if t.name == name)
@@ -99,7 +116,12 @@ class DatasetSpec:
         return list(dict.fromkeys(cols))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key with its default filled in; `input` only when the spec has one (absent, the
+        reading defaults apply and are not part of the spec's identity)."""
+        d = dataclasses.asdict(self)
+        if self.input is None:
+            del d["input"]
+        return d
 
     def fingerprint(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, default=str)
@@ -241,9 +263,38 @@ def _split(where: str, d: Any) -> SplitSpec:
     return SplitSpec(by, val=val, test=test, seed=seed)
 
 
+def _input(where: str, d: Any) -> InputSpec | None:
+    if d is None:
+        return None
+    fields = tuple(f.name for f in dataclasses.fields(InputSpec))
+    r = _Reader(where, "input", d, fields)
+    fmt = r.get("format", str, None, INPUT_FORMATS)
+    header = r.get("header", bool, True)
+    columns = r.d.get("columns")
+    if columns is not None:
+        if header:
+            raise r.fail(
+                "columns", "applies to header: false only (a header row names the columns)"
+            )
+        if not isinstance(columns, list) or not columns:
+            raise r.fail("columns", "must be a list of column names, one per field in file order")
+        for i, c in enumerate(columns):
+            if not isinstance(c, str) or not c:
+                raise r.fail(f"columns[{i}]", f"must be a column name (a string), got {c!r}")
+            if c in columns[:i]:
+                raise r.fail(f"columns[{i}]", f"repeats the name {c!r}; names differ")
+        columns = tuple(columns)
+    elif not header:
+        raise r.fail("columns", "is required with header: false: the name of every field, in order")
+    delimiter = r.get("delimiter", str, None)
+    if delimiter is not None and len(delimiter) != 1:
+        raise r.fail("delimiter", f"must be one character, got {delimiter!r}")
+    return InputSpec(fmt, header, columns, delimiter)
+
+
 def parse_spec(d: Any, where: str = "spec") -> DatasetSpec:
     """A spec mapping (as read from YAML) -> DatasetSpec; ValueError naming `where` and the key."""
-    keys = ("label", "dense", "sparse", "tables", "split")
+    keys = ("label", "dense", "sparse", "tables", "split", "input")
     if not isinstance(d, dict):
         raise ValueError(f"{where}: the spec must be a mapping with keys {', '.join(keys)}")
     unknown = [k for k in d if k not in keys]
@@ -269,9 +320,8 @@ def parse_spec(d: Any, where: str = "spec") -> DatasetSpec:
         r = _Reader(where, f"tables[{i}]", x, ("name", "width", "rows"))
         tables.append(TableSpec(r.get("name", str), r.get("width", int), r.get("rows", int, None)))
     _check_names(where, sparse, tables)
-    return DatasetSpec(
-        label, tuple(dense), tuple(sparse), tuple(tables), _split(where, d.get("split"))
-    )
+    split, input_ = _split(where, d.get("split")), _input(where, d.get("input"))
+    return DatasetSpec(label, tuple(dense), tuple(sparse), tuple(tables), split, input_)
 
 
 def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) -> None:

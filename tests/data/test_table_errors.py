@@ -242,7 +242,7 @@ def test_cli_reports_bad_data_in_one_line(tmp_path, capsys):
         (lambda d: d.update(sparse=[]), "sparse must list at least one categorical or list column"),
         (
             lambda d: d.update(features=[]),
-            "features is not a spec key; keys: label, dense, sparse, tables, split",
+            "features is not a spec key; keys: label, dense, sparse, tables, split, input",
         ),
         (
             lambda d: d["sparse"][0].update(colour=1),

@@ -1,9 +1,11 @@
 """Reading the user's table: inputs -> pyarrow datasets -> record batches with their split.
 
 Inputs are Parquet files or directories (Spark, pandas, duckdb output; hive-partitioned
-`key=value/` directories add their keys as columns) or CSV/TSV files (header row first) or
-directories of them; the format comes from the file names (.parquet/.pq, .csv, .tsv/.tab,
-optionally compressed: .gz, .bz2, .zst). Files are read in natural order (part-2 before
+`key=value/` directories add their keys as columns) or CSV/TSV files (header row first, or
+none with the spec's `input.columns`) or directories of them; the format comes from the file
+names (.parquet/.pq, .csv, .tsv/.tab, optionally compressed: .gz, .bz2, .zst) unless the
+spec's `input.format` names it. A CSV row with the wrong number of fields is an error naming
+the file and the row. Files are read in natural order (part-2 before
 part-10), one fragment at a time, in batches of `batch_rows` rows: memory is bounded by the
 batch (and Parquet's row groups), never by the number of rows. CSV columns the spec names
 are read as strings (empty field = null) and converted by hybridrec.data.tabular.columns,
@@ -55,8 +57,9 @@ def file_format(path: Path) -> str:
     return fmt
 
 
-def input_format(inputs: list[Path]) -> str:
-    """The one format of every input file (directories: the files under them)."""
+def input_format(inputs: list[Path], forced: str | None = None) -> str:
+    """The one format of every input file (directories: the files under them); `forced`
+    (the spec's input.format) instead of the names."""
     found: dict[str, Path] = {}
     for p in inputs:
         if p.is_dir():
@@ -74,11 +77,35 @@ def input_format(inputs: list[Path]) -> str:
         else:
             raise ValueError(f"input {p} does not exist")
         for f in files:
-            found.setdefault(file_format(f), f)
+            found.setdefault(forced or file_format(f), f)
     if len(found) > 1:
         kinds = ", ".join(f"{k} ({v})" for k, v in found.items())
         raise ValueError(f"the inputs mix formats: {kinds}; give files of one format")
     return next(iter(found))
+
+
+class BadRows:
+    """pyarrow's hook for CSV rows with the wrong number of fields: keeps the first one (its
+    physical line, header included) and makes the read fail, so the error can name it."""
+
+    def __init__(self, header: bool) -> None:
+        self.header, self.first = header, None
+
+    def __call__(self, row: pacsv.InvalidRow) -> str:
+        if self.first is None:
+            self.first = row
+        return "error"
+
+    def message(self, file: str) -> str | None:
+        r, self.first = self.first, None
+        if r is None:
+            return None
+        at = f"{file} row {r.number - self.header}" if (r.number or 0) > 0 else file
+        names = "the spec's input.columns names" if not self.header else "the header row has"
+        return (
+            f"{at} has {r.actual_columns} fields but {names} {r.expected_columns}: "
+            f"{r.text[:80]!r}; fix or remove the row"
+        )
 
 
 @dataclass
@@ -88,6 +115,7 @@ class Table:
     paths: list[Path]
     datasets: list[ds.Dataset]
     format: str
+    bad_rows: BadRows | None = None  # CSV/TSV
 
     @property
     def schema(self) -> pa.Schema:
@@ -112,6 +140,9 @@ class Table:
                     yield frag.path, row, b
                     row += b.num_rows
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                bad = self.bad_rows and self.bad_rows.message(frag.path)
+                if bad:
+                    raise ValueError(bad) from None
                 why = " ".join(str(e).split())[:300]
                 raise ValueError(f"{frag.path}: cannot be read after row {row}: {why}") from None
 
@@ -122,15 +153,28 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
     paths = [Path(p) for p in inputs]
     if not paths:
         raise ValueError("no input files given")
-    fmt = input_format(paths)
+    inp = spec.input
+    fmt = input_format(paths, inp.format if inp else None)
+    bad_rows = None
     if fmt == "parquet":
+        if inp is not None:
+            raise ValueError(
+                f"the spec's input section applies to CSV/TSV inputs, but {paths[0]} is "
+                "Parquet; remove input from the spec"
+            )
         file_format_: ds.FileFormat = ds.ParquetFileFormat()
     else:
+        header = inp is None or inp.header
+        bad_rows = BadRows(header)
+        names = list(spec.columns() if header else inp.columns)
+        delimiter = inp.delimiter if inp and inp.delimiter else "\t" if fmt == "tsv" else ","
         file_format_ = ds.CsvFileFormat(
-            parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ","),
+            read_options=pacsv.ReadOptions(column_names=None if header else list(inp.columns)),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=bad_rows),
             convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.string() for c in spec.columns()},
+                column_types={c: pa.string() for c in names},
                 strings_can_be_null=True,
+                null_values=[""],  # only an empty field: "NA" is a value (as for Criteo)
             ),
         )
     datasets = []
@@ -138,10 +182,11 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
         try:
             datasets.append(ds.dataset(str(p), format=file_format_, partitioning="hive"))
         except (pa.ArrowInvalid, OSError) as e:
+            bad = bad_rows and bad_rows.message(str(p))
             raise ValueError(
-                f"input {p}: cannot be read as {fmt}: {' '.join(str(e).split())}"
+                bad or f"input {p}: cannot be read as {fmt}: {' '.join(str(e).split())}"
             ) from None
-    table = Table(paths, datasets, fmt)
+    table = Table(paths, datasets, fmt, bad_rows)
     for p, d in zip(paths, datasets, strict=True):
         names = d.schema.names
         for key, column in _column_keys(spec):
