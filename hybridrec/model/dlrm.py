@@ -4,7 +4,8 @@
                                                 +--interaction--> top MLP --> logit [B]
     ids [B, H] --embedding collection--> [B, T, D]
 
-The model holds two children: `embeddings` (any module with forward(ids [B, H]) -> [B, T, D]
+The model holds two children: `embeddings` (any module with forward(ids [B, H]) -> [B, T, D],
+or [B, sum_t D_t] for tables of different widths (dcnv2 only),
 that updates its rows in the backward: the local EmbeddingCollection or a sharded one) and
 `dense` (DenseArch, everything else; the only part data-parallel training wraps in DDP).
 This module never imports torch.distributed.

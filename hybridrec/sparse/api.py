@@ -6,7 +6,8 @@ use nothing but the methods below: no `getattr` probes, no imports of the host c
 attributes written from outside. Timings go to the active timer (hybridrec.timing.active).
 
 Contract of an EmbeddingModule, at any world size:
-    forward(ids [B_l, H] int64) -> pooled [B_l, T, D]; the sparse optimizer runs in backward
+    forward(ids [B_l, H] int64) -> pooled [B_l, T, D] ([B_l, sum_t D_t] when the tables'
+                                 widths differ); the sparse optimizer runs in backward
     sparse_optimizers()          the row optimizers it applies (for learning-rate schedules)
     prefetches / prefetch(ids)   look-ahead (host caches): stage the next batch, collective
     use_staged(staged)           the next forward runs on what `prefetch` staged
