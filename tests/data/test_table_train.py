@@ -151,7 +151,7 @@ def test_final_split_scores_the_whole_test_split_as_the_last_row(tmp_path):
     """eval.final_split=test: after training, the whole test split (20 rows) once more, as
     the last metrics row, equal to evaluating the saved model on it (eval.only)."""
     src = write_parquet(tmp_path / "movies.parquet", movies(80))  # train 40, val 20, test 20
-    preprocess_table(parse_spec(_single_id_spec()), [src], tmp_path / "bin", block_rows=8)
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
     common = (
         "data=table",
         f"data.path={tmp_path / 'bin'}",
@@ -213,3 +213,14 @@ def test_final_split_needs_a_file_dataset_and_training(table_dir):
                 ]
             )
         )
+
+
+def test_truncated_lists_give_at_most_max_len_ids_per_bag(tmp_path):
+    """The manifest's mean list length is of the lists before truncation; the model's
+    mean_ids (what the planner charges) is capped at max_len, so such a dataset trains."""
+    d = spec_dict()
+    d["sparse"][3]["max_len"] = 1  # genres: lists of 0..3, mean above 1
+    src = write_parquet(tmp_path / "movies.parquet", movies())
+    preprocess_table(parse_spec(d), [src], tmp_path / "bin", block_rows=8)
+    m = validate(compose(["data=table", f"data.path={tmp_path / 'bin'}"])).model
+    assert m.hotness == [1, 1, 1, 1] and m.mean_ids[3] == 1.0
