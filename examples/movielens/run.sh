@@ -35,10 +35,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 #    history (from the non-test ratings only; see prepare.py's docstring).
 "$PY" examples/movielens/prepare.py "$OUT"
 
-# 3. Preprocess: ids, standardized dense columns and list features per the spec (a re-run
-#    with the same input and spec does nothing).
+# 3. Preprocess: ids, standardized dense columns and list features per the spec
+#    (--overwrite: step 2 has just rewritten the input, so an earlier OUT_DIR/bin is redone).
 "$PY" -m hybridrec.data.preprocess_cli --spec examples/movielens/spec.yaml \
-  --input "$OUT/ratings.parquet" --output "$OUT/bin"
+  --input "$OUT/ratings.parquet" --output "$OUT/bin" --overwrite
 
 # 4. Train and test: the preset's settings, NPROC local ranks (gloo on the CPU), a fresh run
 #    directory (metrics.jsonl is appended to, so an old one would be kept).
