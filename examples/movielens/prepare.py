@@ -10,7 +10,13 @@ rating, columns:
   user_id, movie_id (int64), rating (float32, the label: 1..5), age (int64), gender,
   occupation, zip_prefix (the zip code's first character), release_year (int32 from the
   items' release date, null where it is missing), genres (list<string>: the item's genre
-  columns set to 1, in the file's column order), split ("train", "val" or "test").
+  columns set to 1, in the file's column order), split ("train", "val" or "test"), and
+  the history of the rating's user and movie (list<int64>, file order, never the row itself):
+  user_movies / movie_users: the movies this user rated / users who rated this movie in the
+  other train and val rows (SVD++'s implicit feedback); user_ratings / movie_ratings: the
+  same over the other train rows only, as movie_id * 5 + rating - 1 / user_id * 5 + ...
+  (which movie and how many stars). No test rating is in any list, so test rows see what
+  the model could know; val rows see the same as test rows (their own rating left out).
 The split is seeded, over the ratings in file order: test = default_rng(0).random(n) < 0.2
 (n = number of ratings, 100,000); then val = default_rng(1).random(m) < 0.1 over the m
 remaining ratings in file order; the rest is train. The data is never part of the repository.
@@ -118,6 +124,26 @@ def split_column(n: int) -> pa.Array:
     return pa.array(np.where(test, "test", np.where(val, "val", "train")))
 
 
+def implicit_lists(keys: np.ndarray, items: np.ndarray, known: np.ndarray) -> pa.Array:
+    """Per row, the other items its key has among the `known` rows: list<int64>.
+
+    Row i gets items[j] for every known row j != i with keys[j] == keys[i], in file order, so
+    a rating's own item is never in its list (train, val and test rows see the same thing:
+    the key's other non-test ratings). Only which items, never the ratings themselves."""
+    order = np.flatnonzero(known)
+    order = order[np.argsort(keys[order], kind="stable")]  # known rows by key, in file order
+    uniq, starts = np.unique(keys[order], return_index=True)
+    ends = [*starts[1:].tolist(), len(order)]
+    bounds = dict(zip(uniq.tolist(), zip(starts.tolist(), ends, strict=True), strict=True))
+    lists = []
+    for i, key in enumerate(keys.tolist()):
+        lo, hi = bounds.get(key, (0, 0))
+        rows = order[lo:hi]
+        lists.append(items[rows[rows != i]])
+    offsets = np.cumsum([0, *map(len, lists)])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(np.concatenate(lists)))
+
+
 def build(tables: dict[str, pa.Table]) -> pa.Table:
     """Ratings in file order with their user's and item's features and the split."""
     data, users, items = tables["data"], tables["users"], tables["items"]
@@ -142,6 +168,11 @@ def build(tables: dict[str, pa.Table]) -> pa.Table:
         if joined[key].null_count:
             raise PrepareError(f"{joined[key].null_count} ratings have no row in the {what} file")
     genres = genre_lists(items).take(joined["_item"])
+    split = split_column(n)
+    seen = pc.not_equal(split, "test").to_numpy(zero_copy_only=False)
+    train = pc.equal(split, "train").to_numpy(zero_copy_only=False)
+    user, movie = joined["user_id"].to_numpy(), joined["movie_id"].to_numpy()
+    stars = joined["rating"].to_numpy().astype(np.int64) - 1  # 0..4
     return pa.table(
         {
             "user_id": joined["user_id"],
@@ -153,7 +184,11 @@ def build(tables: dict[str, pa.Table]) -> pa.Table:
             "zip_prefix": joined["zip_prefix"],
             "release_year": joined["release_year"],
             "genres": genres,
-            "split": split_column(n),
+            "user_movies": implicit_lists(user, movie, seen),
+            "movie_users": implicit_lists(movie, user, seen),
+            "user_ratings": implicit_lists(user, movie * 5 + stars, train),
+            "movie_ratings": implicit_lists(movie, user * 5 + stars, train),
+            "split": split,
         }
     )
 

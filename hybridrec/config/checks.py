@@ -236,6 +236,18 @@ def _check(c: Config, world_size: int) -> None:
             "eval.only evaluates a trained model: set checkpoint.dir (the newest checkpoint, or "
             "checkpoint.resume=<path>) or model.init_from=<hybridrec-export file>"
         )
+    if c.eval.final_split is not None:
+        _choice("eval.final_split", c.eval.final_split, ("val", "test"))
+        if c.data.name == "synthetic":
+            raise ValueError(
+                f"eval.final_split={c.eval.final_split} evaluates a split of a file dataset "
+                "(data=table, criteo, criteo_sample); data.name=synthetic has none"
+            )
+        if c.eval.only:
+            raise ValueError(
+                "eval.final_split runs after training; with eval.only, choose the split with "
+                f"data.eval_split={c.eval.final_split} instead"
+            )
     if c.eval.only and c.eval.batches == 0:
         raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:

@@ -268,6 +268,9 @@ class EvalConfig:
     target_auc: float | None = None  # stop early once eval AUC reaches this (MLPerf: 0.8025)
     target_rmse: float | None = None  # model.task=regression: stop once eval RMSE is <= this
     only: bool = False  # evaluate the restored model (checkpoint or model.init_from), no training
+    # val | test: after training, evaluate this whole split once more and log it as its own
+    # metrics.jsonl row ("split": "test"), the last one (file data only; null = none)
+    final_split: str | None = None
 
 
 @dataclass

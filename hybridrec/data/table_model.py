@@ -40,8 +40,16 @@ def dataset_model(manifest: Manifest) -> dict[str, Any]:
         "hotness": [int(x["hotness"]) for x in f],
         "pooling": [x["pooling"] for x in f],
         "jagged": [bool(x["jagged"]) for x in f],
-        "mean_ids": [float(x["length"]["mean"] if x["jagged"] else x["hotness"]) for x in f],
+        "mean_ids": [_mean_ids(x) for x in f],
     }
+
+
+def _mean_ids(feature: dict[str, Any]) -> float:
+    """Ids per bag on average: a list's mean length, at most max_len (the recorded mean is
+    of the lists before truncation)."""
+    if not feature["jagged"]:
+        return float(feature["hotness"])
+    return min(float(feature["length"]["mean"]), float(feature["hotness"]))
 
 
 def _same(key: str, given: Any, want: Any) -> bool:

@@ -6,7 +6,8 @@ backward (which also updates the embedding rows: hybridrec.sparse.fused) and the
 optimizer step. `fit` runs steps and, on their schedule, logs (rank 0: global mean loss,
 samples/s, phase timings, memory, cache rates), evaluates (hybridrec.train.evaluator), saves
 and resumes (hybridrec.train.resume), and stops on request (hybridrec.train.preemption) or at
-`eval.target_auc` / `eval.target_rmse`. The loss is model.task's (hybridrec.model.task). The
+`eval.target_auc` / `eval.target_rmse`; with `eval.final_split` it then scores that whole
+split once (its own metrics row, the last). The loss is model.task's (hybridrec.model.task). The
 trainer reaches embedding modules only through hybridrec.sparse.api.
 """
 
@@ -223,17 +224,18 @@ class Trainer:
             value /= self.env.world_size
         return float(value)
 
-    def evaluate(self) -> dict[str, float]:
-        """Exact metrics over `eval.batches` held-out global batches, or the whole split
-        (None); the same on every rank and for any world size (hybridrec.train.evaluator)."""
+    def evaluate(self, split: str = "eval", whole: bool = False) -> dict[str, float]:
+        """Exact metrics over `eval.batches` global batches of `split` (eval: data.eval_split),
+        or the whole split (None, or `whole`); the same on every rank and for any world size
+        (hybridrec.train.evaluator)."""
         with timing.active(self.timer), failure.at(f"evaluation after step {self.step}"):
             return evaluate(
                 self.model,
-                self.loader("eval"),
+                self.loader(split),
                 self.env,
                 self.cfg.eval.batch_size,
-                self.cfg.eval.batches,
-                self._eval_rows(),
+                None if whole else self.cfg.eval.batches,
+                self._eval_rows(split),
                 self.autocast,
                 self.check_inputs,
                 self.cfg.model.task,
@@ -242,10 +244,10 @@ class Trainer:
                 check_dense=self.dense_checks.get("eval"),
             )
 
-    def _eval_rows(self) -> int | None:
-        """Rows of the eval split (a file source; None for an endless stream)."""
+    def _eval_rows(self, split: str = "eval") -> int | None:
+        """Rows of a held-out split (a file source; None for an endless stream)."""
         split_rows = getattr(self.source, "split_rows", None)
-        return split_rows("eval") if split_rows is not None else None
+        return split_rows(split) if split_rows is not None else None
 
     # -- checkpoints ----------------------------------------------------------------------
     def restore(self) -> None:
@@ -428,4 +430,14 @@ class Trainer:
                 bar.update(1)
             if stop:
                 break
-        return {"train": last_train, "eval": final_eval, "preempted": preempted}
+        result = {"train": last_train, "eval": final_eval, "preempted": preempted}
+        split = cfg.eval.final_split
+        if split is not None and not preempted:  # the whole split, once, as the last row
+            if "eval" in self.dense_checks:  # a NaN feature names its row in this split
+                locate = dataset_locator(self.source, cfg.eval.batch_size, split)
+                self.dense_checks["eval"].locate = locate
+            result["final"] = self.evaluate(split, whole=True)
+            if result["final"]:
+                self._record({"step": self.step, "split": split, **result["final"]})
+                console.show_eval(self.step, result["final"], split)
+        return result

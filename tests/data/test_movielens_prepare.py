@@ -70,7 +70,8 @@ def test_joins_keep_the_ratings_order_and_the_split_is_the_seeded_draw(tmp_path)
     got = pq.read_table(out)
     assert got.column_names == [
         "user_id", "movie_id", "rating", "age", "gender", "occupation", "zip_prefix",
-        "release_year", "genres", "split",
+        "release_year", "genres", "user_movies", "movie_users", "user_ratings",
+        "movie_ratings", "split",
     ]  # fmt: skip
     assert got.schema.field("rating").type == pa.float32()
     assert got.schema.field("genres").type == pa.list_(pa.string())
@@ -92,6 +93,36 @@ def test_joins_keep_the_ratings_order_and_the_split_is_the_seeded_draw(tmp_path)
     want[np.flatnonzero(~test)[val_of_rest]] = "val"
     assert got["split"].to_pylist() == want.tolist()
     assert 0 < (want == "val").sum() < (want == "test").sum() < (want == "train").sum()
+
+
+def test_history_lists_hold_the_other_rows_of_the_known_splits_only(tmp_path):
+    """user_movies / movie_users: the items of the same user's (movie's) other non-test rows;
+    user_ratings / movie_ratings: movie * 5 + stars - 1 (user * 5 + ...) of its other train
+    rows; in file order. A row's own rating and every test rating stay out of every list."""
+    rng = np.random.default_rng(7)
+    n = 300
+    users, movies = rng.integers(1, 4, n), rng.choice([10, 20, 30], n)
+    stars = rng.integers(1, 6, n)
+    ratings = pa.table(
+        {"user_id": users, "movie_id": movies, "rating": stars, "timestamp": np.arange(n)}
+    )
+    got = pq.read_table(PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", ratings)))
+    split = got["split"].to_pylist()
+
+    def others(i: int, same: np.ndarray, value: np.ndarray, splits: tuple[str, ...]) -> list:
+        return [
+            int(value[j]) for j in range(n) if j != i and same[j] == same[i] and split[j] in splits
+        ]
+
+    for i in range(n):
+        assert got["user_movies"][i].as_py() == others(i, users, movies, ("train", "val"))
+        assert got["movie_users"][i].as_py() == others(i, movies, users, ("train", "val"))
+        by_user = others(i, users, movies * 5 + stars - 1, ("train",))
+        assert got["user_ratings"][i].as_py() == by_user
+        assert got["movie_ratings"][i].as_py() == others(
+            i, movies, users * 5 + stars - 1, ("train",)
+        )
+    assert {"train", "val", "test"} <= set(split)
 
 
 def test_a_wrong_wheel_is_named_in_one_line(tmp_path):

@@ -145,3 +145,82 @@ def test_a_model_whose_bags_differ_from_the_dataset_is_refused_at_open(table_dir
         "table genres: the dataset x holds 3 id column(s) (jagged: True) but the model has "
         "hotness 3, jagged False; use data=table, which takes them from the dataset"
     )
+
+
+def test_final_split_scores_the_whole_test_split_as_the_last_row(tmp_path):
+    """eval.final_split=test: after training, the whole test split (20 rows) once more, as
+    the last metrics row, equal to evaluating the saved model on it (eval.only)."""
+    src = write_parquet(tmp_path / "movies.parquet", movies(80))  # train 40, val 20, test 20
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+    common = (
+        "data=table",
+        f"data.path={tmp_path / 'bin'}",
+        "train.batch_size=8",
+        "eval.batch_size=8",
+        "device=cpu",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+    )
+    run = tmp_path / "run"
+    out = run_cli(
+        *common,
+        "train.steps=3",
+        "eval.every=2",
+        "eval.batches=1",  # periodic evaluations read one batch; the final one the whole split
+        "eval.final_split=test",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"]) for r in rows if r["split"] != "train"] == [
+        (2, "eval"),
+        (3, "eval"),
+        (3, "test"),
+    ]
+    final = rows[-1]
+    assert final["eval_samples"] == 20 and rows[-2]["eval_samples"] == 8
+    again = tmp_path / "again"
+    out = run_cli(
+        *common,
+        "eval.only=true",
+        "data.eval_split=test",
+        "eval.batches=null",
+        f"hydra.run.dir={again}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (want,) = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert want["step"] == 3 and want["eval_samples"] == 20
+    for key in ("auc", "logloss", "accuracy"):
+        assert final[key] == pytest.approx(want[key], rel=1e-6), key
+    assert final["auc"] != rows[-2]["auc"] or final["logloss"] != rows[-2]["logloss"]
+
+
+def test_final_split_needs_a_file_dataset_and_training(table_dir):
+    with pytest.raises(ValueError, match="^eval.final_split='train' is not one of: val, test$"):
+        validate(compose(["data=table", f"data.path={table_dir}", "eval.final_split=train"]))
+    with pytest.raises(ValueError, match="^eval.final_split=test evaluates a split of a file"):
+        validate(compose(["eval.final_split=test"]))
+    with pytest.raises(ValueError, match="^eval.final_split runs after training; with eval.only"):
+        validate(
+            compose(
+                [
+                    "data=table",
+                    f"data.path={table_dir}",
+                    "eval.final_split=test",
+                    "eval.only=true",
+                    "checkpoint.dir=x",
+                ]
+            )
+        )
+
+
+def test_truncated_lists_give_at_most_max_len_ids_per_bag(tmp_path):
+    """The manifest's mean list length is of the lists before truncation; the model's
+    mean_ids (what the planner charges) is capped at max_len, so such a dataset trains."""
+    d = spec_dict()
+    d["sparse"][3]["max_len"] = 1  # genres: lists of 0..3, mean above 1
+    src = write_parquet(tmp_path / "movies.parquet", movies())
+    preprocess_table(parse_spec(d), [src], tmp_path / "bin", block_rows=8)
+    m = validate(compose(["data=table", f"data.path={tmp_path / 'bin'}"])).model
+    assert m.hotness == [1, 1, 1, 1] and m.mean_ids[3] == 1.0
