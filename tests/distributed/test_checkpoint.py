@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.trainer import Trainer
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_jobs, spawn_jobs
 from tests.distributed.test_equivalence import assemble, make_cfg
 
 pytestmark = pytest.mark.slow
@@ -94,29 +94,11 @@ def init_only(env, cfg):
     }
 
 
-WORK = {"fit": fit_and_collect, "load_and_resume": load_and_resume, "init_only": init_only}
-
-
-def run_jobs(env, jobs: list[tuple[str, str, Any]]) -> dict[str, Any]:
-    """Each (label, work, cfg) in order on this rank, as separate runs would: a barrier
-    between jobs, and an error names its job."""
-    results = {}
-    for label, work, cfg in jobs:
-        try:
-            results[label] = WORK[work](env, cfg)
-        except BaseException as e:
-            e.add_note(f"in checkpoint job {label!r} ({work})")
-            raise
-        if env.group is not None:
-            dist.barrier(group=env.group)
-    return results
-
-
 @dataclass
 class Job:
     label: str
     world: int
-    work: str
+    fn: Any
     cfg: Any
     after: str | None = None  # the job whose checkpoint this one reads
     prepare: Any = None  # run here once `after` is done, before this job
@@ -124,15 +106,13 @@ class Job:
 
 def _run_stage(world: int, jobs: list[Job]) -> dict[str, Any]:
     """Per-job list of per-rank results; one process (no spawn) for sharding=none on 1."""
-    batch = [(j.label, j.work, j.cfg) for j in jobs]
+    batch = [(j.label, j.fn, (j.cfg,)) for j in jobs]
     if world == 1 and all(j.cfg.sharding.type == "none" for j in jobs):
         from hybridrec.distributed import init_distributed
 
         torch.set_num_threads(1)
-        ranks = [run_jobs(init_distributed("cpu"), batch)]
-    else:
-        ranks = spawn(world, run_jobs, batch)
-    return {j.label: [r[j.label] for r in ranks] for j in jobs}
+        return {k: [v] for k, v in run_jobs(init_distributed("cpu"), batch).items()}
+    return spawn_jobs(world, batch)
 
 
 def _label(save, load) -> str:
@@ -147,9 +127,9 @@ def runs(tmp_path_factory):
     jobs: list[Job] = []
     for save, load in CASES:
         label, ck = _label(save, load), root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}"
-        jobs.append(Job(f"{label} save", save[1], "fit", _cfg(*save, ck, K)))
+        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K)))
         jobs.append(
-            Job(f"{label} load", load[1], "load_and_resume", _cfg(*load, ck, K), f"{label} save")
+            Job(f"{label} load", load[1], load_and_resume, _cfg(*load, ck, K), f"{label} save")
         )
     export = {"ck": root / "export_ck", "out": root / "model.pt"}
 
@@ -159,8 +139,8 @@ def runs(tmp_path_factory):
 
     warm = make_cfg("column_wise", "adam", 3)
     warm.model.init_from, warm.train.steps = str(export["out"]), 1
-    jobs.append(Job("export save", 2, "fit", _cfg("row_wise", 2, export["ck"], K)))
-    jobs.append(Job("export warm", 3, "init_only", warm, "export save", do_export))
+    jobs.append(Job("export save", 2, fit_and_collect, _cfg("row_wise", 2, export["ck"], K)))
+    jobs.append(Job("export warm", 3, init_only, warm, "export save", do_export))
 
     results: dict[str, Any] = {}
     checkpoints: dict[str, list[str]] = {}
@@ -173,7 +153,7 @@ def runs(tmp_path_factory):
         for j in stage:
             if j.prepare is not None:
                 j.prepare()
-            if j.work == "load_and_resume":  # what the save left, before the load adds to it
+            if j.fn is load_and_resume:  # what the save left, before the load adds to it
                 checkpoints[j.label] = [
                     p.name for p in list_checkpoints(Path(j.cfg.checkpoint.dir))
                 ]
@@ -182,7 +162,7 @@ def runs(tmp_path_factory):
     assert set(results) == {j.label for j in jobs}, "a job STAGES never runs"
     ref_cfg = _scheduled(make_cfg("none", "adam", 1))
     ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
-    [ref] = _run_stage(1, [Job("reference", 1, "fit", ref_cfg)])["reference"]
+    [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
     return {
         "jobs": {j.label: j for j in jobs},
         "results": results,
