@@ -95,6 +95,8 @@ def _exercise_ops() -> None:
                 lookup.pooled_lookup(weight, rows, offsets, scale, 2)
                 grad = torch.randn(2, width, generator=g)
                 uniq, grads = segment.segment_grads(grad, rows, bags, scale)
+                if dtype == torch.float32:  # its launches see fp32 gradients, whatever the table
+                    segment.segment_grads_padded(grad, rows, bags, scale)
             for count in (None, torch.tensor([uniq.numel()])):
                 row_update.sgd_update(weight, uniq, grads, 0.1, count=count)
                 acc = torch.zeros(40)
