@@ -12,7 +12,7 @@ import torch
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.data.test_train_criteo import _cfg
-from tests.distributed.harness import spawn
+from tests.distributed.harness import spawn, spawn_jobs
 
 
 def _evaluate(  # noqa: ANN001
@@ -35,8 +35,19 @@ def _same(got: dict, want: dict) -> None:
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
 
 
+@pytest.fixture(scope="module")
+def three_ranks(sample_dataset) -> dict:
+    """Both tests' 3-rank evaluations, in one spawn."""
+    path = str(sample_dataset)
+    jobs = [
+        ("broadcast, batch 6", _evaluate, (path, "table_wise", "broadcast", 6, None)),
+        ("uneven", _uneven, (path,)),
+    ]
+    return spawn_jobs(3, jobs)
+
+
 @pytest.mark.slow
-def test_whole_split_once_for_any_batch_size_and_world_size(sample_dataset):
+def test_whole_split_once_for_any_batch_size_and_world_size(sample_dataset, three_ranks):
     path = str(sample_dataset)
     one = init_distributed("cpu")
     whole = _evaluate(one, path, "none", "per_rank", 20, None)  # one batch: the whole split
@@ -45,7 +56,7 @@ def test_whole_split_once_for_any_batch_size_and_world_size(sample_dataset):
         _same(_evaluate(one, path, "none", "per_rank", eval_batch, None), whole)
     first_two = _evaluate(one, path, "none", "per_rank", 6, 2)
     assert first_two["eval_samples"] == 12
-    for got in spawn(3, _evaluate, path, "table_wise", "broadcast", 6, None):
+    for got in three_ranks["broadcast, batch 6"]:
         _same(got, whole)
     for got in spawn(2, _evaluate, path, "row_wise", "per_rank", 8, None):
         _same(got, whole)
@@ -60,14 +71,14 @@ def _uneven(env: DistEnv, path: str):  # noqa: ANN202
 
 
 @pytest.mark.slow
-def test_eval_batch_need_not_split_over_ranks(sample_dataset):
+def test_eval_batch_need_not_split_over_ranks(sample_dataset, three_ranks):
     """8 samples per eval batch on 3 ranks: slices of 3, 3 and 2 (+1 padding)."""
     path = str(sample_dataset)
     one = init_distributed("cpu")
     whole = _evaluate(one, path, "none", "per_rank", 20, None)
     first_two = _evaluate(one, path, "none", "per_rank", 8, 2)
     assert first_two["eval_samples"] == 16
-    for got_whole, got_two in spawn(3, _uneven, path):
+    for got_whole, got_two in three_ranks["uneven"]:
         _same(got_whole, whole)
         _same(got_two, first_two)
 

@@ -6,6 +6,9 @@ every rank and returns the per-rank results. A rank that raises makes the whole 
 with that rank's traceback; a run that outlives `timeout` is killed and reported, never hung.
 A SIGABRT at interpreter exit, after a rank finished all its work, is tolerated (see spawn).
 `fn` must be a module-level function (it is pickled into the child processes).
+`spawn_jobs(world_size, jobs)` runs several labelled jobs (fn, args) in one such spawn, one
+after the other with a barrier between them, as separate spawns would (a process start is
+most of a small job's time); a failing job's traceback names it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 def _entry(
@@ -101,3 +105,27 @@ def spawn(
             raise AssertionError(f"ranks exited with errors (rank, exit code): {bad}")
         files = [Path(tmp) / f"result_{r}.pt" for r in range(world_size)]
         return [torch.load(f, weights_only=False) if f.exists() else None for f in files]
+
+
+def run_jobs(env: Any, jobs: list[tuple[str, Callable, tuple]]) -> dict[str, Any]:
+    """fn(env, *args) for each (label, fn, args) in order on this rank: results by label."""
+    results = {}
+    for label, fn, args in jobs:
+        try:
+            results[label] = fn(env, *args)
+        except BaseException as e:
+            e.add_note(f"in job {label!r}")
+            raise
+        if env.group is not None:  # the next job starts together, as a fresh spawn would
+            dist.barrier(group=env.group)
+    return results
+
+
+def spawn_jobs(
+    world_size: int, jobs: list[tuple[str, Callable, tuple]], **kwargs: Any
+) -> dict[str, list[Any]]:
+    """Per job label, the per-rank results of fn(env, *args), all jobs in one spawn."""
+    labels = [label for label, _, _ in jobs]
+    assert len(set(labels)) == len(labels), f"job labels repeat: {labels}"
+    ranks = spawn(world_size, run_jobs, jobs, **kwargs)
+    return {label: [r[label] for r in ranks] for label in labels}

@@ -5,20 +5,41 @@ A checkpoint saved under one plan on W ranks is loaded under another plan on W' 
 weights and optimizer state reassembled from the new shards must be bitwise equal to the
 saved ones. Training then continues; the result must equal a single-process run that never
 stopped (float32 round-off tolerance, as in test_equivalence).
+
+Every run of every case happens once, in a module fixture: the runs of one world size share
+one spawn (stages in STAGES order, each running the jobs whose checkpoint exists by then),
+each case in its own checkpoint directory; a failing job names its case. The tests then
+only compare.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.trainer import Trainer
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_jobs, spawn_jobs
 from tests.distributed.test_equivalence import assemble, make_cfg
 
 pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it
+CASES = [
+    (("table_wise", 4), ("column_wise", 2)),
+    (("row_wise", 3), ("none", 1)),
+    (("column_wise", 2), ("row_wise", 3)),
+    (("none", 1), ("auto", 3)),
+    (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
+    (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
+]
+# world sizes in run order: each stage runs, in one spawn, every job of that size whose
+# checkpoint is written by then (saves on 4 before the loads on 2, on 2 before those on 3)
+STAGES = (1, 4, 2, 3, 1)
 
 
 def _scheduled(cfg):
@@ -53,13 +74,102 @@ def fit_and_collect(env, cfg):
     }
 
 
-def _run(world, cfg):
-    if world == 1 and cfg.sharding.type == "none":
+def load_and_resume(env, cfg):
+    """Load the checkpoint without training (cfg's steps == K), then continue to K + M."""
+    loaded = fit_and_collect(env, cfg)
+    if env.group is not None:
+        dist.barrier(group=env.group)
+    cfg.train.steps = K + M
+    return {"loaded": loaded, "resumed": fit_and_collect(env, cfg)}
+
+
+def init_only(env, cfg):
+    trainer = Trainer(cfg, env)
+    trainer.restore()
+    return {
+        "shards": [
+            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
+            for spec, w, st in trainer.model.embeddings.shard_views()
+        ]
+    }
+
+
+@dataclass
+class Job:
+    label: str
+    world: int
+    fn: Any
+    cfg: Any
+    after: str | None = None  # the job whose checkpoint this one reads
+    prepare: Any = None  # run here once `after` is done, before this job
+
+
+def _run_stage(world: int, jobs: list[Job]) -> dict[str, Any]:
+    """Per-job list of per-rank results; one process (no spawn) for sharding=none on 1."""
+    batch = [(j.label, j.fn, (j.cfg,)) for j in jobs]
+    if world == 1 and all(j.cfg.sharding.type == "none" for j in jobs):
         from hybridrec.distributed import init_distributed
 
         torch.set_num_threads(1)
-        return [fit_and_collect(init_distributed("cpu"), cfg)]
-    return spawn(world, fit_and_collect, cfg)
+        return {k: [v] for k, v in run_jobs(init_distributed("cpu"), batch).items()}
+    return spawn_jobs(world, batch)
+
+
+def _label(save, load) -> str:
+    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Results (per job label, per rank) of every case's save, load and resume, of the
+    export test's save and warm start, and the uninterrupted single-process reference."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    jobs: list[Job] = []
+    for save, load in CASES:
+        label, ck = _label(save, load), root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}"
+        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K)))
+        jobs.append(
+            Job(f"{label} load", load[1], load_and_resume, _cfg(*load, ck, K), f"{label} save")
+        )
+    export = {"ck": root / "export_ck", "out": root / "model.pt"}
+
+    def do_export():
+        export["checkpoints"] = [p.name for p in list_checkpoints(export["ck"])]
+        export["shapes"] = export_checkpoint(list_checkpoints(export["ck"])[-1], export["out"])
+
+    warm = make_cfg("column_wise", "adam", 3)
+    warm.model.init_from, warm.train.steps = str(export["out"]), 1
+    jobs.append(Job("export save", 2, fit_and_collect, _cfg("row_wise", 2, export["ck"], K)))
+    jobs.append(Job("export warm", 3, init_only, warm, "export save", do_export))
+
+    results: dict[str, Any] = {}
+    checkpoints: dict[str, list[str]] = {}
+    for world in STAGES:
+        stage = [
+            j
+            for j in jobs
+            if j.world == world and j.label not in results and (j.after in results or not j.after)
+        ]
+        for j in stage:
+            if j.prepare is not None:
+                j.prepare()
+            if j.fn is load_and_resume:  # what the save left, before the load adds to it
+                checkpoints[j.label] = [
+                    p.name for p in list_checkpoints(Path(j.cfg.checkpoint.dir))
+                ]
+        if stage:
+            results.update(_run_stage(world, stage))
+    assert set(results) == {j.label for j in jobs}, "a job STAGES never runs"
+    ref_cfg = _scheduled(make_cfg("none", "adam", 1))
+    ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
+    [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
+    return {
+        "jobs": {j.label: j for j in jobs},
+        "results": results,
+        "ref": (ref_cfg, [ref]),
+        "checkpoints": checkpoints,
+        "export": export,
+    }
 
 
 def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
@@ -77,65 +187,39 @@ def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
         torch.testing.assert_close(b_res[0]["dense"][k], v, **tol)
 
 
-@pytest.mark.parametrize(
-    "save,load",
-    [
-        (("table_wise", 4), ("column_wise", 2)),
-        (("row_wise", 3), ("none", 1)),
-        (("column_wise", 2), ("row_wise", 3)),
-        (("none", 1), ("auto", 3)),
-        (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
-        (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
-    ],
-)
-def test_checkpoint_reshards_exactly_and_training_continues(tmp_path, save, load):
-    (mode_a, w_a), (mode_b, w_b) = save, load
-    cfg_a = _cfg(mode_a, w_a, tmp_path, K)
-    saved = _run(w_a, cfg_a)
-    assert [p.name for p in list_checkpoints(tmp_path)] == [f"step_{K}"]
-    # load under the other plan without training: bitwise the saved state
-    cfg_b = _cfg(mode_b, w_b, tmp_path, K)
-    loaded = _run(w_b, cfg_b)
+@pytest.mark.parametrize("save,load", CASES)
+def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load):
+    label = _label(save, load)
+    jobs, results = runs["jobs"], runs["results"]
+    cfg_a, saved = jobs[f"{label} save"].cfg, results[f"{label} save"]
+    assert runs["checkpoints"][f"{label} load"] == [f"step_{K}"]
+    # loaded under the other plan without training: bitwise the saved state
+    cfg_b = jobs[f"{label} load"].cfg
+    loaded = [r["loaded"] for r in results[f"{label} load"]]
     assert loaded[0]["step"] == K
     _assert_same(cfg_a, saved, cfg_b, loaded, exact=True, label=f"{save}->{load} load")
-    # continue to K + M steps; equals a single process that never stopped
-    cfg_b.train.steps = K + M
-    resumed = _run(w_b, cfg_b)
-    ref_cfg = _scheduled(make_cfg("none", "adam", 1))
-    ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
-    ref = _run(1, ref_cfg)
+    # continued to K + M steps: equals a single process that never stopped
+    resumed = [r["resumed"] for r in results[f"{label} load"]]
+    ref_cfg, ref = runs["ref"]
     _assert_same(ref_cfg, ref, cfg_b, resumed, exact=False, label=f"{save}->{load} resumed")
 
 
-def test_export_names_shapes_and_warm_start(tmp_path):
-    cfg = _cfg("row_wise", 2, tmp_path / "ck", K)
-    saved = spawn(2, fit_and_collect, cfg)
-    out = tmp_path / "model.pt"
-    shapes = export_checkpoint(list_checkpoints(tmp_path / "ck")[-1], out)
+def test_export_names_shapes_and_warm_start(runs):
+    export, jobs, results = runs["export"], runs["jobs"], runs["results"]
+    cfg, saved = jobs["export save"].cfg, results["export save"]
+    assert export["checkpoints"] == [f"step_{K}"]
+    shapes = export["shapes"]
     tables = cfg.model.tables()
     for t in tables:
         assert shapes[f"embeddings.{t.name}.weight"] == [t.num_rows, t.dim]
     assert "dense.bottom.0.weight" in shapes and "dense.top.2.bias" in shapes
-    exported = torch.load(out, weights_only=True)
+    exported = torch.load(export["out"], weights_only=True)
     full = assemble(cfg, saved)
     for t in tables:
         assert torch.equal(exported[f"embeddings.{t.name}.weight"], full[t.name]["weight"])
     # warm start another run (column-wise, 3 ranks) from the file: same weights, fresh state
-    warm = make_cfg("column_wise", "adam", 3)
-    warm.model.init_from, warm.train.steps = str(out), 1
-    got = spawn(3, init_only, warm)
-    rebuilt = assemble(warm, got)
+    warm = jobs["export warm"].cfg
+    rebuilt = assemble(warm, results["export warm"])
     for t in tables:
         assert torch.equal(rebuilt[t.name]["weight"], full[t.name]["weight"])
         assert float(rebuilt[t.name]["exp_avg"].abs().sum()) == 0.0
-
-
-def init_only(env, cfg):
-    trainer = Trainer(cfg, env)
-    trainer.restore()
-    return {
-        "shards": [
-            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-            for spec, w, st in trainer.model.embeddings.shard_views()
-        ]
-    }

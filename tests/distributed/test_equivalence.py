@@ -18,6 +18,8 @@ we allow rtol=1e-4/atol=1e-5, far below any real bug (a wrong row, a lost update
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -153,17 +155,89 @@ def compare(ref: dict, results: list[dict], cfg: Config, label: str) -> None:
             )
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_every_mode_and_optimizer_matches_reference(world):
+def _dcnv2(cfg: Config) -> Config:
+    cfg.model.arch, cfg.model.dcn_layers, cfg.model.dcn_rank = "dcnv2", 2, 4
+    return cfg
+
+
+def _bf16_tables(cfg: Config) -> Config:
+    cfg.model.table_dtype = "bf16"
+    return cfg
+
+
+VARIANTS = {"": lambda cfg: cfg, "dcnv2": _dcnv2, "bf16": _bf16_tables}
+
+
+def _mode_configs(world: int) -> list[tuple[str, Config]]:
     configs = [(f"{m}/{o}", make_cfg(m, o, world)) for m in MODES for o in OPTIMIZERS]
     configs.append(("row_wise/adam/mean", make_cfg("row_wise", "adam", world, "mean")))
     configs.append(("column_wise/sgd/mean", make_cfg("column_wise", "sgd", world, "mean")))
-    results = spawn(world, run_all, configs)
-    for name, cfg in configs:
+    return configs
+
+
+def _dcnv2_configs(world: int) -> list[tuple[str, Config]]:
+    return [(f"{m}/adam", _dcnv2(make_cfg(m, "adam", world))) for m in ("row_wise", "auto")]
+
+
+def _bf16_configs(world: int) -> list[tuple[str, Config]]:
+    return [
+        (f"{m}/sgd", _bf16_tables(make_cfg(m, "sgd", world))) for m in ("row_wise", "column_wise")
+    ]
+
+
+def _comm_configs(world: int) -> list[tuple[str, Config]]:
+    configs = []
+    for mode in ("row_wise", "column_wise"):
+        for sparse in ("sgd", "rowwise_adagrad"):
+            cfg = make_cfg(mode, sparse, world)
+            cfg.sharding.comm_dtype = "bf16"
+            configs.append((f"{mode}/{sparse}", cfg))
+    return configs
+
+
+# each test's configs and its world sizes: the configs of one world size, of every test, run
+# in one spawn (a process start costs more than a config's few steps)
+SUITES = {
+    "modes": (_mode_configs, (1, 2, 3, 4)),
+    "dcnv2": (_dcnv2_configs, (2, 3)),
+    "bf16": (_bf16_configs, (2, 3)),
+    "bf16_comms": (_comm_configs, (2, 3)),
+}
+
+
+@functools.cache
+def _spawned(world: int) -> dict[str, list[dict]]:
+    """Per-rank results of every suite's configs for `world`, by '<suite> <name>'."""
+    jobs = [
+        (f"{suite} {name}", cfg)
+        for suite, (configs, worlds) in SUITES.items()
+        if world in worlds
+        for name, cfg in configs(world)
+    ]
+    results = spawn(world, run_all, jobs)
+    return {label: [res[label] for res in results] for label, _ in jobs}
+
+
+def suite_results(suite: str, world: int) -> list[tuple[str, Config, list[dict]]]:
+    """(name, config, per-rank results) of `suite`'s configs on `world` ranks."""
+    configs, worlds = SUITES[suite]
+    assert world in worlds, (suite, world)
+    return [(name, cfg, _spawned(world)[f"{suite} {name}"]) for name, cfg in configs(world)]
+
+
+@functools.cache
+def cached_reference(sparse: str, pooling: str = "sum", variant: str = "", initial=False) -> dict:
+    """reference() (or reference_initial()) of make_cfg("none", sparse, 1, pooling) with
+    VARIANTS[variant]: deterministic, so each is run once per session, not once per use."""
+    cfg = VARIANTS[variant](make_cfg("none", sparse, 1, pooling))
+    return reference_initial(cfg) if initial else reference(cfg)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_mode_and_optimizer_matches_reference(world):
+    for name, cfg, per_rank in suite_results("modes", world):
         mode, sparse = name.split("/")[:2]
-        ref_cfg = make_cfg("none", sparse, 1, "mean" if name.endswith("mean") else "sum")
-        ref = reference(ref_cfg)
-        per_rank = [res[name] for res in results]
+        ref = cached_reference(sparse, "mean" if name.endswith("mean") else "sum")
         plan = per_rank[0]["plan"]
         assert all(r["plan"] == plan for r in per_rank), "ranks disagree on the plan"
         if mode == "auto" and world > 1:
@@ -178,16 +252,9 @@ def test_every_mode_and_optimizer_matches_reference(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_dcnv2_matches_reference(world):
     """DLRM-DCNv2 (low-rank cross network instead of dot products) under DDP, sharded."""
-
-    def dcn(cfg: Config) -> Config:
-        cfg.model.arch, cfg.model.dcn_layers, cfg.model.dcn_rank = "dcnv2", 2, 4
-        return cfg
-
-    configs = [(f"{m}/adam", dcn(make_cfg(m, "adam", world))) for m in ("row_wise", "auto")]
-    results = spawn(world, run_all, configs)
-    ref = reference(dcn(make_cfg("none", "adam", 1)))
-    for name, cfg in configs:
-        compare(ref, [res[name] for res in results], cfg, f"W={world} dcnv2 {name}")
+    ref = cached_reference("adam", variant="dcnv2")
+    for name, cfg, per_rank in suite_results("dcnv2", world):
+        compare(ref, per_rank, cfg, f"W={world} dcnv2 {name}")
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -195,17 +262,10 @@ def test_bf16_tables_match_reference_within_one_rounding(world):
     """bf16 table weights: the sharded run sums in another order, so an fp32 difference of
     round-off size can move a weight across a bf16 rounding boundary. Weights must agree to 2
     bf16 ulps (2^-7 relative); a lost or doubled update moves a row by lr x gradient, far more."""
-
-    def bf16(cfg: Config) -> Config:
-        cfg.model.table_dtype = "bf16"
-        return cfg
-
-    configs = [(f"{m}/sgd", bf16(make_cfg(m, "sgd", world))) for m in ("row_wise", "column_wise")]
-    results = spawn(world, run_all, configs)
-    ref = reference(bf16(make_cfg("none", "sgd", 1)))
-    initial = assemble(configs[0][1], [reference_initial(bf16(make_cfg("none", "sgd", 1)))])
-    for name, cfg in configs:
-        per_rank = [res[name] for res in results]
+    ref = cached_reference("sgd", variant="bf16")
+    configs = suite_results("bf16", world)
+    initial = assemble(configs[0][1], [cached_reference("sgd", variant="bf16", initial=True)])
+    for name, cfg, per_rank in configs:
         torch.testing.assert_close(
             torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=1e-4
         )
@@ -230,18 +290,10 @@ def test_bf16_comms_stay_within_rounding_of_the_reference(world):
     ranks (half the bytes; opt-in). Not exact, so the bound is relative to what training
     did: every weight within 5% of the largest update from the initial weights (a lost or
     doubled update is 100% of one), losses within 1e-3."""
-    configs = []
-    for mode in ("row_wise", "column_wise"):
-        for sparse in ("sgd", "rowwise_adagrad"):
-            cfg = make_cfg(mode, sparse, world)
-            cfg.sharding.comm_dtype = "bf16"
-            configs.append((f"{mode}/{sparse}", cfg))
-    results = spawn(world, run_all, configs)
-    for name, cfg in configs:
+    for name, cfg, per_rank in suite_results("bf16_comms", world):
         sparse = name.split("/")[1]
-        ref = reference(make_cfg("none", sparse, 1))
-        initial = assemble(cfg, [reference_initial(make_cfg("none", sparse, 1))])
-        per_rank = [res[name] for res in results]
+        ref = cached_reference(sparse)
+        initial = assemble(cfg, [cached_reference(sparse, initial=True)])
         torch.testing.assert_close(
             torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), rtol=1e-3, atol=1e-4
         )

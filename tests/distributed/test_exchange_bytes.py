@@ -16,11 +16,13 @@ from hybridrec.distributed.comm import CommStats
 from hybridrec.model import bce_loss
 from hybridrec.parallelize import build_model
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
-from tests.distributed.harness import spawn
+from tests.distributed.harness import spawn, spawn_jobs
 from tests.distributed.test_equivalence import make_cfg
 
 pytestmark = pytest.mark.slow
 MODES = ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"]
+BF16_MODES = ["table_wise", "row_wise"]  # compared with MODES' fp32 steps of the same modes
+JAGGED_MODES = ["table_wise", "column_wise"]
 
 
 def one_step(env, modes, comm_dtype="fp32"):
@@ -54,8 +56,19 @@ def measure_step(env, cfg, batch, comm_bytes=4):
     return dict(stats.sent), dict(stats.recv), cost.ranks[env.rank], plan
 
 
-def test_bytes_exchanged_equal_cost_model():
-    results = spawn(3, one_step, MODES)
+@pytest.fixture(scope="module")
+def three() -> dict:
+    """Per-rank byte counts of the fp32 and bf16 steps and the jagged ones: one 3-rank spawn."""
+    jobs = [
+        ("fp32", one_step, (MODES,)),
+        ("bf16", one_step, (BF16_MODES, "bf16")),
+        ("jagged", jagged_step, (JAGGED_MODES,)),
+    ]
+    return spawn_jobs(3, jobs)
+
+
+def test_bytes_exchanged_equal_cost_model(three):
+    results = three["fp32"]
     for mode in MODES:
         for rank, res in enumerate(results):
             sent, recv, cost, plan = res[mode]
@@ -88,10 +101,9 @@ def test_bytes_exchanged_equal_cost_model():
             assert total_sent == total_recv > 0
 
 
-def test_bf16_comms_halve_the_output_dist_and_the_cost_model_knows():
-    fp32 = spawn(3, one_step, ["table_wise", "row_wise"])
-    bf16 = spawn(3, one_step, ["table_wise", "row_wise"], "bf16")
-    for mode in ("table_wise", "row_wise"):
+def test_bf16_comms_halve_the_output_dist_and_the_cost_model_knows(three):
+    fp32, bf16 = three["fp32"], three["bf16"]  # fp32: the same steps (one model per mode)
+    for mode in BF16_MODES:
         for rank in range(3):
             sent32, _, _, _ = fp32[rank][mode]
             sent16, recv16, cost, _ = bf16[rank][mode]
@@ -138,13 +150,12 @@ def jagged_step(env, modes):
     return out
 
 
-def test_jagged_bytes_follow_the_cost_model():
+def test_jagged_bytes_follow_the_cost_model(three):
     """Jagged tables send their real ids plus one count per sample: the output dist and the
     size exchange are exact; the ids, data-dependent, match the model's expectation (the
     batch's mean ids per bag) within 5% per rank (without the counts they would be ~30% off)."""
-    modes = ["table_wise", "column_wise"]
-    results = spawn(3, jagged_step, modes)
-    for mode in modes:
+    results = three["jagged"]
+    for mode in JAGGED_MODES:
         for rank, res in enumerate(results):
             sent, recv, cost, _ = res[mode]
             label = f"jagged {mode} rank {rank}"

@@ -20,7 +20,7 @@ import torch
 from hybridrec.distributed import DistEnv
 from hybridrec.distributed.comm import CommStats
 from hybridrec.train.trainer import Trainer
-from tests.distributed.harness import spawn
+from tests.distributed.harness import spawn_jobs
 from tests.distributed.test_equivalence import make_cfg, snapshot
 
 pytestmark = pytest.mark.slow
@@ -51,20 +51,30 @@ def _both(env: DistEnv, mode: str, sparse: str) -> dict:
     return {h: _train(env, mode, sparse, h) for h in (False, True)}
 
 
-@pytest.mark.parametrize(
-    ("mode", "sparse", "world"),
-    [
-        ("table_wise", "sgd", 3),
-        ("column_wise", "rowwise_adagrad", 2),  # column shards share row statistics
-        ("column_wise", "rowwise_adagrad", 3),  # 1/3 is not a power of two
-        ("data_parallel", "adam", 3),  # replicated tables only: their gradients are scaled too
-        ("auto", "sgd", 3),  # a mixed plan
-        ("row_wise", "sgd", 2),  # partial sums: fp32 on the wire
-        ("host", "rowwise_adagrad", 1),  # one rank, host tables behind a device cache
-    ],
-)
-def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(mode, sparse, world):
-    for rank, res in enumerate(spawn(world, _both, mode, sparse)):
+CASES = [
+    ("table_wise", "sgd", 3),
+    ("column_wise", "rowwise_adagrad", 2),  # column shards share row statistics
+    ("column_wise", "rowwise_adagrad", 3),  # 1/3 is not a power of two
+    ("data_parallel", "adam", 3),  # replicated tables only: their gradients are scaled too
+    ("auto", "sgd", 3),  # a mixed plan
+    ("row_wise", "sgd", 2),  # partial sums: fp32 on the wire
+    ("host", "rowwise_adagrad", 1),  # one rank, host tables behind a device cache
+]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    """Every case's per-rank results, the cases of one world size in one spawn."""
+    out = {}
+    for world in sorted({w for _, _, w in CASES}):
+        jobs = [(f"{m} {s} W={w}", _both, (m, s)) for m, s, w in CASES if w == world]
+        out.update(spawn_jobs(world, jobs))
+    return out
+
+
+@pytest.mark.parametrize(("mode", "sparse", "world"), CASES)
+def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(runs, mode, sparse, world):
+    for rank, res in enumerate(runs[f"{mode} {sparse} W={world}"]):
         fp32, half = res[False], res[True]
         label = f"{mode} {sparse} rank {rank}/{world}"
         assert fp32["wire"] is None

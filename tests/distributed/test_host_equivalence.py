@@ -12,6 +12,8 @@ moves rows), so the tolerance is the sharded path's.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -73,8 +75,10 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config, bool, bool]]) -> dict
     return out
 
 
+@functools.cache
 def _reference(sparse: str) -> dict:
-    """The single-process run (sharding=none) on the same STEPS batches."""
+    """The single-process run (sharding=none) on the same STEPS batches (deterministic: run
+    once per session, shared by the world sizes)."""
     torch.set_num_threads(1)
     cfg = make_cfg("none", sparse, 1)
     cfg.data.zipf_exponent = ZIPF

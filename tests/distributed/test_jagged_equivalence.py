@@ -11,6 +11,8 @@ per-step losses, every row and its optimizer state, every dense weight; same tol
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -81,19 +83,25 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
     }
 
 
+@functools.cache
+def _reference(sparse: str, host: bool, arch: str) -> dict:
+    """The single-process run (sharding=none) of a case (deterministic: run once per session,
+    shared by the world sizes)."""
+    torch.set_num_threads(1)
+    env = init_distributed("cpu")
+    cfg = jagged_cfg("none", sparse, 1, host, arch)
+    if host:
+        return collect(env, cfg, prefetch=False, steps=HOST_STEPS)
+    return train_and_collect(env, cfg)
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_jagged_mixed_width_model_matches_reference(world):
     configs = [(f"{m}/{o}/{a}", jagged_cfg(m, o, world, m == "host", a)) for m, o, a in CASES]
     results = spawn(world, run_all, configs)
-    torch.set_num_threads(1)
-    env = init_distributed("cpu")
     for name, cfg in configs:
         mode, sparse, arch = name.split("/")
-        ref_cfg = jagged_cfg("none", sparse, 1, mode == "host", arch)
-        if mode == "host":
-            ref = collect(env, ref_cfg, prefetch=False, steps=HOST_STEPS)
-        else:
-            ref = train_and_collect(env, ref_cfg)
+        ref = _reference(sparse, mode == "host", arch)
         per_rank = [res[name] for res in results]
         if mode == "host":
             stats = [r["stats"] for r in per_rank if r["stats"] is not None]

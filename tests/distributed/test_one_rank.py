@@ -11,7 +11,7 @@ import torch
 
 from hybridrec.distributed import DistEnv
 from hybridrec.train.trainer import Trainer
-from tests.distributed.harness import spawn
+from tests.distributed.harness import spawn, spawn_jobs
 from tests.distributed.test_equivalence import snapshot
 from tests.distributed.test_host_equivalence import STEPS, host_cfg
 
@@ -40,16 +40,23 @@ def _both(env: DistEnv, mode: str, sparse: str, pooling: str, prefetch: bool) ->
     return {fast: _train(env, mode, sparse, pooling, fast, prefetch) for fast in (True, False)}
 
 
-@pytest.mark.parametrize(
-    ("mode", "sparse", "pooling", "prefetch"),
-    [
-        ("host", "rowwise_adagrad", "sum", True),
-        ("host", "adam", "mean", False),
-        ("table_wise", "sgd", "mean", False),
-    ],
-)
-def test_one_rank_layout_trains_like_the_general_path(mode, sparse, pooling, prefetch):
-    [res] = spawn(1, _both, mode, sparse, pooling, prefetch)
+CASES = [
+    ("host", "rowwise_adagrad", "sum", True),
+    ("host", "adam", "mean", False),
+    ("table_wise", "sgd", "mean", False),
+]
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict:
+    """Every case's result and the one-rank layouts, all in one 1-rank spawn."""
+    jobs = [("/".join(map(str, case)), _both, case) for case in CASES]
+    return spawn_jobs(1, [*jobs, ("layouts", _layouts, ())])
+
+
+@pytest.mark.parametrize(("mode", "sparse", "pooling", "prefetch"), CASES)
+def test_one_rank_layout_trains_like_the_general_path(one_rank, mode, sparse, pooling, prefetch):
+    [res] = one_rank["/".join(map(str, (mode, sparse, pooling, prefetch)))]
     fast, general = res[True], res[False]
     assert torch.equal(fast["losses"], general["losses"])
     assert fast["counters"] == general["counters"]
@@ -73,8 +80,8 @@ def _layouts(env: DistEnv) -> dict:
     return out
 
 
-def test_only_plans_with_one_whole_group_take_it():
-    [one] = spawn(1, _layouts)
+def test_only_plans_with_one_whole_group_take_it(one_rank):
+    [one] = one_rank["layouts"]
     # auto replicates nothing on one rank (a replica is the whole table there)
     assert one == {"table_wise": True, "data_parallel": False, "auto": True}
     two = spawn(2, _layouts)

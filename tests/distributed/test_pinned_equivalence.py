@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import compare, make_cfg, reference, run_all
+from tests.distributed.test_equivalence import cached_reference, compare, make_cfg, run_all
 
 pytestmark = pytest.mark.slow
 
@@ -44,5 +44,5 @@ def test_pinned_plans_match_reference(world):
             tp = plan.table(table)
             assert tp.reason.startswith("pinned by sharding.tables"), tp
             assert (mode == "host") == all(s.on_host for s in tp.shards), tp
-        ref = reference(make_cfg("none", name.split("/")[1], 1))
+        ref = cached_reference(name.split("/")[1])
         compare(ref, per_rank, cfg, f"W={world} {name}")

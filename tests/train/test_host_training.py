@@ -14,7 +14,7 @@ from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
 from tests.configs import make_config
-from tests.distributed.harness import spawn
+from tests.distributed.harness import spawn_jobs
 
 
 def _cfg(*overrides: str):
@@ -33,8 +33,17 @@ def _fit_both(env, tmp_path):
     return ref, got, any(host)
 
 
-def test_host_training_equals_device_training_and_logs_cache_metrics(tmp_path):
-    [(ref, got, has_host)] = spawn(1, _fit_both, tmp_path)
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory) -> dict:
+    """The fit comparison and the warm start, each in its own directory: one 1-rank spawn."""
+    fit_dir, warm_dir = tmp_path_factory.mktemp("fit"), tmp_path_factory.mktemp("warm")
+    jobs = [("fit", _fit_both, (fit_dir,)), ("warm", _warm, (warm_dir,))]
+    return {"fit_dir": fit_dir, **spawn_jobs(1, jobs)}
+
+
+def test_host_training_equals_device_training_and_logs_cache_metrics(one_rank):
+    [(ref, got, has_host)] = one_rank["fit"]
+    tmp_path = one_rank["fit_dir"]
     assert has_host
     assert got["eval"]["auc"] == pytest.approx(ref["eval"]["auc"], abs=1e-6)
     assert got["train"]["loss"] == pytest.approx(ref["train"]["loss"], rel=1e-5)
@@ -96,7 +105,7 @@ def _warm(env, tmp_path):
     return fractions, cached
 
 
-def test_caches_warm_start_from_the_dataset_counts(tmp_path):
-    [(fractions, hottest_cached)] = spawn(1, _warm, tmp_path)
+def test_caches_warm_start_from_the_dataset_counts(one_rank):
+    [(fractions, hottest_cached)] = one_rank["warm"]
     assert fractions and all(f > 0 for f in fractions)
     assert hottest_cached
