@@ -136,3 +136,51 @@ def test_a_wrong_wheel_is_named_in_one_line(tmp_path):
         PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "o.whl", orphan))
     (tmp_path / "not.whl").write_text("no zip")
     assert PREPARE["main"]([str(tmp_path / "out"), "--wheel", str(tmp_path / "not.whl")]) == 2
+
+
+def test_readme_movielens_commands_preprocess_and_train_the_preset(tmp_path):
+    """The README's three MovieLens commands as written, on the fake wheel: prepare.py, the
+    `hybridrec-preprocess --spec examples/movielens/spec.yaml` line, and `hybridrec-train
+    experiment=movielens` (a few steps here), which ends with the test split's RMSE row."""
+    import json
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.cli import run_cli
+
+    rng = np.random.default_rng(3)
+    n = 600
+    ratings = pa.table(
+        {
+            "user_id": rng.integers(1, 4, n),
+            "movie_id": rng.choice([10, 20, 30], n),
+            "rating": rng.integers(1, 6, n),
+            "timestamp": np.arange(n) + 880_000_000,
+        }
+    )
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
+    prepare = next(ln for ln in lines if ln.startswith("python examples/movielens/prepare.py"))
+    spec = next(ln for ln in lines if ln.startswith("hybridrec-preprocess --spec"))
+    train = next(ln for ln in lines if ln.startswith("hybridrec-train experiment=movielens"))
+    out = tmp_path / "ml100k"
+    readme_dir = shlex.split(prepare)[-1]  # the README's /tmp/ml100k, here in tmp_path
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    wheel = _wheel(tmp_path / "fake.whl", ratings)
+    argv = [sys.executable, *shlex.split(prepare)[1:-1], str(out), "--wheel", str(wheel)]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    argv = [a.replace(readme_dir, str(out)) for a in shlex.split(spec)[1:]]
+    cmd = [sys.executable, "-m", "hybridrec.data.preprocess_cli", *argv]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "user_movies: list of" in done.stdout + done.stderr
+    run = tmp_path / "run"
+    overrides = [a.replace(readme_dir, str(out)) for a in shlex.split(train)[1:]]
+    small = ["train.epochs=null", "train.steps=3", "eval.every=0", f"hydra.run.dir={run}"]
+    done = run_cli(*overrides, *small, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["split"] == "test" and last["rmse"] > 0

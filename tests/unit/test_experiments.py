@@ -30,14 +30,24 @@ def _memory(cfg) -> tuple[float, float, bool]:
 
 
 def test_presets_exist_and_are_a_group_of_the_cli():
-    assert EXPERIMENTS == ["dlrm_1tb_one_gpu", "kaggle_host_cache", "mlperf_dlrm_1tb"]
+    assert EXPERIMENTS == ["dlrm_1tb_one_gpu", "kaggle_host_cache", "mlperf_dlrm_1tb", "movielens"]
     assert "experiment" in GROUPS
     check_override_keys(["experiment=dlrm_1tb_one_gpu"])  # not an "unknown config key"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_preset_composes_and_validates(name):
-    dataset = ["data.path=/data/criteo/bin"] if name == "mlperf_dlrm_1tb" else []
+def test_every_preset_composes_and_validates(name, tmp_path):
+    dataset = []
+    if name == "mlperf_dlrm_1tb":
+        dataset = ["data.path=/data/criteo/bin"]
+    elif name == "movielens":  # data=table: the model comes from a preprocessed table
+        from hybridrec.data.spec import parse_spec
+        from hybridrec.data.tabular import preprocess_table
+        from tests.data.tables import SPEC, movies, write_parquet
+
+        src = write_parquet(tmp_path / "movies.parquet", movies())
+        preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+        dataset = [f"data.path={tmp_path / 'bin'}"]
     cfg = make_config(f"experiment={name}", *dataset)
     assert cfg.train.batch_size > 0
 
