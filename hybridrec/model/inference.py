@@ -53,6 +53,7 @@ class InferenceDLRM(nn.Module):
         self.task = task_of(cfg.task)
         self.tables = list(cfg.tables())
         self.offsets = hot_offsets(self.tables)
+        self.one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as trained
         self.embeddings = nn.ModuleDict(
             {t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value) for t in self.tables}
         )
@@ -63,8 +64,7 @@ class InferenceDLRM(nn.Module):
             self._pool(t, ids[:, self.offsets[i] : self.offsets[i + 1]])
             for i, t in enumerate(self.tables)
         ]
-        one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as in training
-        x = torch.stack(pooled, dim=1) if one_width else torch.cat(pooled, dim=1)
+        x = torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
         return self.dense(dense, x).float()
 
     def _pool(self, t: TableConfig, cols: torch.Tensor) -> torch.Tensor:

@@ -43,15 +43,19 @@ def bag_ids(cols: torch.Tensor, table: TableConfig) -> tuple[torch.Tensor, torch
     return cols[present], bags
 
 
+def jagged_means(tables: Sequence[TableConfig]) -> list[int]:
+    """Indices of the jagged tables with mean pooling (divided after the exchange)."""
+    return [i for i, t in enumerate(tables) if t.jagged and t.pooling == Pooling.MEAN]
+
+
 def mean_divisors(
-    ids: torch.Tensor, tables: Sequence[TableConfig], offsets: Sequence[int]
+    ids: torch.Tensor, means: Sequence[int], offsets: Sequence[int]
 ) -> dict[int, torch.Tensor]:
-    """Table index -> [B, 1] fp32 bag lengths (at least 1) for every jagged mean table."""
+    """Table index -> [B, 1] fp32 bag lengths (at least 1) for each of `means` (jagged_means)."""
     out = {}
-    for i, t in enumerate(tables):
-        if t.jagged and t.pooling == Pooling.MEAN:
-            present = ids[:, offsets[i] : offsets[i + 1]] >= 0
-            out[i] = present.sum(1, keepdim=True).clamp_(min=1).float()
+    for i in means:
+        present = ids[:, offsets[i] : offsets[i + 1]] >= 0
+        out[i] = present.sum(1, keepdim=True).clamp_(min=1).float()
     return out
 
 

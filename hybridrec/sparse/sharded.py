@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
-from hybridrec.sparse.bags import divide_means, mean_divisors
+from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
 from hybridrec.sparse.dist.input import input_dist
 from hybridrec.sparse.dist.output import output_dist, reassemble
 from hybridrec.sparse.dist.replicated import ReplicaInputs, replicated_lookup, sync_replicas
@@ -47,7 +47,7 @@ from hybridrec.sparse.local import (
     sample_major_inputs,
     sample_major_layout,
 )
-from hybridrec.types import Pooling, ShardingPlan, TableConfig
+from hybridrec.types import ShardingPlan, TableConfig
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         self.rank, self.world, self.plan = rank, world, plan
         self.device = torch.device(device)
         self.checker = IdChecker(self.tables) if check_ids else None
+        self.means = jagged_means(self.tables)  # divided by bag lengths after the exchange
         self.groups = build_groups(
             self.layout, optimizer, seed, self.device, dtype, host or HostOptions()
         )
@@ -242,7 +243,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if (
             self.autocast_output
             and self.layout.whole_values
-            and not any(t.jagged and t.pooling == Pooling.MEAN for t in self.tables)
+            and not self.means
             and torch.is_autocast_enabled(device.type)
         ):
             return torch.get_autocast_dtype(device.type)
@@ -259,7 +260,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         else:  # ids may come from the host (a no-op when they are on the device already)
             ids = self._check_ids(ids.to(self.device, non_blocking=True))
         handoff = self.handoff_dtype(ids.device)
-        divisors = mean_divisors(ids, self.tables, self.layout.offsets)
+        divisors = mean_divisors(ids, self.means, self.layout.offsets)
         if self.sample_major is not None:
             [group] = self.groups.values()
             with timing.phase("lookup"):
