@@ -11,6 +11,7 @@ H = total ids per sample (sum of every table's hotness), D = embedding width, W 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -63,6 +64,12 @@ class TableConfig:
     and an empty bag pools to zeros. Not jagged: every bag holds exactly `hotness` ids.
     `mean_ids`: a jagged table's average ids per bag, when known (the planner's estimates of
     exchanged bytes and lookups; memory is planned for `hotness`).
+
+    Strictly this is one *feature*: its ids' columns, bags and pooling. `storage` names the
+    embedding table whose rows it looks up when that is not a table of its own name: features
+    with the same `storage` share one table (a user id and a list of followed user ids), which
+    must then agree on `num_rows` and `dim`. Plans, checkpoints and exports name storage
+    tables (`storage_tables`).
     """
 
     name: str
@@ -72,6 +79,7 @@ class TableConfig:
     pooling: Pooling = Pooling.SUM
     jagged: bool = False
     mean_ids: float | None = None
+    storage: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_rows < 1:
@@ -92,6 +100,63 @@ class TableConfig:
         """Ids per bag the planner expects: mean_ids for a jagged table when known, else
         hotness (exact for fixed bags, an upper bound for jagged ones)."""
         return self.mean_ids if self.jagged and self.mean_ids is not None else self.hotness
+
+    @property
+    def table_name(self) -> str:
+        """The embedding table this feature looks up."""
+        return self.storage if self.storage is not None else self.name
+
+
+def storage_index(features: Sequence[TableConfig]) -> tuple[list[str], list[int]]:
+    """(the storage tables' names in order of first use, each feature's index into them).
+    Feature names must be distinct (ValueError)."""
+    given = [f.name for f in features]
+    duplicates = sorted({n for n in given if given.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate table names: {duplicates}")
+    names: list[str] = []
+    of: list[int] = []
+    for f in features:
+        if f.table_name not in names:
+            names.append(f.table_name)
+        of.append(names.index(f.table_name))
+    return names, of
+
+
+def storage_tables(features: Sequence[TableConfig]) -> tuple[TableConfig, ...]:
+    """One TableConfig per embedding table, in order of first use: what plans and memory
+    count. A table looked up by one feature of its own name is that feature, unchanged;
+    a shared one adds its features' ids per sample (hotness, expected ids) as its load.
+    Features sharing a table must agree on its rows and width (ValueError naming them)."""
+    names, of = storage_index(features)
+    out = []
+    for i, name in enumerate(names):
+        users = [f for f, j in zip(features, of, strict=True) if j == i]
+        first = users[0]
+        for f in users[1:]:
+            if (f.num_rows, f.dim) != (first.num_rows, first.dim):
+                raise ValueError(
+                    f"features {first.name!r} and {f.name!r} share table {name!r} but give it "
+                    f"{first.num_rows}x{first.dim} and {f.num_rows}x{f.dim} rows x width; "
+                    "give every feature of one table the same rows and width"
+                )
+        if len(users) == 1 and first.name == name:
+            out.append(first)
+            continue
+        jagged = any(f.jagged for f in users)
+        mean = sum(f.expected_ids for f in users) if jagged else None
+        out.append(
+            TableConfig(
+                name,
+                first.num_rows,
+                first.dim,
+                sum(f.hotness for f in users),
+                Pooling.SUM,
+                jagged,
+                mean,
+            )
+        )
+    return tuple(out)
 
 
 def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int]:

@@ -35,7 +35,7 @@ from hybridrec.optim.dense import DENSE_OPTIMIZERS
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
 from hybridrec.sparse.host import HOST_COPY_MODES
 from hybridrec.train.loggers import LOGGERS, WANDB_MODES
-from hybridrec.types import PIN_MODES, SHARDING_TYPES, TASKS, Pooling
+from hybridrec.types import PIN_MODES, SHARDING_TYPES, TASKS, Pooling, storage_tables
 
 
 def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -57,7 +57,7 @@ def _check_pins(c: Config) -> None:
             "sharding.tables pins tables to sharding modes, but sharding=none keeps every table "
             "in one process; choose a planner mode (sharding=auto, table_wise, ...)"
         )
-    names = [t.name for t in c.model.tables()]
+    names = [t.name for t in storage_tables(c.model.tables())]
     for name, mode in pins.items():
         if name not in names:
             raise ValueError(
@@ -152,15 +152,24 @@ def _check_tables(m: ModelConfig) -> None:
         raise ValueError(f"model.hotness entries must be >= 1, got {m.hotness}")
     _per_table(m, "pooling", n, str, tuple(p.value for p in Pooling))
     _per_table(m, "jagged", n, bool)
-    for key in ("table_names", "embedding_dims", "mean_ids"):
+    for key in ("table_names", "feature_names", "embedding_dims", "mean_ids"):
         value = getattr(m, key)
         if value is not None and len(value) != n:
             raise ValueError(
                 f"model.{key} has {len(value)} entries but there are {n} tables "
                 "(model.num_embeddings_per_feature); give one per table"
             )
-    if m.table_names is not None and len(set(m.table_names)) != n:
-        raise ValueError(f"model.table_names must be distinct, got {m.table_names}")
+    if m.feature_names is not None and len(set(m.feature_names)) != n:
+        raise ValueError(f"model.feature_names must be distinct, got {m.feature_names}")
+    if m.feature_names is None and m.table_names is not None and len(set(m.table_names)) != n:
+        raise ValueError(
+            f"model.table_names must be distinct, got {m.table_names}; to share a table "
+            "between features, name the features in model.feature_names"
+        )
+    try:
+        storage_tables(m.tables())
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None
     _positive("model.embedding_dim", m.embedding_dim)
     for t in m.tables():
         _positive(f"model.embedding_dims (table {t.name})", t.dim)

@@ -6,8 +6,8 @@
 `predict` gives what model.task (in the exported config) predicts: click probabilities
 (sigmoid of the output) for binary, the raw output for regression (hybridrec.model.task).
 
-One `nn.EmbeddingBag` per table (sum or mean pooling, as trained) in front of the trained
-dense part (`DenseArch`): the same function the trainer computes, without its sharding,
+One `nn.EmbeddingBag` per table (each feature pooled by sum or mean, as trained) in front of
+the trained dense part (`DenseArch`): the same function the trainer computes, without its sharding,
 fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
 float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
 tables' hotness, each table's ids in its columns (a list feature's padded with -1 past its
@@ -35,7 +35,7 @@ from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DenseArch
 from hybridrec.model.task import task_of
 from hybridrec.safeload import load_tensors
-from hybridrec.types import TASKS, Pooling, TableConfig, hot_offsets
+from hybridrec.types import TASKS, Pooling, TableConfig, hot_offsets, storage_tables
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
 
@@ -54,8 +54,11 @@ class InferenceDLRM(nn.Module):
         self.tables = list(cfg.tables())
         self.offsets = hot_offsets(self.tables)
         self.one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as trained
-        self.embeddings = nn.ModuleDict(
-            {t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value) for t in self.tables}
+        self.embeddings = nn.ModuleDict(  # one per table (features may share one)
+            {
+                t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value)
+                for t in storage_tables(self.tables)
+            }
         )
         self.dense = DenseArch(cfg)
 
@@ -70,9 +73,9 @@ class InferenceDLRM(nn.Module):
     def _pool(self, t: TableConfig, cols: torch.Tensor) -> torch.Tensor:
         """cols [B, hotness] -> [B, D]. A jagged bag sums its ids >= 0 (the padding weighs 0)
         and a mean divides by their number, as training does; an empty bag gives zeros."""
-        bag = self.embeddings[t.name]
+        bag = self.embeddings[t.table_name]
         if not t.jagged:
-            return bag(cols)
+            return nn.functional.embedding_bag(cols, bag.weight, mode=t.pooling.value)
         present = cols >= 0
         weight = present.to(bag.weight.dtype)
         pooled = nn.functional.embedding_bag(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from hybridrec.planner.memory import rank_memory
 from hybridrec.planner.types import NO_OPTIMIZER_STATE, OptimizerFootprint, Topology, human_bytes
 from hybridrec.sparse.costs import EMB_BYTES, ID_BYTES, id_wire_bytes, replica_sync
-from hybridrec.types import ShardingPlan, ShardingType, TableConfig
+from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, storage_tables
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,31 @@ def _comm_s(
     )
 
 
+def _unit_traffic(
+    sharding: ShardingType,
+    t: TableConfig,
+    s: ShardSpec,
+    b_local: int,
+    id_bytes: int,
+    comm_bytes: int,
+    ids: _Exchange,
+    emb: _Exchange,
+) -> float:
+    """Add feature t's exchange bytes in shard s to `ids` and `emb`; returns the rows its
+    lookup gathers per local batch (the unit, sharded, serves W of them)."""
+    if sharding is ShardingType.DATA_PARALLEL:
+        return float(b_local * t.hotness)
+    if sharding is ShardingType.ROW_WISE:
+        share = s.num_rows / t.num_rows
+        ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
+        emb.frm[s.rank] += b_local * s.width * comm_bytes
+        return b_local * t.expected_ids * share
+    counts = b_local * id_bytes if t.jagged else 0  # a jagged feature's ids: with a count each
+    ids.to[s.rank] += counts + b_local * t.expected_ids * id_bytes
+    emb.frm[s.rank] += b_local * s.width * comm_bytes
+    return float(b_local * t.expected_ids)
+
+
 def estimate_cost(
     plan: ShardingPlan,
     tables: Sequence[TableConfig],
@@ -145,7 +170,10 @@ def estimate_cost(
         raise ValueError(
             f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"
         )
-    by_name = {t.name: t for t in tables}
+    by_name = {t.name: t for t in storage_tables(tables)}
+    users: dict[str, list[TableConfig]] = {}  # table -> the features looking it up
+    for f in tables:
+        users.setdefault(f.table_name, []).append(f)
     missing = [tp.table for tp in plan.tables if tp.table not in by_name]
     if missing:
         raise ValueError(f"plan tables missing from `tables`: {missing}")
@@ -160,24 +188,17 @@ def estimate_cost(
     upd_bytes = [0.0] * world  # bytes touched by the backward update
     shards = [0] * world
     for tp in plan.tables:
-        t = by_name[tp.table]
         for s in tp.shards:
             shards[s.rank] += 1
+            rows = 0.0
+            for t in users[tp.table]:  # each feature's lookup in this shard (a unit)
+                rows += _unit_traffic(tp.sharding, t, s, b_local, id_bytes, comm_bytes, ids, emb)
             if tp.sharding is ShardingType.DATA_PARALLEL:
                 group = dp_groups.setdefault((s.rank, s.width), [0, 0])
                 group[0] += s.num_rows
-                group[1] += b_local * t.hotness
-                rows = b_local * t.hotness
-            elif tp.sharding is ShardingType.ROW_WISE:
-                share = s.num_rows / t.num_rows
-                ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
-                emb.frm[s.rank] += b_local * s.width * comm_bytes
-                rows = batch_size * t.expected_ids * share
-            else:  # a jagged table's ids travel with one count per sample
-                counts = b_local * id_bytes if t.jagged else 0
-                ids.to[s.rank] += counts + b_local * t.expected_ids * id_bytes
-                emb.frm[s.rank] += b_local * s.width * comm_bytes
-                rows = batch_size * t.expected_ids
+                group[1] += int(rows)
+            else:
+                rows *= world  # the unit serves the global batch
             lookups[s.rank] += rows
             fwd_bytes[s.rank] += rows * s.width * weight_bytes
             state = optimizer.bytes_per_row + s.width * optimizer.bytes_per_element

@@ -14,11 +14,12 @@ rows and optimizer state count against the host (`host_memory`). The byte sizes 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from hybridrec.planner.types import MemoryUse, OptimizerFootprint
 from hybridrec.sparse.costs import CACHE_META_BYTES, EMB_BYTES, ID_BYTES, SLOT_BYTES, replica_sync
-from hybridrec.types import ShardingPlan, ShardingType, TableConfig
+from hybridrec.types import ShardingPlan, ShardingType, TableConfig, storage_tables
 
 
 def cache_row_bytes(width: int, optimizer: OptimizerFootprint, weight_bytes: int) -> int:
@@ -71,7 +72,8 @@ def rank_memory(
 ) -> list[MemoryUse]:
     """Memory each rank of `plan` needs (index = rank), including the buffer that syncs
     replicated tables' gradients (a dense [rows, width + 1] one when they are all-reduced)."""
-    by_name = {t.name: t for t in tables}
+    by_name = {t.name: t for t in storage_tables(tables)}
+    features = Counter(t.table_name for t in tables)  # a shared table pools once per feature
     use = [MemoryUse() for _ in range(plan.world_size)]
     b_local = batch_size // plan.world_size
     for tp in plan.tables:
@@ -80,6 +82,9 @@ def rank_memory(
             mem = shard_memory(
                 table, s.num_rows, s.width, batch_size, optimizer, weight_bytes, s.cache_rows
             )
+            extra = features[tp.table] - 1
+            if extra:
+                mem = mem + MemoryUse(buffers=extra * 2 * batch_size * s.width * EMB_BYTES)
             if tp.sharding is ShardingType.DATA_PARALLEL:
                 ids = b_local * table.hotness
                 how, _ = replica_sync(s.num_rows, s.width, ids, plan.world_size)

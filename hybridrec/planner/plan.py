@@ -38,7 +38,7 @@ from hybridrec.planner.types import (
     Topology,
     human_bytes,
 )
-from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan
+from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan, storage_tables
 
 # the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
@@ -123,6 +123,7 @@ def plan_sharding(
     """
     world = topology.world_size
     pins = dict(pins or {})
+    tables = storage_tables(tables)  # features sharing a table: planned as that one table
     _check_arguments(tables, world, mode, batch_size, weight_bytes, pins)
     by_name = {t.name: t for t in tables}
     ctx = _Context(world, topology.hbm_bytes_per_rank, batch_size, optimizer, weight_bytes)

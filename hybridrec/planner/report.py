@@ -15,7 +15,14 @@ from collections.abc import Sequence
 
 from hybridrec.planner.cost import PlanCost
 from hybridrec.planner.types import GIB, human_bytes
-from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
+from hybridrec.types import (
+    ShardingPlan,
+    ShardingType,
+    ShardSpec,
+    TableConfig,
+    TablePlan,
+    storage_tables,
+)
 
 SHARDS_WIDTH = 44  # the shards column wraps onto continuation lines past this width
 
@@ -103,13 +110,17 @@ def _hotness(t: TableConfig) -> str:
 
 def format_plan(plan: ShardingPlan, cost: PlanCost, tables: Sequence[TableConfig]) -> str:
     """The plan and its cost as text: one row per table, one row per rank, one summary line."""
-    by_name = {t.name: t for t in tables}
+    by_name = {t.name: t for t in storage_tables(tables)}
+    users: dict[str, list[str]] = {}
+    for f in tables:
+        users.setdefault(f.table_name, []).append(f.name)
     table_rows = []
     for tp in plan.tables:
         t = by_name[tp.table]
+        shared = users.get(t.name, [t.name])
         table_rows.append(
             [
-                t.name,
+                t.name if shared == [t.name] else f"{t.name} ({', '.join(shared)})",
                 _count(t.num_rows),
                 str(t.dim),
                 _hotness(t),

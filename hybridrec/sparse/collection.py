@@ -14,16 +14,17 @@ import torch
 from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.local import full_shard
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
-from hybridrec.types import ShardingPlan, ShardingType, TableConfig, TablePlan
+from hybridrec.types import ShardingPlan, ShardingType, TableConfig, TablePlan, storage_tables
 
 
 def local_plan(tables: Sequence[TableConfig]) -> ShardingPlan:
-    """Every table whole on rank 0 of a one-rank world (sharding=none)."""
+    """Every table whole on rank 0 of a one-rank world (sharding=none); `tables` may be
+    features (several sharing a table: one plan entry for it)."""
     return ShardingPlan(
         1,
         tuple(
             TablePlan(t.name, ShardingType.TABLE_WISE, (full_shard(t),), "one process")
-            for t in tables
+            for t in storage_tables(tables)
         ),
     )
 

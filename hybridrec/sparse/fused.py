@@ -112,6 +112,8 @@ class FusedEmbedding(nn.Module):
 
     `shards` pairs each ShardSpec with its table's config and the table's index in the model
     (the index seeds the initial values, so every sharding starts from identical weights).
+    `input_slots`: per lookup input, the shard it reads (default: input u reads shard u);
+    features sharing a table give several inputs one shard.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class FusedEmbedding(nn.Module):
         seed: int = 0,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        input_slots: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if not shards:
@@ -130,6 +133,7 @@ class FusedEmbedding(nn.Module):
             raise ValueError(f"all shards of a fused group must share one width, got {widths}")
         self.width = widths.pop()
         self.shards = [s for _, _, s in shards]
+        self.input_slots = list(range(len(shards)) if input_slots is None else input_slots)
         self.optimizer = optimizer
         self.step_count = 0
         offsets = [0]
@@ -181,11 +185,11 @@ class FusedEmbedding(nn.Module):
         self, inputs: Sequence[LookupInput]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]:
         """Group-level (rows [N], bags [N], per-id scale [N] or None, bags per shard)."""
-        assert len(inputs) == len(self.shards), "one LookupInput per shard"
+        assert len(inputs) == len(self.input_slots), "one LookupInput per input slot"
         rows, bags, scales, sizes = [], [], [], []
         bag_base = 0
         any_scale = any(inp.scale != 1.0 for inp in inputs)
-        for u, inp in enumerate(inputs):
+        for u, inp in zip(self.input_slots, inputs, strict=True):
             rows.append(inp.ids + self.offsets_list[u])
             bags.append(inp.bags + bag_base)
             if any_scale:
@@ -198,7 +202,7 @@ class FusedEmbedding(nn.Module):
     def forward(
         self, inputs: Sequence[LookupInput], row_sq: RowSqSource | None = None
     ) -> list[torch.Tensor]:
-        """One pooled tensor [num_bags_u, D] per shard, in shard order (one gather for all).
+        """One pooled tensor [num_bags_u, D] per input, in order (one gather for all).
         `row_sq`: asked in the backward for full-row statistics of column shards, if any."""
         rows_t, bags_t, scale_t, sizes = self.flatten(inputs)
         pooled = self.lookup(rows_t, bags_t, scale_t, sum(sizes), row_sq=row_sq)

@@ -4,13 +4,17 @@ No process group and no tensors of weights: `ShardedLayout.build(tables, plan, r
 the index structures the sharded collection and its exchanges read, so they can be tested
 on their own.
 
-A *unit* is one non-replicated shard served by its owner rank. A table is 1 unit (table-wise),
-k units whose outputs are concatenated in column order (column-wise), or k units whose
-outputs are summed in shard order (row-wise). Units of rank q are listed in (table, shard)
-order; the output dist receives them in (source rank, that order), which `table_units` maps
-back to tables. This rank's units are fused into one group per width and placement
-("w<width>" in device memory, "h<width>" in host memory); replicated (data-parallel) tables
-get groups "dp_w<width>".
+`tables` are the model's features (TableConfig, one per id column block of a batch); the plan
+shards their storage tables (`storage`, hybridrec.types.storage_tables), which several features
+may share. A *unit* is one feature's lookup in one non-replicated shard, served by the shard's
+owner rank. A feature is 1 unit (table-wise), k units whose outputs are concatenated in column
+order (column-wise), or k units whose outputs are summed in shard order (row-wise). Units of
+rank q are listed in (storage table, shard, feature) order; the output dist receives them in
+(source rank, that order), which `table_units` maps back to features. This rank's units are
+fused into one group per width and placement ("w<width>" in device memory, "h<width>" in host
+memory); replicated (data-parallel) tables get groups "dp_w<width>". A group stores each of
+its shards once, as a *slot*: the units of features sharing a table read the same slot, so
+their ids' gradients meet in one deduplication, as in the unsharded table.
 """
 
 from __future__ import annotations
@@ -22,17 +26,31 @@ from functools import cached_property
 import torch
 
 from hybridrec.sparse.costs import id_wire_bytes
-from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, hot_offsets
+from hybridrec.types import (
+    ShardingPlan,
+    ShardingType,
+    ShardSpec,
+    TableConfig,
+    hot_offsets,
+    storage_index,
+    storage_tables,
+)
 
 
 @dataclass(frozen=True)
 class Unit:
-    """One non-replicated shard and the table it belongs to."""
+    """One feature's lookup in one non-replicated shard of the table it reads."""
 
-    table_index: int
-    table: TableConfig
+    table_index: int  # the feature's index
+    table: TableConfig  # the feature
     shard: ShardSpec
     row_wise: bool
+    storage_index: int = -1  # the table's index in the plan (-1: the feature's own)
+
+    @property
+    def slot(self) -> tuple[int, ShardSpec]:
+        """The stored shard it reads: shared by the units of features sharing its table."""
+        return (self.storage_index if self.storage_index >= 0 else self.table_index, self.shard)
 
     @property
     def counted(self) -> bool:
@@ -52,16 +70,18 @@ class Unit:
 class ShardedLayout:
     """One rank's view of a plan (see the module docstring for units and groups)."""
 
-    tables: tuple[TableConfig, ...]
-    plan: ShardingPlan
+    tables: tuple[TableConfig, ...]  # the features
+    plan: ShardingPlan  # over `storage`
     rank: int
     units_on: tuple[tuple[Unit, ...], ...]  # per rank: the units it serves
-    table_units: dict[int, list[int]]  # table -> positions in the received list, shard order
-    dp_tables: tuple[int, ...]  # replicated tables, in table order
+    table_units: dict[int, list[int]]  # feature -> positions in the received list, shard order
+    dp_tables: tuple[int, ...]  # features of replicated tables, in feature order
     group_units: dict[str, list[int]]  # this rank's group key -> its local units, group order
-    dp_group_tables: dict[str, list[int]]  # replicated group key -> its tables
+    dp_group_tables: dict[str, list[int]]  # replicated group key -> its features
     peers: dict[int, list[int]]  # local column unit -> ranks of its table's other columns
     full_row_stat: bool
+    storage: tuple[TableConfig, ...]  # the plan's tables
+    storage_of: tuple[int, ...]  # feature -> its table's index in `storage`
 
     @staticmethod
     def build(
@@ -70,34 +90,39 @@ class ShardedLayout:
         """`full_row_stat`: the optimizer keeps one statistic over a row's full width
         (row-wise Adagrad), so column units of one table must share theirs (`peers`)."""
         tables = tuple(tables)
-        check_plan(tables, plan)
+        storage = storage_tables(tables)
+        storage_of = tuple(storage_index(tables)[1])
+        check_plan(storage, plan)
+        users = [[f for f, j in enumerate(storage_of) if j == i] for i in range(len(storage))]
         units_on: list[list[Unit]] = [[] for _ in range(plan.world_size)]
         dp_tables = []
         for i, tp in enumerate(plan.tables):
             if tp.sharding == ShardingType.DATA_PARALLEL:
-                dp_tables.append(i)
+                dp_tables.extend(users[i])
                 continue
+            row_wise = tp.sharding == ShardingType.ROW_WISE
             for s in tp.shards:
-                units_on[s.rank].append(Unit(i, tables[i], s, tp.sharding == ShardingType.ROW_WISE))
+                units_on[s.rank].extend(Unit(f, tables[f], s, row_wise, i) for f in users[i])
+        dp_tables.sort()
         position = {}
         for u in (u for units in units_on for u in units):
             position[(u.table_index, u.shard)] = len(position)
         table_units = {
-            i: [position[(i, s)] for s in tp.shards]
-            for i, tp in enumerate(plan.tables)
-            if tp.sharding != ShardingType.DATA_PARALLEL
+            f: [position[(f, s)] for s in plan.tables[i].shards]
+            for f, i in enumerate(storage_of)
+            if plan.tables[i].sharding != ShardingType.DATA_PARALLEL
         }
         group_units: dict[str, list[int]] = {}
         for k, u in enumerate(units_on[rank]):
             key = f"{'h' if u.shard.on_host else 'w'}{u.shard.width}"
             group_units.setdefault(key, []).append(k)
         dp_group_tables: dict[str, list[int]] = {}
-        for i in dp_tables:
-            dp_group_tables.setdefault(f"dp_w{tables[i].dim}", []).append(i)
+        for f in dp_tables:
+            dp_group_tables.setdefault(f"dp_w{tables[f].dim}", []).append(f)
         peers = {}
         if full_row_stat:
             for k, u in enumerate(units_on[rank]):
-                tp = plan.tables[u.table_index]
+                tp = plan.tables[u.storage_index]
                 if tp.sharding == ShardingType.COLUMN_WISE:
                     peers[k] = [s.rank for s in tp.shards if s.rank != rank]
         return ShardedLayout(
@@ -111,6 +136,8 @@ class ShardedLayout:
             dp_group_tables,
             peers,
             full_row_stat,
+            storage,
+            storage_of,
         )
 
     @property
@@ -121,14 +148,50 @@ class ShardedLayout:
     def local_units(self) -> tuple[Unit, ...]:
         return self.units_on[self.rank]
 
-    def locate(self, table_index: int) -> tuple[str, int]:
-        """The group key and position in that group of this rank's first unit of a table
-        (KeyError where this rank holds none of it)."""
+    @cached_property
+    def group_slots(self) -> dict[str, list[tuple[int, ShardSpec]]]:
+        """Group key -> the shards it stores (slots: (table index, shard)), in group order;
+        replicated groups' slots are their whole tables."""
+        out: dict[str, list[tuple[int, ShardSpec]]] = {}
         for key, ks in self.group_units.items():
-            for pos, k in enumerate(ks):
-                if self.local_units[k].table_index == table_index:
+            slots = out.setdefault(key, [])
+            for k in ks:
+                if self.local_units[k].slot not in slots:
+                    slots.append(self.local_units[k].slot)
+        for key, fs in self.dp_group_tables.items():
+            slots = out.setdefault(key, [])
+            for f in fs:
+                i = self.storage_of[f]
+                slot = (i, self.plan.tables[i].shards[self.rank])
+                if slot not in slots:
+                    slots.append(slot)
+        return out
+
+    def locate(self, table_index: int) -> tuple[str, int]:
+        """The group key and slot position in that group of this rank's first shard of a
+        (storage) table (KeyError where this rank holds none of it)."""
+        for key, slots in self.group_slots.items():
+            for pos, (i, _) in enumerate(slots):
+                if i == table_index:
                     return key, pos
         raise KeyError(f"rank {self.rank} holds no shard of table {table_index}")
+
+    def input_slots(self, key: str) -> list[int]:
+        """Per input of group `key` (its units, or its replicated features): its slot's
+        position in `group_slots[key]`."""
+        slots = self.group_slots[key]
+        if key in self.dp_group_tables:
+            plan = self.plan.tables
+            return [
+                slots.index((self.storage_of[f], plan[self.storage_of[f]].shards[self.rank]))
+                for f in self.dp_group_tables[key]
+            ]
+        return [slots.index(self.local_units[k].slot) for k in self.group_units[key]]
+
+    @cached_property
+    def shared(self) -> bool:
+        """Some table is looked up by more than one feature."""
+        return len(self.storage) < len(self.tables)
 
     @cached_property
     def offsets(self) -> list[int]:
@@ -186,17 +249,17 @@ class ShardedLayout:
 
     @cached_property
     def sample_major_group(self) -> str | None:
-        """The one group that holds every table whole and in order, on one rank with no
+        """The one group that holds every table whole, on one rank with no
         replicated tables: its lookup can run sample-major with nothing to exchange
         (hybridrec.sparse.local.sample_major_layout). None otherwise."""
         if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
             return None
         [(key, ks)] = self.group_units.items()
         units = [self.local_units[k] for k in ks]
-        if all(u.whole for u in units) and [u.table_index for u in units] == list(
+        if all(u.whole for u in units) and sorted(u.table_index for u in units) == list(
             range(len(self.tables))
         ):
-            return key
+            return key  # one unit per feature (features sharing a table read one slot)
         return None
 
 
@@ -207,7 +270,7 @@ def whole_values(plan: ShardingPlan) -> bool:
 
 
 def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
-    """The plan must cover exactly these tables, in order."""
+    """The plan must cover exactly these (storage) tables, in order."""
     names = [tp.table for tp in plan.tables]
     if names != [t.name for t in tables]:
         raise ValueError(f"plan tables {names} do not match the model's {[t.name for t in tables]}")

@@ -41,19 +41,20 @@ class SampleMajorLayout:
     jagged: bool = False
 
 
-def sample_major_layout(tables: Sequence[TableConfig], group: FusedEmbedding) -> SampleMajorLayout:
+def sample_major_layout(
+    tables: Sequence[TableConfig], row_offsets: Sequence[int], device: torch.device
+) -> SampleMajorLayout:
     """When one group holds every table, in order, a lookup can number its bags sample-major,
     bag (b, t) = b * T + t, following the ids' own [B, H] layout; its output [B * T, D] is
     then pooled [B, T, D] as it is, and the gradient arrives the same way: no per-table
     split, stack or cat in either pass (each would copy the whole [B, T, D] tensor). Each
     row's ids still come in sample order, so sums and updates match the per-table path bit
-    for bit."""
-    device = group.row_offsets.device
+    for bit. `row_offsets`: per feature, where its table's rows start in the group."""
     cols = [(i, t) for i, t in enumerate(tables) for _ in range(t.hotness)]
     scales = [pooling_scale(t) for _, t in cols]
     return SampleMajorLayout(
         len(tables),
-        torch.tensor([group.offsets_list[i] for i, _ in cols], device=device),
+        torch.tensor([row_offsets[i] for i, _ in cols], device=device),
         torch.tensor([i for i, _ in cols], device=device),
         None
         if all(s == 1.0 for s in scales)
@@ -128,11 +129,11 @@ def build_groups(
     """This rank's fused groups: one per key of `layout.group_units` (device "w<width>" or
     host-resident "h<width>" behind a device cache), then one per replicated width."""
     groups: dict[str, FusedEmbedding] = {}
-    for key, ks in layout.group_units.items():
-        units = [layout.local_units[k] for k in ks]
-        shards = [(u.table, u.table_index, u.shard) for u in units]
+    for key, slots in layout.group_slots.items():
+        shards = [(layout.storage[i], i, shard) for i, shard in slots]
+        inputs = layout.input_slots(key)
         if key.startswith("h"):
-            cache_rows = sum(u.shard.cache_rows for u in units)
+            cache_rows = sum(shard.cache_rows for _, shard in slots)
             groups[key] = HostCachedEmbedding(
                 shards,
                 optimizer,
@@ -143,12 +144,10 @@ def build_groups(
                 host.pin,
                 age_every=host.halflife,
                 copy=host.copy,
+                input_slots=inputs,
             )
         else:
-            groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
-    for key, idx in layout.dp_group_tables.items():
-        shards = [(layout.tables[i], i, layout.plan.tables[i].shards[layout.rank]) for i in idx]
-        groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype)
+            groups[key] = FusedEmbedding(shards, optimizer, seed, device, dtype, inputs)
     return nn.ModuleDict(groups)
 
 

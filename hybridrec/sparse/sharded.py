@@ -99,9 +99,16 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             self.layout, optimizer, seed, self.device, dtype, host or HostOptions()
         )
         key = self.layout.sample_major_group
-        self.sample_major = (
-            sample_major_layout(self.tables, self.groups[key]) if key is not None else None
-        )
+        self.sample_major = None
+        if key is not None:
+            group = self.groups[key]
+            units = [self.layout.local_units[k] for k in self.layout.group_units[key]]
+            start = {  # feature -> where its table's rows start in the group
+                u.table_index: group.offsets_list[p]
+                for u, p in zip(units, self.layout.input_slots(key), strict=True)
+            }
+            offsets = [start[f] for f in range(len(self.tables))]
+            self.sample_major = sample_major_layout(self.tables, offsets, self.device)
         self.prefetches = self.layout.has_host
         self.autocast_output = False  # set for DLRM by hybridrec.parallelize
         self._staged: Staged | None = None
@@ -145,26 +152,27 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         return [g for g in self.groups.values() if isinstance(g, HostCachedEmbedding)]
 
     def warm_start(self, counts: IdCounts, batch_size: int) -> WarmStart:
-        """Fill each host cache with its most frequent rows: `counts(t)` gives table t's id
-        frequencies [num_rows] (None: unknown)."""
+        """Fill each host cache with its most frequent rows: `counts(t)` gives feature t's id
+        frequencies [num_rows] (None: unknown); a shared table adds its features'."""
         loaded = 0
-        for key, ks in self.layout.group_units.items():
+        lay = self.layout
+        for key, slots in lay.group_slots.items():
             group = self.groups[key]
             if not isinstance(group, HostCachedEmbedding):
                 continue
             freq = torch.zeros(group.num_rows, dtype=torch.float64)
             known, ids_per_step = False, 0.0
-            for pos, k in enumerate(ks):
-                u = self.layout.local_units[k]
-                table_counts = counts(u.table_index)
-                if table_counts is None:
-                    continue
-                known = True
+            for pos, (i, shard) in enumerate(slots):
                 a = group.offsets_list[pos]
-                part = torch.from_numpy(table_counts[u.shard.row_start : u.shard.row_end])
-                freq[a : a + u.shard.num_rows] = part.double()
-                share = part.sum().item() / max(1, int(table_counts.sum()))
-                ids_per_step += batch_size * u.table.hotness * share
+                for f in (f for f, j in enumerate(lay.storage_of) if j == i):  # its features
+                    table_counts = counts(f)
+                    if table_counts is None:
+                        continue
+                    known = True
+                    part = torch.from_numpy(table_counts[shard.row_start : shard.row_end])
+                    freq[a : a + shard.num_rows] += part.double()
+                    share = part.sum().item() / max(1, int(table_counts.sum()))
+                    ids_per_step += batch_size * lay.tables[f].hotness * share
             if known:
                 loaded += group.warm_start(freq, ids_per_step)
         hits = [g.warm_hits for g in self.host_groups()]

@@ -26,6 +26,7 @@ import torch
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
+from hybridrec.types import storage_tables
 from tests.configs import make_config
 from tests.distributed.harness import spawn
 
@@ -94,7 +95,7 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
 
 def assemble(cfg: Config, results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
     """Full tables (weight and state) rebuilt from every rank's shards; replicas must agree."""
-    tables = {t.name: t for t in cfg.model.tables()}
+    tables = {t.name: t for t in storage_tables(cfg.model.tables())}
     full: dict[str, dict[str, torch.Tensor]] = {}
     seen: dict[str, torch.Tensor] = {}
     for res in results:

@@ -1,7 +1,9 @@
-"""Jagged bags, mean pooling and mixed widths, sharded on W gloo ranks == one process.
+"""Jagged bags, mean pooling, mixed widths and a shared table, sharded on W gloo ranks == one
+process.
 
-A DCNv2 model over 5 tables (3 to 20,000 rows; widths 4 and 8; three of them list features
-holding 0..k ids per sample, padded with -1, empty bags included; sum and mean pooling)
+A DCNv2 model over 6 features and 5 tables (3 to 20,000 rows; widths 4 and 8; four features
+are lists holding 0..k ids per sample, padded with -1, empty bags included; sum and mean
+pooling; a single id and a list look up one table, as a user id and the user's follows)
 trains on the same global batches at 1, 2, 3 and 4 ranks in every sharding mode, each
 sparse optimizer at least twice across the modes, and with host-resident tables behind
 device caches that evict (prefetching the next batch's rows, as training does). Compared
@@ -25,7 +27,7 @@ from tests.distributed.test_host_equivalence import collect
 
 pytestmark = pytest.mark.slow
 
-ROWS = [3, 40, 700, 5000, 20000]
+ROWS = [3, 40, 700, 5000, 20000, 700]  # the last feature shares the third one's table
 HOST_STEPS = 24  # jagged bags carry half the ids: the caches need more steps to evict
 CASES = [  # (sharding, sparse optimizer, arch): every mode, every optimizer
     ("table_wise", "adam", "dcnv2"),
@@ -45,17 +47,19 @@ def jagged_cfg(
 ) -> Config:
     """`host_data`: uniform ids (with HOST_STEPS steps, even 3 ranks' caches evict)."""
     state = {"sgd": 1.0, "rowwise_adagrad": 1.125, "adam": 3.0}[sparse]
-    budget = 0.8 * ROWS[-1] * 8 * 4 * state if mode == "auto" and world > 1 else 1 << 30
+    budget = 0.8 * max(ROWS) * 8 * 4 * state if mode == "auto" and world > 1 else 1 << 30
     cfg = make_config(
         f"sharding={mode}",
         f"model.arch={arch}",
-        "model.embedding_dims=" + ("[4,8,8,4,8]" if arch == "dcnv2" else "[8,8,8,8,8]"),
+        "model.embedding_dims=" + ("[4,8,8,4,8,8]" if arch == "dcnv2" else "[8,8,8,8,8,8]"),
         "model.bottom_mlp=[16,8]",
         "model.top_mlp=[16,1]",
         f"model.num_embeddings_per_feature={ROWS}".replace(" ", ""),
-        "model.hotness=[1,3,1,4,2]",
-        "model.jagged=[false,true,false,true,true]",
-        "model.pooling=[sum,mean,sum,sum,mean]",
+        "model.hotness=[1,3,1,4,2,3]",
+        "model.jagged=[false,true,false,true,true,true]",
+        "model.pooling=[sum,mean,sum,sum,mean,mean]",
+        "model.feature_names=[f0,f1,f2,f3,f4,f5]",
+        "model.table_names=[t0,t1,t2,t3,t4,t2]",
         f"optim.sparse.name={sparse}",
         f"optim.sparse.lr={OPTIMIZERS[sparse]}",
         "optim.dense.name=sgd",

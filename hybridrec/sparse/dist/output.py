@@ -118,7 +118,7 @@ def reassemble(
             piece = replicated[:, a:b]
         else:
             pieces = [received[p] for p in layout.table_units[i]]
-            if layout.plan.tables[i].sharding == ShardingType.COLUMN_WISE:
+            if layout.plan.tables[layout.storage_of[i]].sharding == ShardingType.COLUMN_WISE:
                 piece = torch.cat(pieces, dim=1)
             else:  # table-wise: one piece; row-wise: partial sums, added in shard order
                 piece = pieces[0]

@@ -42,37 +42,65 @@ def share_row_stats(
     out: RowStats,
 ) -> None:
     """grad [W * B_l * width_on[rank]]: the gradients of this rank's units, as sent back;
-    `inputs`: this step's LookupInput per local unit. Fills `out` for the column units."""
+    `inputs`: this step's LookupInput per local unit. Fills `out` for the column shards.
+    A shard read by several features (a shared table) takes their gradients together: a
+    row's statistic is of its summed gradient."""
     world, peers, units = layout.world, layout.peers, layout.local_units
     per_rank = grad.view(world, -1)  # row p: rank p's samples, units side by side
-    partial: dict[int, torch.Tensor] = {}
+    g_units: dict[int, torch.Tensor] = {}
     col = 0
     for k, u in enumerate(units):
         width = u.shard.width * b_local
         if k in peers:
-            g_unit = per_rank[:, col : col + width].reshape(world * b_local, u.shard.width)
-            inp = inputs[k]
-            _, g_rows = dedupe(inp.ids, inp.bags, inp.scale, g_unit)
-            partial[k] = g_rows.pow(2).sum(dim=1)
+            g_units[k] = per_rank[:, col : col + width].reshape(world * b_local, u.shard.width)
         col += width
-    sends = [[partial[k] for k in partial if q in peers[k]] for q in range(world)]
+    slot_units: dict[tuple[str, int], list[int]] = {}  # (group, slot position) -> its units
+    for key, ks in layout.group_units.items():
+        for k, pos in zip(ks, layout.input_slots(key), strict=True):
+            if k in peers:
+                slot_units.setdefault((key, pos), []).append(k)
+    # in (table, shard) order, the order every rank lists the same tables' shards in
+    order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
+    partial: dict[tuple[str, int], torch.Tensor] = {}
+    for slot in order:
+        ks = slot_units[slot]
+        _, g_rows = dedupe(*_joined([inputs[k] for k in ks], [g_units[k] for k in ks]))
+        partial[slot] = g_rows.pow(2).sum(dim=1)
+    slot_peers = {slot: peers[ks[0]] for slot, ks in slot_units.items()}
+    sends = [[partial[x] for x in partial if q in slot_peers[x]] for q in range(world)]
     in_splits = [sum(p.numel() for p in parts) for parts in sends]
-    out_splits = [sum(partial[k].numel() for k in partial if q in peers[k]) for q in range(world)]
+    out_splits = [
+        sum(partial[x].numel() for x in partial if q in slot_peers[x]) for q in range(world)
+    ]
     flat = [p for parts in sends for p in parts]
     flat_t = torch.cat(flat) if flat else grad.new_zeros(0)
     recv = all_to_all(flat_t, out_splits, in_splits, group, stats, "row_stats")
-    received: dict[tuple[int, int], torch.Tensor] = {}
+    received: dict[tuple[tuple[str, int], int], torch.Tensor] = {}
     for q, chunk in enumerate(torch.split(recv, out_splits)):
-        ks = [k for k in partial if q in peers[k]]
-        sizes = [partial[k].numel() for k in ks]
-        for k, part in zip(ks, torch.split(chunk, sizes), strict=True):
-            received[(k, q)] = part
-    slot = {k: (key, pos) for key, ks in layout.group_units.items() for pos, k in enumerate(ks)}
-    for k in partial:
-        u = units[k]
+        xs = [x for x in partial if q in slot_peers[x]]
+        sizes = [partial[x].numel() for x in xs]
+        for x, part in zip(xs, torch.split(chunk, sizes), strict=True):
+            received[(x, q)] = part
+    for x, ks in slot_units.items():
+        u = units[ks[0]]
         total = None
-        for s in layout.plan.tables[u.table_index].shards:  # shard order: the same sum everywhere
-            part = partial[k] if s.rank == layout.rank else received[(k, s.rank)]
+        for s in layout.plan.tables[u.storage_index].shards:  # shard order: the same everywhere
+            part = partial[x] if s.rank == layout.rank else received[(x, s.rank)]
             total = part if total is None else total + part
-        key, pos = slot[k]
+        key, pos = x
         out.by_group.setdefault(key, {})[pos] = total / u.table.dim
+
+
+def _joined(
+    inputs: list[LookupInput], grads: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float, torch.Tensor]:
+    """Several inputs of one shard as one (ids, bags, scale, grads), bags numbered on."""
+    if len(inputs) == 1:
+        inp = inputs[0]
+        return inp.ids, inp.bags, inp.scale, grads[0]
+    bags, base = [], 0
+    for inp in inputs:
+        bags.append(inp.bags + base)
+        base += inp.num_bags
+    scale = torch.cat([torch.full_like(i.ids, i.scale, dtype=torch.float32) for i in inputs])
+    return torch.cat([i.ids for i in inputs]), torch.cat(bags), scale, torch.cat(grads)

@@ -61,11 +61,12 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         pin: bool = True,
         age_every: int = CACHE_HALFLIFE,
         copy: str = "auto",
+        input_slots: Sequence[int] | None = None,
     ) -> None:
         # read by _init_storage, which FusedEmbedding.__init__ calls
         self.pin = pin and torch.device(device).type == "cuda"
         self.capacity = int(cache_rows)
-        super().__init__(shards, optimizer, seed, device, dtype)
+        super().__init__(shards, optimizer, seed, device, dtype, input_slots)
         self.use_kernel = copies._choose_copy(copy, self.device, self.pin)
         if copy == "auto" and self.use_kernel and self.device.type == "cuda":
             self.use_kernel = copies.kernel_copies_faster(

@@ -25,7 +25,7 @@ from hybridrec.train.checkpoint.format import (
     write_file,
 )
 from hybridrec.train.checkpoint.load import load_dense, read_manifest
-from hybridrec.types import TableConfig
+from hybridrec.types import TableConfig, storage_tables
 
 
 def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[str, list[int]]:
@@ -89,7 +89,7 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             "hybridrec-export writes"
         )
     diffs = []
-    for t in tables:
+    for t in storage_tables(tables):
         w = state.get(f"embeddings.{t.name}.weight")
         if w is None:
             diffs.append(f"embeddings.{t.name}.weight: missing from the file")

@@ -32,7 +32,7 @@ from torch import nn
 
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, ShardView
-from hybridrec.types import TableConfig
+from hybridrec.types import TableConfig, storage_tables
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -59,8 +59,9 @@ def unwrap(module: nn.Module) -> nn.Module:
 
 
 def table_signature(tables: list[TableConfig]) -> list[dict[str, Any]]:
-    """The tables' part of a model signature: name and shape of each."""
-    return [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables]
+    """The tables' part of a model signature: name and shape of each (`tables` may be
+    features: a table several share is one entry)."""
+    return [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in storage_tables(tables)]
 
 
 def model_signature(
