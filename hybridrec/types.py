@@ -63,6 +63,12 @@ class TableConfig:
     and an empty bag pools to zeros. Not jagged: every bag holds exactly `hotness` ids.
     `mean_ids`: a jagged table's average ids per bag, when known (the planner's estimates of
     exchanged bytes and lookups; memory is planned for `hotness`).
+
+    Strictly this is one *feature*: its ids' columns, bags and pooling. `storage` names the
+    embedding table whose rows it looks up when that is not a table of its own name: features
+    with the same `storage` share one table (a user id and a list of followed user ids), which
+    must then agree on `num_rows` and `dim`. Plans, checkpoints and exports name storage
+    tables (`storage_tables`).
     """
 
     name: str
@@ -72,6 +78,7 @@ class TableConfig:
     pooling: Pooling = Pooling.SUM
     jagged: bool = False
     mean_ids: float | None = None
+    storage: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_rows < 1:
@@ -92,6 +99,11 @@ class TableConfig:
         """Ids per bag the planner expects: mean_ids for a jagged table when known, else
         hotness (exact for fixed bags, an upper bound for jagged ones)."""
         return self.mean_ids if self.jagged and self.mean_ids is not None else self.hotness
+
+    @property
+    def table_name(self) -> str:
+        """The embedding table this feature looks up."""
+        return self.storage if self.storage is not None else self.name
 
 
 def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int]:

@@ -91,7 +91,10 @@ class ModelConfig:
     num_embeddings_per_feature: list[int] = field(
         default_factory=lambda: [5000, 1200, 400, 100, 20, 4]
     )
-    table_names: list[str] | None = None  # one name per table; null = cat_0, cat_1, ...
+    # one table name per feature; null = cat_0, cat_1, ... With feature_names, features
+    # naming the same table share its rows (which must agree on rows and width)
+    table_names: list[str] | None = None
+    feature_names: list[str] | None = None  # one per feature; null = the table names
     embedding_dims: list[int] | None = None  # one width per table (dcnv2); null = embedding_dim
     hotness: Any = 1  # ids per sample per table (jagged: at most this many)
     pooling: Any = "sum"  # sum | mean (over a table's ids in one sample)
@@ -123,13 +126,25 @@ class ModelConfig:
         return [int(d) for d in self.per_table("embedding_dims")]
 
     def tables(self) -> tuple[TableConfig, ...]:
-        """One TableConfig per categorical feature (named by table_names, else cat_<t>)."""
+        """One TableConfig per categorical feature, named by feature_names (looking up the
+        table of table_names: shared when named twice), else by table_names, else cat_<t>."""
         n = len(self.num_embeddings_per_feature)
-        names = list(self.table_names) if self.table_names else [f"cat_{i}" for i in range(n)]
+        tables = list(self.table_names) if self.table_names else [f"cat_{i}" for i in range(n)]
+        names = list(self.feature_names) if self.feature_names else tables
         return tuple(
-            TableConfig(name, int(rows), d, h, Pooling(p), bool(j), None if m is None else float(m))
-            for name, rows, d, h, p, j, m in zip(
+            TableConfig(
+                name,
+                int(rows),
+                d,
+                h,
+                Pooling(p),
+                bool(j),
+                None if m is None else float(m),
+                None if table == name else table,
+            )
+            for name, table, rows, d, h, p, j, m in zip(
                 names,
+                tables,
                 self.num_embeddings_per_feature,
                 self.dims(),
                 self.hotness_list(),
