@@ -1,19 +1,26 @@
 """Features sharing one table (a user id and the followed user ids): the spec accepts them when
 they encode alike and refuses anything else in one line; preprocessing builds one vocabulary
-over both features' train values, so a value gets the same id in both."""
+over both features' train values, so a value gets the same id in both; the manifest and
+data=table's model name every feature and the table it looks up."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
+from hybridrec.config import compose
+from hybridrec.config.schema import ModelConfig
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.manifest import Manifest
 from hybridrec.data.spec import load_spec, parse_spec
+from hybridrec.data.table_model import dataset_model, fill_model
 from hybridrec.data.tabular import preprocess_table
 from tests.data.tables import (
     SHARED_SPEC,
+    SPEC,
     follows,
+    movies,
     vocab_ids,
     write_parquet,
     write_spec,
@@ -188,3 +195,44 @@ def test_rows_too_small_for_a_shared_vocabulary_name_both_features(tmp_path):
     d["tables"][0]["rows"] = 30
     preprocess_table(parse_spec(d), [src], tmp_path / "out")
     assert [f["num_embeddings"] for f in Manifest.load(tmp_path / "out").features] == [30, 30]
+
+
+# -- the model of data=table -------------------------------------------------------------------
+
+
+def test_the_model_names_each_feature_and_the_table_it_looks_up(shared):
+    _, _, out = shared
+    m = Manifest.load(out)
+    rows = m.features[0]["num_embeddings"]
+    keys = dataset_model(m)
+    assert keys["feature_names"] == ["user", "followed"]
+    assert keys["table_names"] == ["user", "user"]
+    assert keys["num_embeddings_per_feature"] == [rows, rows]
+    assert keys["embedding_dims"] == [8, 8] and keys["hotness"] == [1, 3]
+    raw = fill_model(compose(["data=table", f"data.path={out}"]))
+    model = OmegaConf.to_container(raw.model)
+    assert model["feature_names"] == ["user", "followed"]
+    assert model["table_names"] == ["user", "user"]
+    fields = ModelConfig.__dataclass_fields__
+    tables = ModelConfig(**{k: v for k, v in model.items() if k in fields}).tables()
+    assert [(t.name, t.storage, t.table_name, t.num_rows) for t in tables] == [
+        ("user", None, "user", rows),
+        ("followed", "user", "user", rows),
+    ]
+
+
+def test_a_dataset_without_shared_tables_fills_what_it_did_plus_feature_names(tmp_path):
+    src = write_parquet(tmp_path / "movies.parquet", movies())
+    preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+    m = Manifest.load(tmp_path / "bin")
+    assert all("shared_with" not in f for f in m.features)  # the records of before
+    assert [t.counts_file for t in m.tables] == [
+        f"counts/{t}.npz" for t in ("user", "movie", "zip", "genres")
+    ]
+    keys = dataset_model(m)
+    assert keys["feature_names"] == keys["table_names"] == ["user", "movie", "zip", "genres"]
+    raw = fill_model(compose(["data=table", f"data.path={tmp_path / 'bin'}"]))
+    model = OmegaConf.to_container(raw.model)
+    fields = ModelConfig.__dataclass_fields__
+    tables = ModelConfig(**{k: v for k, v in model.items() if k in fields}).tables()
+    assert [t.storage for t in tables] == [None] * 4  # each feature its own table, as before
