@@ -181,6 +181,21 @@ def test_shared_columns_of_text_and_numbers_are_refused_in_one_line(tmp_path):
         "give the columns one type (cast one of them before preprocessing)"
     )
     assert not (tmp_path / "out").exists()
+    hashing = {"encoding": "hashing", "cap": 1000}
+    d = _shared_spec(s0=hashing, s1=hashing)
+    for s in d["sparse"]:
+        del s["min_count"]
+    cols["followed"] = [[float(len(v)) for v in f or []] for f in cols["followed"]]
+    src = write_parquet(tmp_path / "floats.parquet", cols)
+    with pytest.raises(ValueError) as e:  # hashing: 5.0 by its repr, 5 as an int64
+        preprocess_table(parse_spec(d), [src], tmp_path / "out")
+    assert str(e.value).startswith(
+        "sparse[1] (followed): column 'followed' holds double values but feature user (column "
+        "'user'), which shares table 'user', holds int64;"
+    )
+    preprocess_table(parse_spec(SHARED_SPEC), [src], tmp_path / "out")  # a vocabulary: 5 == 5.0
+    cat = np.asarray(open_dataset(tmp_path / "out").categorical)
+    assert cols["user"][1] == 2 and cols["followed"][1] == [2.0] and cat[1, 0] == cat[1, 1] > 1
 
 
 def test_rows_too_small_for_a_shared_vocabulary_name_both_features(tmp_path):

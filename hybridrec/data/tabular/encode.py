@@ -304,14 +304,14 @@ def make_features(spec: DatasetSpec) -> list[Feature]:
 
 
 def check_shared_values(features: list[Feature]) -> None:
-    """After pass 1: features sharing a table hold values of one family (text or not), else
+    """After pass 1: features sharing a table hold values of one family (`_family`), else
     the same value would get different ids in them."""
     first: dict[str, Feature] = {}
     for f in features:
         if not f.shared_with or f.spec.encoding == "identity" or f.value_type in ("", "null"):
             continue
         g = first.setdefault(f.table.name, f)
-        if _is_text_type(f.value_type) != _is_text_type(g.value_type):
+        if _family(f) != _family(g):
             raise ValueError(
                 f"{f.key}: column {f.spec.column!r} holds {f.value_type} values but feature "
                 f"{g.spec.name} (column {g.spec.column!r}), which shares table "
@@ -320,8 +320,15 @@ def check_shared_values(features: list[Feature]) -> None:
             )
 
 
-def _is_text_type(value_type: str) -> bool:
-    return value_type in ("string", "large_string")
+def _family(f: Feature) -> str:
+    """What a value's id depends on besides the value: text or number (a vocabulary's 5 and
+    5.0 are one key); hashing takes integers and booleans as int64, other numbers by repr."""
+    t = f.value_type
+    if t in ("string", "large_string"):
+        return "text"
+    if f.spec.encoding == "hashing" and not (t == "bool" or t.startswith(("int", "uint"))):
+        return t
+    return "number"
 
 
 def _is_int(text: str) -> bool:
