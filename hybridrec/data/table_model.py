@@ -9,10 +9,8 @@ conf/data/table.yaml) leaves these keys null, meaning "from the dataset":
     embedding_dims, embedding_dim, hotness, pooling, jagged, mean_ids;
     bottom_mlp null -> [64, first table's width]
 
-One entry per sparse feature, in spec order: `feature_names` its name, `table_names` the
-table it looks up (repeated for features sharing one), rows and width those of its table.
-A feature named like its table looks up a table of its own (storage None), as before
-feature_names existed.
+Per sparse feature, in spec order: its name, the table it looks up (repeated for features
+sharing one), that table's rows and width; a feature named like its table has it alone.
 
 A key the user set (not null) must equal the dataset's value: else one line naming the key and
 the dataset's value. `data.spec`, when given, must be the spec the data was preprocessed with
