@@ -7,13 +7,15 @@ directory complete. It records
 - the arrays: file names, and with `--checksums` one CRC32 per block of `block_rows` rows;
 - row counts: in total, per split (train/val/test are contiguous row ranges, in that order),
   per source file (rows kept, rows in train, malformed rows skipped);
-- per table: its cardinality (`num_embeddings`, the rows a model's table needs), how many
-  distinct ids the train split uses, its hottest ids, and the file with every id's train
-  frequency (`counts/cat_<t>.npz`: `ids`, `counts`, for hot-row caches);
+- per table (per feature, in feature order: features sharing a table repeat it): its
+  cardinality (`num_embeddings`, the rows a model's table needs), how many distinct ids the
+  train split uses, its hottest ids, and the file with every id's train frequency
+  (`counts/cat_<t>.npz`: `ids`, `counts`, for hot-row caches);
 - the encoding and transforms, the options that produced it and their fingerprint;
 - for a table made from a dataset spec (hybridrec.data.spec): the normalised `spec` and per
-  feature (`features`, in table order) its table, width, hotness, jagged and pooling flags and
-  statistics; Criteo datasets have neither (`spec` None), and their tables are one-hot.
+  feature (`features`, in table order) its table (`shared_with`: the table's other features,
+  when shared), width, hotness, jagged and pooling flags and statistics; Criteo datasets
+  have neither (`spec` None), and their tables are one-hot.
 
 Arrays: labels [N] (uint8 for Criteo, float32 for a table), dense [N, F] float32,
 categorical [N, H] int32 or int64 (H = the sum of the tables' hotness; padding -1).
@@ -48,7 +50,7 @@ class ArraySpec:
 
 @dataclass
 class TableStats:
-    name: str  # the model's table name, cat_<t>
+    name: str  # the model's table name, cat_<t> (a spec dataset: the table the feature uses)
     field: str  # the raw column, C<t+1>
     num_embeddings: int  # ids are in [0, num_embeddings)
     distinct_train_ids: int
@@ -83,7 +85,7 @@ class Manifest:
     format: str = FORMAT
     version: int = VERSION
     spec: dict[str, Any] | None = None  # the dataset spec a table was made with
-    features: list[dict[str, Any]] = field(default_factory=list)  # per table, spec datasets
+    features: list[dict[str, Any]] = field(default_factory=list)  # per feature, spec datasets
 
     @property
     def hotness(self) -> list[int]:

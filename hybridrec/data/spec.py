@@ -9,11 +9,13 @@ An optional `input` section says how CSV/TSV files are read: a header row (the d
 headerless fields named by `input.columns` (Criteo's day files), the delimiter, and the
 format when the file names do not tell it (`day_0`).
 
-Invariants checked here: one feature per table (shared tables are not supported by the model
-yet), every feature's table listed under `tables` and every listed table used, distinct
-feature names, a binary label rule only for binary tasks, disjoint split values, fractions
-in range. Whether the columns exist and hold the declared kinds is checked against the data
-(hybridrec.data.tabular).
+Invariants checked here: every feature's table listed under `tables` and every listed table
+used, distinct feature names, a binary label rule only for binary tasks, disjoint split
+values, fractions in range. Several features may share one table (a user id and a list of
+followed user ids: the same value must hit the same row), so they encode alike: all
+`vocabulary` with one `min_count` (one vocabulary over their train values), all `hashing`
+with one `cap`, or all `identity` with one `rows`. Whether the columns exist and hold the
+declared kinds is checked against the data (hybridrec.data.tabular).
 """
 
 from __future__ import annotations
@@ -333,13 +335,7 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
         if s.name in names:
             raise ValueError(f"{where}: sparse[{i}].name {s.name!r} is used twice; names differ")
         names.add(s.name)
-        if s.table in users:
-            raise ValueError(
-                f"{where}: sparse[{i}] ({s.name}) and {users[s.table]} both use table "
-                f"{s.table!r}: features sharing one table are not supported yet; give each "
-                "its own table"
-            )
-        users[s.table] = s.name
+        users.setdefault(s.table, []).append(s)
         if s.table not in listed:
             raise ValueError(
                 f"{where}: sparse[{i}] ({s.name}) uses table {s.table!r}, which tables does not "
@@ -348,6 +344,31 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
     unused = [t.name for t in tables if t.name not in users]
     if unused:
         raise ValueError(f"{where}: tables lists {unused[0]!r}, which no sparse feature uses")
+    for table, shared in users.items():
+        _check_shared(where, table, shared)
+
+
+def encoding_key(s: SparseSpec) -> tuple[str, int | None]:
+    """What features sharing a table must agree on: the encoding and its one parameter."""
+    param = {"vocabulary": s.min_count, "hashing": s.cap, "identity": s.rows}[s.encoding]
+    return s.encoding, param
+
+
+def _check_shared(where: str, table: str, shared: list[SparseSpec]) -> None:
+    first = shared[0]
+    for s in shared[1:]:
+        if encoding_key(s) != encoding_key(first):
+            a, b = (f"{x.name} ({x.encoding} {_param(x)})" for x in (first, s))
+            raise ValueError(
+                f"{where}: features {a} and {b} share table {table!r} but encode differently; "
+                "give every feature of one table the same encoding: vocabulary with one "
+                "min_count, hashing with one cap, or identity with one rows"
+            )
+
+
+def _param(s: SparseSpec) -> str:
+    key = {"vocabulary": "min_count", "hashing": "cap", "identity": "rows"}[s.encoding]
+    return f"{key}={getattr(s, key)}"
 
 
 def load_spec(path: str | Path) -> DatasetSpec:

@@ -5,8 +5,12 @@
 configs on resume) sees the filled values. conf/model/table.yaml (selected by
 conf/data/table.yaml) leaves these keys null, meaning "from the dataset":
 
-    task, num_dense_features, num_embeddings_per_feature, table_names, embedding_dims,
-    embedding_dim, hotness, pooling, jagged; bottom_mlp null -> [64, first table's width]
+    task, num_dense_features, feature_names, table_names, num_embeddings_per_feature,
+    embedding_dims, embedding_dim, hotness, pooling, jagged, mean_ids;
+    bottom_mlp null -> [64, first table's width]
+
+Per sparse feature, in spec order: its name, the table it looks up (repeated for features
+sharing one), that table's rows and width; a feature named like its table has it alone.
 
 A key the user set (not null) must equal the dataset's value: else one line naming the key and
 the dataset's value. `data.spec`, when given, must be the spec the data was preprocessed with
@@ -33,8 +37,9 @@ def dataset_model(manifest: Manifest) -> dict[str, Any]:
     return {
         "task": manifest.schema["labels"]["task"],
         "num_dense_features": int(manifest.arrays["dense"].row_shape[0]),
-        "num_embeddings_per_feature": [int(x["num_embeddings"]) for x in f],
+        "feature_names": [x["name"] for x in f],
         "table_names": [x["table"] for x in f],
+        "num_embeddings_per_feature": [int(x["num_embeddings"]) for x in f],
         "embedding_dims": widths,
         "embedding_dim": widths[0],
         "hotness": [int(x["hotness"]) for x in f],

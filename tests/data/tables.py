@@ -48,6 +48,35 @@ SPEC = {
 }
 
 
+def follows(n: int = N) -> dict[str, list]:
+    """Columns of a table whose `user` (one id) and `followed` (a list of user ids) share the
+    table `user`: "both" is seen once in each in train (kept only by the combined count of
+    SHARED_SPEC's min_count 2), "rare" once in train, "u6" only in `followed`."""
+    rows = range(n)
+    user = [None if i % 11 == 0 else f"u{i % 5}" for i in rows]
+    followed = [None if i % 7 == 0 else [f"u{(i + k) % 7}" for k in range(i % 4)] for i in rows]
+    user[3], followed[6], followed[9] = "both", ["both", "u1"], ["rare", "u2"]
+    user[-1] = "only_in_test"
+    return {
+        "clicked": [i % 3 == 0 for i in rows],
+        "age": [float(20 + (i * 13) % 30) for i in rows],
+        "user": user,
+        "followed": followed,
+    }
+
+
+SHARED_SPEC = {
+    "label": {"column": "clicked", "task": "binary"},
+    "dense": [{"column": "age", "transform": "standardize"}],
+    "sparse": [
+        {"name": "user", "column": "user", "min_count": 2},
+        {"name": "followed", "column": "followed", "kind": "list", "table": "user", "min_count": 2},
+    ],
+    "tables": [{"name": "user", "width": 8}],
+    "split": {"by": "rows", "train_fraction": 0.5},
+}
+
+
 def spec_dict(**changes: object) -> dict:
     """A deep copy of SPEC with top-level keys replaced."""
     d = yaml.safe_load(yaml.safe_dump(SPEC))

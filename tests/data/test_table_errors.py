@@ -198,9 +198,10 @@ def test_cli_reports_bad_data_in_one_line(tmp_path, capsys):
             "sparse[0] (user).max_len applies to kind: list only",
         ),
         (
-            lambda d: d["sparse"][1].update(table="user"),
-            "sparse[1] (movie) and user both use table 'user': features sharing one table are not "
-            "supported yet; give each its own table",
+            lambda d: (d["sparse"][1].update(table="user"), d["tables"].pop(1)),
+            "features user (vocabulary min_count=2) and movie (identity rows=13) share table "
+            "'user' but encode differently; give every feature of one table the same encoding: "
+            "vocabulary with one min_count, hashing with one cap, or identity with one rows",
         ),
         (
             lambda d: d["tables"].pop(),

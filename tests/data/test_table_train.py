@@ -27,7 +27,8 @@ def test_the_model_is_filled_from_the_manifest(table_dir):
     cfg = validate(compose(["data=table", f"data.path={table_dir}", "train.batch_size=4"]))
     m = cfg.model
     assert m.name == "table" and m.task == "binary" and m.num_dense_features == 1
-    assert m.table_names == ["user", "movie", "zip", "genres"]
+    assert m.table_names == m.feature_names == ["user", "movie", "zip", "genres"]
+    assert [t.storage for t in m.tables()] == [None] * 4  # no feature shares a table
     assert m.num_embeddings_per_feature == [7, 14, 1000, 7]
     assert m.embedding_dims == [8, 8, 8, 8] and m.embedding_dim == 8 and m.bottom_mlp == [64, 8]
     assert m.hotness == [1, 1, 1, 3] and m.jagged == [False, False, False, True]

@@ -3,10 +3,11 @@
 `preprocess_table(spec, inputs, output)` is what `hybridrec-preprocess --spec` runs. It writes
 the directory format the Criteo preprocessing writes (hybridrec.data.manifest), so readers,
 loaders, shuffling and checksums work unchanged: labels.npy, dense.npy, categorical.npy,
-counts/<table>.npz and manifest.json, last and atomically.
+counts/ (hybridrec.data.tabular.write) and manifest.json, last and atomically.
 
 Two streamed passes over the inputs (hybridrec.data.tabular.scan), in file order:
-1. the train split's statistics: vocabularies, standardize's mean and std, the longest list;
+1. the train split's statistics: vocabularies (one per table: features sharing a table share
+   it), standardize's mean and std, the longest list;
 2. encode every row (hybridrec.data.tabular.encode) into per-split parts, then assemble.
 Memory: one batch of `batch_rows` rows plus the vocabularies and a count per table row.
 A run whose inputs, spec and options match the directory's fingerprint does nothing; another
@@ -28,7 +29,7 @@ import numpy as np
 from hybridrec.data.manifest import FORMAT, MANIFEST, VERSION, Manifest, SourceFile
 from hybridrec.data.spec import DatasetSpec
 from hybridrec.data.tabular import columns
-from hybridrec.data.tabular.encode import Feature, feature_line
+from hybridrec.data.tabular.encode import check_shared_values, feature_line, make_features
 from hybridrec.data.tabular.scan import Splitter, Table, open_table
 from hybridrec.data.tabular.write import ARRAY_NAMES, Moments, SplitParts, write_counts
 
@@ -110,7 +111,7 @@ def _build(
     batch_rows: int,
 ) -> TableReport:
     total = table.count_rows() if spec.split.by == "rows" else None
-    features = [Feature(s, i, spec.table(s.table)) for i, s in enumerate(spec.sparse)]
+    features = make_features(spec)
     cols = spec.columns()
 
     # 1. train statistics
@@ -124,6 +125,7 @@ def _build(
         for f in features:
             col = columns.plain(batch.column(f.spec.column))
             f.count(columns.bags(col, f.spec, f.index, file, row0), train)
+    check_shared_values(features)
     for f in features:
         f.finish_counting()
     big = max(f.num_embeddings for f in features) >= 2**31

@@ -10,10 +10,13 @@ Ids per encoding (docs/data-spec.md; every null value has an id of its own):
 - identity: the value itself, an integer in [0, rows); null = rows; the table has rows + 1.
 Lists are bags of such ids padded with -1 to `max_len` (longer lists keep their first
 max_len ids and are counted as truncated); a single feature is one id per row.
+Features sharing a table (hybridrec.data.spec) encode alike, so one value is one row for all
+of them: vocabulary features count into one `Vocabulary` (min_count on the combined counts),
+and their values must be all text or all non-text (else one line naming both features).
 
 Pass 1 (`count`) sees the train rows only: vocabulary counts, the longest train list. Pass 2
-(`encode`) sees every row: ids, per-feature statistics, and each id's train frequency (for
-counts/<table>.npz). Memory: the vocabulary and one count per table row, never the row count.
+(`encode`) sees every row: ids, statistics, each id's train frequency (for counts/). Memory: a
+vocabulary per table and a count per feature and table row, never the row count.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridrec.data.spec import MAX_LIST_LEN, SparseSpec, TableSpec
+from hybridrec.data.spec import MAX_LIST_LEN, DatasetSpec, SparseSpec, TableSpec
 from hybridrec.data.tabular.columns import Bags, is_text, pad, where
 
 _M = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -60,17 +63,56 @@ def text_hash(arr: pa.Array) -> np.ndarray:
     return out
 
 
+class Vocabulary:
+    """One table's vocabulary over the train values of every feature using it: ids 2.. by
+    decreasing count (ties by value) for values counted at least `min_count` times."""
+
+    def __init__(self, min_count: int) -> None:
+        self.min_count = min_count
+        self.counts: dict = {}  # pass 1: value -> train count
+        self.ids: dict | None = None  # after `finish`
+        self.distinct = 0  # distinct non-null train values
+
+    def add(self, values: pa.Array) -> None:
+        vc = pc.value_counts(values)
+        for v, c in zip(
+            vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True
+        ):
+            if v is not None:
+                self.counts[v] = self.counts.get(v, 0) + c
+
+    def finish(self) -> dict:
+        """The value -> id mapping, fixed on the first call (the counts are then dropped)."""
+        if self.ids is None:
+            kept = sorted(
+                (v for v, c in self.counts.items() if c >= self.min_count),
+                key=lambda v: (-self.counts[v], v),
+            )
+            self.ids = {v: i + 2 for i, v in enumerate(kept)}
+            self.distinct, self.counts = len(self.counts), {}
+        return self.ids
+
+
 class Feature:
     """One sparse feature through both passes (see the module docstring)."""
 
-    def __init__(self, spec: SparseSpec, index: int, table: TableSpec) -> None:
+    def __init__(
+        self,
+        spec: SparseSpec,
+        index: int,
+        table: TableSpec,
+        vocabulary: Vocabulary | None = None,
+        shared_with: tuple[str, ...] = (),
+    ) -> None:
         self.spec, self.index, self.table = spec, index, table
+        self.shared_with = shared_with  # the other features of its table
         self.key = f"sparse[{index}] ({spec.name})"
-        self.counts: dict = {}  # vocabulary, pass 1: value -> train count
+        if spec.encoding == "vocabulary" and vocabulary is None:
+            vocabulary = Vocabulary(spec.min_count)
+        self.vocabulary = vocabulary
         self.train_max_len = 0
         self.value_type = ""
         self.vocab: dict = {}
-        self.distinct_train = 0
         self.num_embeddings = 0
         self.max_len = 1
         # pass 2 statistics
@@ -85,34 +127,24 @@ class Feature:
         lengths = b.lengths()
         if self.spec.kind == "list" and train.any():
             self.train_max_len = max(self.train_max_len, int(lengths[train].max()))
-        if self.spec.encoding != "vocabulary" or not train.any():
+        if self.vocabulary is None or not train.any():
             return
-        values = b.values.filter(pa.array(np.repeat(train, lengths)))
-        vc = pc.value_counts(values)
-        for v, c in zip(
-            vc.field("values").to_pylist(), vc.field("counts").to_pylist(), strict=True
-        ):
-            if v is not None:
-                self.counts[v] = self.counts.get(v, 0) + c
+        self.vocabulary.add(b.values.filter(pa.array(np.repeat(train, lengths))))
 
     def finish_counting(self) -> None:
         """Fix the vocabulary, the table's rows and max_len (after pass 1)."""
         s = self.spec
-        if s.encoding == "vocabulary":
-            kept = sorted(
-                (v for v, c in self.counts.items() if c >= s.min_count),
-                key=lambda v: (-self.counts[v], v),
-            )
-            self.vocab = {v: i + 2 for i, v in enumerate(kept)}
-            self.distinct_train = len(self.counts)
-            self.counts = {}
-            need = 2 + len(kept)
+        if self.vocabulary is not None:
+            self.vocab = self.vocabulary.finish()
+            need = 2 + len(self.vocab)
         else:
             need = s.cap if s.encoding == "hashing" else s.rows + 1
         if self.table.rows is not None and self.table.rows < need:
+            who = ", ".join((s.name, *self.shared_with))
             raise ValueError(
-                f"tables: {self.table.name}.rows={self.table.rows} is too small: feature "
-                f"{s.name} ({s.encoding}) needs {need} rows; raise it or leave it out"
+                f"tables: {self.table.name}.rows={self.table.rows} is too small: "
+                f"{'features' if self.shared_with else 'feature'} {who} ({s.encoding}) "
+                f"{'need' if self.shared_with else 'needs'} {need} rows; raise it or leave it out"
             )
         self.num_embeddings = self.table.rows or need
         if s.kind == "list":
@@ -217,11 +249,12 @@ class Feature:
         return out
 
     def distinct(self) -> int:
-        """Distinct non-null values in train (hashing: distinct hashed ids)."""
-        if self.spec.encoding == "vocabulary":
-            return self.distinct_train
+        """Distinct non-null values in train; hashing, and a vocabulary shared with other
+        features: distinct non-null ids (the out-of-vocabulary id counts once)."""
+        if self.vocabulary is not None and not self.shared_with:
+            return self.vocabulary.distinct
         seen = self.id_counts > 0
-        seen[0 if self.spec.encoding == "hashing" else self.spec.rows] = False
+        seen[self.spec.rows if self.spec.encoding == "identity" else 0] = False
         return int(seen.sum())
 
     def describe(self) -> dict:
@@ -243,6 +276,8 @@ class Feature:
             "distinct_train": self.distinct(),
             "nulls": self.nulls,
         }
+        if self.shared_with:
+            d["shared_with"] = list(self.shared_with)
         if s.kind == "list":
             d["length"] = {
                 "min": self.len_min or 0,
@@ -252,6 +287,48 @@ class Feature:
             d["max_len"] = self.max_len
             d["truncated"] = self.truncated
         return d
+
+
+def make_features(spec: DatasetSpec) -> list[Feature]:
+    """One Feature per sparse feature, in spec order; features of one table share its
+    vocabulary and know each other's names."""
+    vocabs: dict[str, Vocabulary] = {}
+    out = []
+    for i, s in enumerate(spec.sparse):
+        vocab = None
+        if s.encoding == "vocabulary":
+            vocab = vocabs.setdefault(s.table, Vocabulary(s.min_count))
+        shared = tuple(x.name for x in spec.sparse if x.table == s.table and x is not s)
+        out.append(Feature(s, i, spec.table(s.table), vocab, shared))
+    return out
+
+
+def check_shared_values(features: list[Feature]) -> None:
+    """After pass 1: features sharing a table hold values of one family (`_family`), else
+    the same value would get different ids in them."""
+    first: dict[str, Feature] = {}
+    for f in features:
+        if not f.shared_with or f.spec.encoding == "identity" or f.value_type in ("", "null"):
+            continue
+        g = first.setdefault(f.table.name, f)
+        if _family(f) != _family(g):
+            raise ValueError(
+                f"{f.key}: column {f.spec.column!r} holds {f.value_type} values but feature "
+                f"{g.spec.name} (column {g.spec.column!r}), which shares table "
+                f"{f.table.name!r}, holds {g.value_type}; one value must get one id in both: "
+                "give the columns one type (cast one of them before preprocessing)"
+            )
+
+
+def _family(f: Feature) -> str:
+    """What a value's id depends on besides the value: text or number (a vocabulary's 5 and
+    5.0 are one key); hashing takes integers and booleans as int64, other numbers by repr."""
+    t = f.value_type
+    if t in ("string", "large_string"):
+        return "text"
+    if f.spec.encoding == "hashing" and not (t == "bool" or t.startswith(("int", "uint"))):
+        return t
+    return "number"
 
 
 def _is_int(text: str) -> bool:
@@ -274,4 +351,5 @@ def feature_line(d: dict) -> str:
         line += f", length {ln['min']}..{ln['max']} (mean {ln['mean']:.1f})"
         if d["truncated"]:
             line += f", {d['truncated']} truncated to {d['max_len']}"
-    return line + f", table {d['table']} ({d['num_embeddings']} rows, width {d['width']})"
+    shared = f"shared with {', '.join(d['shared_with'])}; " if d.get("shared_with") else ""
+    return line + f", table {d['table']} ({shared}{d['num_embeddings']} rows, width {d['width']})"

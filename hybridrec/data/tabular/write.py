@@ -86,13 +86,18 @@ class SplitParts:
 
 
 def write_counts(output: Path, features: list) -> list[TableStats]:
-    """counts/<table>.npz (train frequency of every id used) and the manifest's table stats."""
+    """Each feature's train frequency of every id it used, and the manifest's stats, one per
+    feature in feature order: counts/<table>.npz for a table of one feature, and
+    counts/<table>/<feature>.npz for each feature of a shared table (their sum is the table's)."""
     (output / "counts").mkdir(exist_ok=True)
     tables = []
     for f in features:
         ids = np.flatnonzero(f.id_counts).astype(np.int64)
         counts = f.id_counts[ids]
         rel = f"counts/{f.table.name}.npz"
+        if f.shared_with:
+            (output / "counts" / f.table.name).mkdir(exist_ok=True)
+            rel = f"counts/{f.table.name}/{f.spec.name}.npz"
         np.savez(output / rel, ids=ids, counts=counts)
         tables.append(
             TableStats(
