@@ -72,7 +72,7 @@ class IdChecker:
         table = self.tables[t]
         return IdOutOfRangeError(
             f"feature {t} ({table.name}): id {value} at {where} is outside table "
-            f"{table.name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}"
+            f"{table.table_name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}"
             f"{', or -1 for no id' if table.jagged else ''}){then}"
         )
 

@@ -26,6 +26,7 @@ from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import run_jobs, spawn_jobs
 from tests.distributed.test_equivalence import assemble, make_cfg
+from tests.distributed.test_jagged_equivalence import jagged_cfg
 
 pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it
@@ -36,6 +37,8 @@ CASES = [
     (("none", 1), ("auto", 3)),
     (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
     (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
+    # list features, mixed widths, a table two features share (test_jagged_equivalence)
+    (("column_wise", 2), ("row_wise", 3), "jagged"),
 ]
 # world sizes in run order: each stage runs, in one spawn, every job of that size whose
 # checkpoint is written by then (saves on 4 before the loads on 2, on 2 before those on 3)
@@ -50,8 +53,14 @@ def _scheduled(cfg):
     return cfg
 
 
-def _cfg(mode, world, ck_dir, steps, sparse="adam"):
-    cfg = _scheduled(make_cfg(mode, sparse, world))
+def _model_cfg(mode, world, model="dlrm", sparse="adam"):
+    if model == "jagged":
+        return jagged_cfg(mode, sparse, world)
+    return make_cfg(mode, sparse, world)
+
+
+def _cfg(mode, world, ck_dir, steps, model="dlrm"):
+    cfg = _scheduled(_model_cfg(mode, world, model))
     cfg.sharding.cache_fraction = 0.001  # host mode: small caches, so checkpoints flush
     cfg.checkpoint.dir, cfg.checkpoint.every = str(ck_dir), K
     cfg.train.steps, cfg.eval.batches = steps, 1
@@ -115,8 +124,8 @@ def _run_stage(world: int, jobs: list[Job]) -> dict[str, Any]:
     return spawn_jobs(world, batch)
 
 
-def _label(save, load) -> str:
-    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}"
+def _label(save, load, model="dlrm") -> str:
+    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}" + ("" if model == "dlrm" else f" {model}")
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +134,18 @@ def runs(tmp_path_factory):
     export test's save and warm start, and the uninterrupted single-process reference."""
     root = tmp_path_factory.mktemp("checkpoints")
     jobs: list[Job] = []
-    for save, load in CASES:
-        label, ck = _label(save, load), root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}"
-        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K)))
+    for save, load, *model in CASES:
+        label = _label(save, load, *model)
+        ck = root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}{''.join(model)}"
+        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K, *model)))
         jobs.append(
-            Job(f"{label} load", load[1], load_and_resume, _cfg(*load, ck, K), f"{label} save")
+            Job(
+                f"{label} load",
+                load[1],
+                load_and_resume,
+                _cfg(*load, ck, K, *model),
+                f"{label} save",
+            )
         )
     export = {"ck": root / "export_ck", "out": root / "model.pt"}
 
@@ -160,13 +176,16 @@ def runs(tmp_path_factory):
         if stage:
             results.update(_run_stage(world, stage))
     assert set(results) == {j.label for j in jobs}, "a job STAGES never runs"
-    ref_cfg = _scheduled(make_cfg("none", "adam", 1))
-    ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
-    [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
+    refs = {}
+    for model in ("dlrm", "jagged"):
+        ref_cfg = _scheduled(_model_cfg("none", 1, model))
+        ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
+        [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
+        refs[model] = (ref_cfg, [ref])
     return {
         "jobs": {j.label: j for j in jobs},
         "results": results,
-        "ref": (ref_cfg, [ref]),
+        "refs": refs,
         "checkpoints": checkpoints,
         "export": export,
     }
@@ -187,9 +206,10 @@ def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
         torch.testing.assert_close(b_res[0]["dense"][k], v, **tol)
 
 
-@pytest.mark.parametrize("save,load", CASES)
-def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load):
-    label = _label(save, load)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: _label(*c))
+def test_checkpoint_reshards_exactly_and_training_continues(runs, case):
+    save, load, *model = case
+    label = _label(*case)
     jobs, results = runs["jobs"], runs["results"]
     cfg_a, saved = jobs[f"{label} save"].cfg, results[f"{label} save"]
     assert runs["checkpoints"][f"{label} load"] == [f"step_{K}"]
@@ -200,7 +220,7 @@ def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load):
     _assert_same(cfg_a, saved, cfg_b, loaded, exact=True, label=f"{save}->{load} load")
     # continued to K + M steps: equals a single process that never stopped
     resumed = [r["resumed"] for r in results[f"{label} load"]]
-    ref_cfg, ref = runs["ref"]
+    ref_cfg, ref = runs["refs"][model[0] if model else "dlrm"]
     _assert_same(ref_cfg, ref, cfg_b, resumed, exact=False, label=f"{save}->{load} resumed")
 
 
