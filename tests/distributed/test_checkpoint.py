@@ -29,13 +29,17 @@ from tests.distributed.test_equivalence import assemble, make_cfg
 
 pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it
+# (save plan, load plan, sparse optimizer)
 CASES = [
-    (("table_wise", 4), ("column_wise", 2)),
-    (("row_wise", 3), ("none", 1)),
-    (("column_wise", 2), ("row_wise", 3)),
-    (("none", 1), ("auto", 3)),
-    (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
-    (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
+    (("table_wise", 4), ("column_wise", 2), "adam"),
+    (("row_wise", 3), ("none", 1), "adam"),
+    (("column_wise", 2), ("row_wise", 3), "adam"),
+    (("none", 1), ("auto", 3), "adam"),
+    (("host", 2), ("table_wise", 3), "adam"),  # host tables flush their caches into the checkpoint
+    (("row_wise", 2), ("host", 3), "adam"),  # ... and reload cached rows after a load
+    # element-wise Adagrad's sums [rows, cols] (named like row-wise Adagrad's [rows]): column
+    # slices reassembled into row ranges behind host caches
+    (("column_wise", 2), ("host", 3), "adagrad"),
 ]
 # world sizes in run order: each stage runs, in one spawn, every job of that size whose
 # checkpoint is written by then (saves on 4 before the loads on 2, on 2 before those on 3)
@@ -115,8 +119,8 @@ def _run_stage(world: int, jobs: list[Job]) -> dict[str, Any]:
     return spawn_jobs(world, batch)
 
 
-def _label(save, load) -> str:
-    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}"
+def _label(save, load, sparse) -> str:
+    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}/{sparse}"
 
 
 @pytest.fixture(scope="module")
@@ -125,12 +129,12 @@ def runs(tmp_path_factory):
     export test's save and warm start, and the uninterrupted single-process reference."""
     root = tmp_path_factory.mktemp("checkpoints")
     jobs: list[Job] = []
-    for save, load in CASES:
-        label, ck = _label(save, load), root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}"
-        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K)))
-        jobs.append(
-            Job(f"{label} load", load[1], load_and_resume, _cfg(*load, ck, K), f"{label} save")
-        )
+    for save, load, sparse in CASES:
+        label = _label(save, load, sparse)
+        ck = root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}_{sparse}"
+        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K, sparse)))
+        load_cfg = _cfg(*load, ck, K, sparse)
+        jobs.append(Job(f"{label} load", load[1], load_and_resume, load_cfg, f"{label} save"))
     export = {"ck": root / "export_ck", "out": root / "model.pt"}
 
     def do_export():
@@ -160,13 +164,16 @@ def runs(tmp_path_factory):
         if stage:
             results.update(_run_stage(world, stage))
     assert set(results) == {j.label for j in jobs}, "a job STAGES never runs"
-    ref_cfg = _scheduled(make_cfg("none", "adam", 1))
-    ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
-    [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
+    refs = {}
+    for sparse in sorted({case[2] for case in CASES}):
+        ref_cfg = _scheduled(make_cfg("none", sparse, 1))
+        ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
+        [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
+        refs[sparse] = (ref_cfg, [ref])
     return {
         "jobs": {j.label: j for j in jobs},
         "results": results,
-        "ref": (ref_cfg, [ref]),
+        "refs": refs,
         "checkpoints": checkpoints,
         "export": export,
     }
@@ -187,9 +194,9 @@ def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
         torch.testing.assert_close(b_res[0]["dense"][k], v, **tol)
 
 
-@pytest.mark.parametrize("save,load", CASES)
-def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load):
-    label = _label(save, load)
+@pytest.mark.parametrize("save,load,sparse", CASES)
+def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load, sparse):
+    label = _label(save, load, sparse)
     jobs, results = runs["jobs"], runs["results"]
     cfg_a, saved = jobs[f"{label} save"].cfg, results[f"{label} save"]
     assert runs["checkpoints"][f"{label} load"] == [f"step_{K}"]
@@ -200,7 +207,7 @@ def test_checkpoint_reshards_exactly_and_training_continues(runs, save, load):
     _assert_same(cfg_a, saved, cfg_b, loaded, exact=True, label=f"{save}->{load} load")
     # continued to K + M steps: equals a single process that never stopped
     resumed = [r["resumed"] for r in results[f"{label} load"]]
-    ref_cfg, ref = runs["ref"]
+    ref_cfg, ref = runs["refs"][sparse]
     _assert_same(ref_cfg, ref, cfg_b, resumed, exact=False, label=f"{save}->{load} resumed")
 
 
