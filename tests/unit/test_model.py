@@ -103,6 +103,31 @@ def test_mlp_torch_init_is_nn_linear_default():
         MLP(4, [2], final_relu=False, init="xavier")
 
 
+def test_each_arch_initialises_its_mlps_as_its_reference():
+    """dlrm: the DLRM reference's init (unchanged); dcnv2: torchrec's DLRM_DCN (nn.Linear's
+    default), with the cross network between bottom and top as DenseArch builds them."""
+    for arch, init in (("dlrm", "dlrm"), ("dcnv2", "torch")):
+        cfg = load_model_config("dlrm_tiny")
+        cfg.arch = arch
+        torch.manual_seed(5)
+        dense = DenseArch(cfg)
+        torch.manual_seed(5)
+        bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init=init)
+        if arch == "dcnv2":
+            top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
+            LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank)
+        else:
+            top_in = DotInteraction(len(cfg.num_embeddings_per_feature)).output_dim(
+                cfg.bottom_mlp[-1]
+            )
+        top = MLP(top_in, cfg.top_mlp, final_relu=False, init=init)
+        want = {f"bottom.{k}": v for k, v in bottom.state_dict().items()}
+        want |= {f"top.{k}": v for k, v in top.state_dict().items()}
+        got = dense.state_dict()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (arch, k)
+
+
 def test_dlrm_and_dcnv2_forward_shapes_and_grads():
     for arch in ("dlrm", "dcnv2"):
         cfg = load_model_config("dlrm_tiny")
