@@ -62,7 +62,7 @@ from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
 
-SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001, "adagrad": 0.05}
 
 
 def make_cfg(

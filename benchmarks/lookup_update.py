@@ -19,7 +19,7 @@ and sort traffic not counted, so the figures are lower bounds on traffic):
 - lookup: N*D*wb read + B*T*D*4 written;
 - dedupe: N*D*4 read (each id's bag gradient) + U*D*4 written;
 - update: 2*U*D*wb (weight rows read and written) + U*D*4 (grads read) + optimizer state read
-  and written: sgd 0, rowwise_adagrad 2*U*4, adam 2*2*U*D*4.
+  and written: sgd 0, rowwise_adagrad 2*U*4, adam 2*2*U*D*4, adagrad 2*U*D*4.
 GB/s = bytes / time; "% HBM" = time the bytes need at `--hbm-bw` (default 2.98e12 B/s,
 H100 SXM's nominal; peak achievable is ~90% of it) / measured time.
 On CPU the Triton rows need TRITON_INTERPRET=1 (tiny sizes only: the interpreter is slow).
@@ -41,9 +41,15 @@ from hybridrec.config import load_model_config
 from hybridrec.kernels import dispatch, lookup, row_update, segment
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.segment import dedupe
-from hybridrec.optim.sparse import SPARSE_OPTIMIZERS, RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.optim.sparse import (
+    SPARSE_OPTIMIZERS,
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+)
 
-SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001, "adagrad": 0.05}
 HASH = 2654435761  # prime > any table size: rank -> (rank * HASH + 17) % n is a bijection
 
 
@@ -84,7 +90,13 @@ def make_batch(args, sizes: list[int], seed: int, device: torch.device) -> dict:
 
 def build_optimizer(name: str):
     lr = SPARSE_LR[name]
-    return {"sgd": SparseSGD, "rowwise_adagrad": RowWiseAdagrad, "adam": SparseAdam}[name](lr)
+    classes = {
+        "sgd": SparseSGD,
+        "rowwise_adagrad": RowWiseAdagrad,
+        "adam": SparseAdam,
+        "adagrad": SparseAdagrad,
+    }
+    return classes[name](lr)
 
 
 def _offsets(bags: torch.Tensor, num_bags: int) -> torch.Tensor:
@@ -126,6 +138,8 @@ def triton_path(opt, weight, state):
             row_update.sgd_update(weight, rows, grads, opt.lr)
         elif opt.name == "rowwise_adagrad":
             row_update.rowwise_adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
+        elif opt.name == "adagrad":
+            row_update.adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
         else:
             step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
             row_update.adam_update(
@@ -144,7 +158,12 @@ def triton_path(opt, weight, state):
 
 
 def phase_bytes(opt_name: str, n: int, bags: int, u: int, d: int, wb: int) -> dict[str, float]:
-    state = {"sgd": 0, "rowwise_adagrad": 2 * u * 4, "adam": 2 * 2 * u * d * 4}[opt_name]
+    state = {
+        "sgd": 0,
+        "rowwise_adagrad": 2 * u * 4,
+        "adam": 2 * 2 * u * d * 4,
+        "adagrad": 2 * u * d * 4,
+    }[opt_name]
     out = {
         "lookup": n * d * wb + bags * d * 4,
         "dedupe": n * d * 4 + u * d * 4,
@@ -210,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--hotness", type=int, default=1)
-    p.add_argument("--optimizer", default="all", help="sgd | rowwise_adagrad | adam | all")
+    p.add_argument(
+        "--optimizer", default="all", help="sgd | rowwise_adagrad | adam | adagrad | all"
+    )
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--zipf", type=float, default=1.05, help="Zipf exponent of the ids")
     p.add_argument("--steps", type=int, default=20)

@@ -63,7 +63,7 @@ from hybridrec.types import ShardingPlan, ShardingType
 from tests.distributed.harness import spawn
 
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto")
-SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001, "adagrad": 0.05}
 # "mid": 8 tables from 1e3 to 1e6 rows (2.44M rows x 32 = 312 MB of fp32 weights), one id
 # per table and sample, so every mode moves real bytes and the big tables dominate.
 MODELS = {

@@ -44,7 +44,7 @@ from hybridrec.parallelize import compile_dense
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
 
-SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001}
+SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05, "adam": 0.001, "adagrad": 0.05}
 
 
 def make_cfg(

@@ -4,7 +4,7 @@ Every mistake surfaces before any work starts, as one message that names the key
 accepts:
 
     unknown key    -> "unknown config key 'train.stpes'; keys under 'train': steps, epochs, ..."
-    wrong value    -> "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam"
+    wrong value    -> "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam, ..."
 
 Each choice list belongs to the component that implements the choices (optimizers, loaders,
 readers, loggers, kernels, ...); the checks here import it from there.

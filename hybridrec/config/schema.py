@@ -233,9 +233,9 @@ class DenseOptimConfig:
 
 @dataclass
 class SparseOptimConfig:
-    name: str = "rowwise_adagrad"  # sgd | rowwise_adagrad | adam (touched rows only)
+    name: str = "rowwise_adagrad"  # sgd | rowwise_adagrad | adam | adagrad (touched rows only)
     lr: float = 0.05  # learning rate of the embedding tables
-    eps: float = 1e-8  # rowwise_adagrad, adam
+    eps: float = 1e-8  # rowwise_adagrad, adam, adagrad (torch.optim.Adagrad's default: 1e-10)
     beta1: float = 0.9  # adam
     beta2: float = 0.999  # adam
 

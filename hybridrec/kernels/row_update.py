@@ -1,10 +1,11 @@
-"""Row optimizer updates on the touched rows: SGD, row-wise Adagrad and lazy Adam kernels, and
-the torch path's write-back (`apply_delta`).
+"""Row optimizer updates on the touched rows: SGD, Adagrad, row-wise Adagrad and lazy Adam
+kernels, and the torch path's write-back (`apply_delta`).
 
-The math is hybridrec.optim.sparse's (SparseSGD, RowWiseAdagrad, SparseAdam): fp32 state and
-arithmetic, one rounding to the weight's dtype per updated value (`round_for_store`; torch:
-`round_to`). SGD, and Adam's moments, are bit-identical to the torch path on CPU.
-`sgd_update`, `adam_update`: UPDATE_ROWS // D touched rows per program;
+The math is hybridrec.optim.sparse's (SparseSGD, SparseAdagrad, RowWiseAdagrad, SparseAdam):
+fp32 state and arithmetic, one rounding to the weight's dtype per updated value
+(`round_for_store`; torch: `round_to`). SGD, Adagrad's sums and Adam's moments are
+bit-identical to the torch path on CPU.
+`sgd_update`, `adagrad_update`, `adam_update`: UPDATE_ROWS // D touched rows per program;
 `rowwise_adagrad_update`: one program per touched row (its mean of g^2 spans the row).
 Inputs may be padded (from segment_grads_padded): `count=` [1] int64 on the device, and the
 kernels skip entries u >= count, so nothing waits for the host. Row ids are not range-checked
@@ -32,7 +33,7 @@ from hybridrec.kernels._common import (
     triton,
 )
 
-UPDATE_ROWS = 2048  # rows x columns per program of sgd/adam updates (rows = this // block_d)
+UPDATE_ROWS = 2048  # rows x columns per program of element-wise updates (rows = this // block_d)
 
 
 def _sgd_kernel(
@@ -107,6 +108,40 @@ def _adagrad_kernel(
         w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
         w = tl.fma(tl.div_rn(g, denom), -lr, w)
         tl.store(w_ptrs, round_for_store(w, weight_ptr), mask=mask)
+
+
+def _elementwise_adagrad_kernel(
+    weight_ptr,
+    acc_ptr,
+    rows_ptr,
+    grads_ptr,
+    count_ptr,
+    n_rows,
+    lr,
+    eps,
+    D,
+    HAS_COUNT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """s = acc[row] + g^2 per element; acc[row] = s; weight[row] -= lr * g / (sqrt(s) + eps),
+    for BLOCK_R entries u per program (u < count[0] if HAS_COUNT, else u < n_rows)."""
+    us = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if HAS_COUNT:
+        n_rows = tl.load(count_ptr)
+    if tl.program_id(0).to(tl.int64) * BLOCK_R >= n_rows:
+        return
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    row_mask = us < n_rows
+    mask = row_mask[:, None] & (cols < D)[None, :]
+    row = tl.load(rows_ptr + us, mask=row_mask, other=0)
+    off = row[:, None] * D + cols[None, :]
+    g = tl.load(grads_ptr + us[:, None] * D + cols[None, :], mask=mask, other=0.0)
+    s = tl.fma(g, g, tl.load(acc_ptr + off, mask=mask, other=0.0))  # torch addcmul_: one rounding
+    tl.store(acc_ptr + off, s, mask=mask)
+    w = tl.load(weight_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    w = tl.fma(tl.div_rn(g, tl.sqrt_rn(s) + eps), -lr, w)
+    tl.store(weight_ptr + off, round_for_store(w, weight_ptr), mask=mask)
 
 
 def _adam_kernel(
@@ -258,6 +293,55 @@ def rowwise_adagrad_update(
         HAS_COUNT=count is not None,
         BLOCK_D=block_d,
         **_opts(block_d),
+    )
+
+
+def adagrad_update(
+    weight: torch.Tensor,
+    acc: torch.Tensor,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    eps: float,
+    *,
+    count: torch.Tensor | None = None,
+) -> None:
+    """Element-wise Adagrad on rows `rows`, as hybridrec.optim.sparse.SparseAdagrad.update:
+    s = acc[rows] + g^2; acc[rows] = s; weight[rows] -= lr * g / (sqrt(s) + eps).
+
+    weight [R, D] fp32/bf16/fp16 and acc [R, D] fp32, contiguous, updated in place; rows [U]
+    int64, unique; grads [U, D] fp32. count [1] int64 on the device, or None: only the first
+    count[0] entries of rows / grads are used (as sgd_update)."""
+    _check_weight(weight)
+    _require(
+        acc.dtype == torch.float32 and acc.shape == weight.shape,
+        f"acc must be {list(weight.shape)} fp32 like weight, got {tuple(acc.shape)} {acc.dtype}",
+    )
+    _require(acc.is_contiguous(), "acc must be contiguous")
+    rows = _check_ids("rows", rows)
+    width = weight.shape[1]
+    grads = _check_grads(grads, rows, width)
+    _check_count(count)
+    _check_device(weight, acc=acc, rows=rows, grads=grads, count=count)
+    if rows.numel() == 0 or width == 0:
+        return
+    block_d = _block_d(width)
+    block_r = max(1, UPDATE_ROWS // block_d)
+    grid = (triton.cdiv(rows.numel(), block_r), triton.cdiv(width, block_d))
+    _common.jitted(_elementwise_adagrad_kernel)[grid](
+        weight,
+        acc,
+        rows,
+        grads,
+        count if count is not None else rows,
+        rows.numel(),
+        float(lr),
+        float(eps),
+        width,
+        HAS_COUNT=count is not None,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        **_opts(block_r * block_d),
     )
 
 

@@ -29,7 +29,8 @@ class DenseArch(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num_tables = len(cfg.num_embeddings_per_feature)
-        self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True)
+        init = "dlrm" if cfg.arch == "dlrm" else "torch"  # each arch's reference (model/mlp.py)
+        self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init=init)
         self.arch = cfg.arch
         if cfg.arch == "dlrm":
             self.interaction: nn.Module = DotInteraction(num_tables)
@@ -37,7 +38,7 @@ class DenseArch(nn.Module):
         else:  # bottom output and every table's pooled vector, concatenated
             top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
             self.interaction = LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank)
-        self.top = MLP(top_in, cfg.top_mlp, final_relu=False)
+        self.top = MLP(top_in, cfg.top_mlp, final_relu=False, init=init)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         bottom = self.bottom(dense)

@@ -1,4 +1,10 @@
-"""Multi-layer perceptrons with the DLRM reference initialisation."""
+"""Multi-layer perceptrons, initialised as the reference of the model they belong to.
+
+init="dlrm" (the MLPerf DLRM reference, facebookresearch/dlrm): weights N(0, sqrt(2 / (fan_in +
+fan_out))), biases N(0, sqrt(1 / fan_out)). init="torch" (the MLPerf DCNv2 reference: torchrec's
+DLRM_DCN builds its MLPs from plain nn.Linear layers and keeps their default init): weights
+kaiming_uniform_(a=sqrt(5)), i.e. U(+-1/sqrt(fan_in)), biases U(+-1/sqrt(fan_in)).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,26 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+MLP_INITS = ("dlrm", "torch")
+
 
 class MLP(nn.Sequential):
     """Linear layers of the given output widths with ReLU between them.
 
     [B, in_features] -> [B, widths[-1]]. `final_relu` also applies ReLU after the last layer
-    (DLRM's bottom MLP does, its top MLP ends in a bare logit).
+    (DLRM's bottom MLP does, its top MLP ends in a bare logit). `init`: one of MLP_INITS.
     """
 
-    def __init__(self, in_features: int, widths: Sequence[int], final_relu: bool) -> None:
+    def __init__(
+        self, in_features: int, widths: Sequence[int], final_relu: bool, init: str = "dlrm"
+    ) -> None:
+        if init not in MLP_INITS:
+            raise ValueError(f"MLP init {init!r} is not one of: {', '.join(MLP_INITS)}")
         layers: list[nn.Module] = []
         for i, width in enumerate(widths):
-            linear = nn.Linear(in_features, width)
-            _dlrm_init(linear)
+            linear = nn.Linear(in_features, width)  # torch's default init
+            if init == "dlrm":
+                _dlrm_init(linear)
             layers.append(linear)
             if i < len(widths) - 1 or final_relu:
                 layers.append(nn.ReLU())

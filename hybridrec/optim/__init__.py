@@ -3,11 +3,18 @@ learning-rate schedule both follow."""
 
 from hybridrec.optim.dense import build_dense_optimizer
 from hybridrec.optim.schedule import LRSchedule
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD, build_sparse_optimizer
+from hybridrec.optim.sparse import (
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+    build_sparse_optimizer,
+)
 
 __all__ = [
     "LRSchedule",
     "RowWiseAdagrad",
+    "SparseAdagrad",
     "SparseAdam",
     "SparseSGD",
     "build_dense_optimizer",

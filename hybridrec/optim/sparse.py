@@ -5,6 +5,9 @@ Each is called by a fused group inside the backward with the deduplicated rows o
 group of R rows x D columns (fp32, stored next to the weight, moved with it):
 
 - sgd              none                         w -= lr * g
+- adagrad          sum    [R, D]  per element   s += g^2 ; w -= lr * g / (sqrt(s) + eps)
+                   (torch.optim.Adagrad, FBGEMM's EXACT_ADAGRAD: the MLPerf DCNv2 recipe;
+                   accumulators start at 0, no lr decay, no weight decay)
 - rowwise_adagrad  sum    [R]     one per row   s += mean(g^2 over the row)
                                                 w -= lr * g / (sqrt(s) + eps)
                    (FBGEMM's row-wise Adagrad: 4 bytes per row instead of 4*D)
@@ -34,6 +37,7 @@ import torch
 
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.row_update import (
+    adagrad_update,
     adam_update,
     apply_delta,
     rowwise_adagrad_update,
@@ -67,6 +71,27 @@ class SparseSGD:
             return
         rows, grads = _real(count, rows, grads)
         apply_delta(weight, rows, grads, self.lr)
+
+
+class SparseAdagrad:
+    name = "adagrad"
+
+    def __init__(self, lr: float, eps: float = 1e-10) -> None:  # eps: torch.optim.Adagrad's
+        self.lr, self.eps = lr, eps
+
+    def state_spec(self, width: int) -> dict[str, int]:
+        return {"sum": width}
+
+    def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
+        acc = state["sum"].view(weight.shape)  # a group of width 1 stores it as [R]
+        if available(weight):
+            adagrad_update(weight, acc, rows, grads, self.lr, self.eps, count=count)
+            return
+        rows, grads = _real(count, rows, grads)
+        new_sum = acc.index_select(0, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
+        acc.index_copy_(0, rows, new_sum)
+        delta = grads / (new_sum.sqrt() + self.eps)
+        apply_delta(weight, rows, delta, self.lr)
 
 
 class RowWiseAdagrad:
@@ -124,7 +149,7 @@ class SparseAdam:
         apply_delta(weight, rows, delta, step_size)
 
 
-RowOptimizerT = SparseSGD | RowWiseAdagrad | SparseAdam
+RowOptimizerT = SparseSGD | SparseAdagrad | RowWiseAdagrad | SparseAdam
 
 
 # optim.sparse.name -> the row optimizer it builds; the config's choices are these names
@@ -132,6 +157,7 @@ _BUILDERS = {
     "sgd": lambda c: SparseSGD(c.lr),
     "rowwise_adagrad": lambda c: RowWiseAdagrad(c.lr, c.eps),
     "adam": lambda c: SparseAdam(c.lr, c.beta1, c.beta2, c.eps),
+    "adagrad": lambda c: SparseAdagrad(c.lr, c.eps),
 }
 SPARSE_OPTIMIZERS = tuple(_BUILDERS)
 

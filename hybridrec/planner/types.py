@@ -48,7 +48,7 @@ class OptimizerFootprint:
     """Sparse optimizer state of a shard: rows * (bytes_per_row + width * bytes_per_element)."""
 
     bytes_per_row: int = 0  # row-wise Adagrad: 4 (one fp32 accumulator per row)
-    bytes_per_element: int = 0  # Adam: 8 (two fp32 moments per element); SGD: nothing
+    bytes_per_element: int = 0  # Adam: 8 (two fp32 moments per element), Adagrad: 4; SGD: 0
 
     @classmethod
     def for_optimizer(cls, name: str) -> OptimizerFootprint:
@@ -66,6 +66,7 @@ OPTIMIZER_FOOTPRINTS: dict[str, OptimizerFootprint] = {
     "sgd": OptimizerFootprint(),
     "rowwise_adagrad": OptimizerFootprint(bytes_per_row=4),
     "adam": OptimizerFootprint(bytes_per_element=8),
+    "adagrad": OptimizerFootprint(bytes_per_element=4),
 }
 OPTIMIZERS = tuple(OPTIMIZER_FOOTPRINTS)
 NO_OPTIMIZER_STATE = OptimizerFootprint()  # plain SGD: the default everywhere

@@ -30,15 +30,19 @@ from tests.distributed.test_jagged_equivalence import jagged_cfg
 
 pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it
+# (save plan, load plan, sparse optimizer[, model]): the model of test_equivalence, or
+# "jagged": list features, mixed widths, a table two features share (test_jagged_equivalence)
 CASES = [
-    (("table_wise", 4), ("column_wise", 2)),
-    (("row_wise", 3), ("none", 1)),
-    (("column_wise", 2), ("row_wise", 3)),
-    (("none", 1), ("auto", 3)),
-    (("host", 2), ("table_wise", 3)),  # host tables flush their caches into the checkpoint
-    (("row_wise", 2), ("host", 3)),  # ... and reload cached rows after a load
-    # list features, mixed widths, a table two features share (test_jagged_equivalence)
-    (("column_wise", 2), ("row_wise", 3), "jagged"),
+    (("table_wise", 4), ("column_wise", 2), "adam"),
+    (("row_wise", 3), ("none", 1), "adam"),
+    (("column_wise", 2), ("row_wise", 3), "adam"),
+    (("none", 1), ("auto", 3), "adam"),
+    (("host", 2), ("table_wise", 3), "adam"),  # host tables flush their caches into the checkpoint
+    (("row_wise", 2), ("host", 3), "adam"),  # ... and reload cached rows after a load
+    # element-wise Adagrad's sums [rows, cols] (named like row-wise Adagrad's [rows]): column
+    # slices reassembled into row ranges behind host caches
+    (("column_wise", 2), ("host", 3), "adagrad"),
+    (("column_wise", 2), ("row_wise", 3), "rowwise_adagrad", "jagged"),
 ]
 # world sizes in run order: each stage runs, in one spawn, every job of that size whose
 # checkpoint is written by then (saves on 4 before the loads on 2, on 2 before those on 3)
@@ -53,14 +57,14 @@ def _scheduled(cfg):
     return cfg
 
 
-def _model_cfg(mode, world, model="dlrm", sparse="adam"):
+def _model_cfg(mode, sparse, world, model="dlrm"):
     if model == "jagged":
         return jagged_cfg(mode, sparse, world)
     return make_cfg(mode, sparse, world)
 
 
-def _cfg(mode, world, ck_dir, steps, model="dlrm"):
-    cfg = _scheduled(_model_cfg(mode, world, model))
+def _cfg(mode, world, ck_dir, steps, sparse="adam", model="dlrm"):
+    cfg = _scheduled(_model_cfg(mode, sparse, world, model))
     cfg.sharding.cache_fraction = 0.001  # host mode: small caches, so checkpoints flush
     cfg.checkpoint.dir, cfg.checkpoint.every = str(ck_dir), K
     cfg.train.steps, cfg.eval.batches = steps, 1
@@ -124,8 +128,8 @@ def _run_stage(world: int, jobs: list[Job]) -> dict[str, Any]:
     return spawn_jobs(world, batch)
 
 
-def _label(save, load, model="dlrm") -> str:
-    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}" + ("" if model == "dlrm" else f" {model}")
+def _label(save, load, sparse, model="dlrm") -> str:
+    return f"{save[0]}@{save[1]}->{load[0]}@{load[1]}/{sparse}/{model}"
 
 
 @pytest.fixture(scope="module")
@@ -134,19 +138,12 @@ def runs(tmp_path_factory):
     export test's save and warm start, and the uninterrupted single-process reference."""
     root = tmp_path_factory.mktemp("checkpoints")
     jobs: list[Job] = []
-    for save, load, *model in CASES:
-        label = _label(save, load, *model)
-        ck = root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}{''.join(model)}"
-        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K, *model)))
-        jobs.append(
-            Job(
-                f"{label} load",
-                load[1],
-                load_and_resume,
-                _cfg(*load, ck, K, *model),
-                f"{label} save",
-            )
-        )
+    for save, load, *how in CASES:
+        label = _label(save, load, *how)
+        ck = root / f"{save[0]}{save[1]}_to_{load[0]}{load[1]}_{'_'.join(how)}"
+        jobs.append(Job(f"{label} save", save[1], fit_and_collect, _cfg(*save, ck, K, *how)))
+        load_cfg = _cfg(*load, ck, K, *how)
+        jobs.append(Job(f"{label} load", load[1], load_and_resume, load_cfg, f"{label} save"))
     export = {"ck": root / "export_ck", "out": root / "model.pt"}
 
     def do_export():
@@ -177,11 +174,11 @@ def runs(tmp_path_factory):
             results.update(_run_stage(world, stage))
     assert set(results) == {j.label for j in jobs}, "a job STAGES never runs"
     refs = {}
-    for model in ("dlrm", "jagged"):
-        ref_cfg = _scheduled(_model_cfg("none", 1, model))
+    for how in sorted({(c[2], *c[3:]) for c in CASES}):
+        ref_cfg = _scheduled(_model_cfg("none", how[0], 1, *how[1:]))
         ref_cfg.train.steps, ref_cfg.eval.batches = K + M, 1
         [ref] = _run_stage(1, [Job("reference", 1, fit_and_collect, ref_cfg)])["reference"]
-        refs[model] = (ref_cfg, [ref])
+        refs[how] = (ref_cfg, [ref])
     return {
         "jobs": {j.label: j for j in jobs},
         "results": results,
@@ -208,8 +205,8 @@ def _assert_same(a_cfg, a_res, b_cfg, b_res, exact, label):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: _label(*c))
 def test_checkpoint_reshards_exactly_and_training_continues(runs, case):
-    save, load, *model = case
-    label = _label(*case)
+    save, load, *how = case
+    label = _label(save, load, *how)
     jobs, results = runs["jobs"], runs["results"]
     cfg_a, saved = jobs[f"{label} save"].cfg, results[f"{label} save"]
     assert runs["checkpoints"][f"{label} load"] == [f"step_{K}"]
@@ -220,7 +217,7 @@ def test_checkpoint_reshards_exactly_and_training_continues(runs, case):
     _assert_same(cfg_a, saved, cfg_b, loaded, exact=True, label=f"{save}->{load} load")
     # continued to K + M steps: equals a single process that never stopped
     resumed = [r["resumed"] for r in results[f"{label} load"]]
-    ref_cfg, ref = runs["refs"][model[0] if model else "dlrm"]
+    ref_cfg, ref = runs["refs"][tuple(how)]
     _assert_same(ref_cfg, ref, cfg_b, resumed, exact=False, label=f"{save}->{load} resumed")
 
 

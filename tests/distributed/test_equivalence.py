@@ -1,9 +1,9 @@
 """The equivalence principle: sharded training on W gloo ranks == the single-process reference.
 
 For world sizes 1, 2, 3, 4, every sharding mode (table_wise, column_wise, row_wise,
-data_parallel, auto) and every sparse optimizer (sgd, rowwise_adagrad, adam), we train a DLRM
-with 5 tables of very different sizes (3 to 20,000 rows, multi-hot) for several steps on the
-same global batches and compare, against `sharding=none` in one process:
+data_parallel, auto) and every sparse optimizer (sgd, rowwise_adagrad, adam, adagrad), we
+train a DLRM with 5 tables of very different sizes (3 to 20,000 rows, multi-hot) for several
+steps on the same global batches and compare, against `sharding=none` in one process:
   - the forward logits of the first step,
   - the global mean loss of every step,
   - every embedding row and its optimizer state, reassembled from the ranks' shards,
@@ -33,7 +33,7 @@ from tests.distributed.harness import spawn
 pytestmark = pytest.mark.slow
 
 MODES = ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"]
-OPTIMIZERS = {"sgd": 0.5, "rowwise_adagrad": 0.1, "adam": 0.01}
+OPTIMIZERS = {"sgd": 0.5, "rowwise_adagrad": 0.1, "adam": 0.01, "adagrad": 0.1}
 STEPS = 4
 BATCH = 48  # divisible by 1, 2, 3, 4
 
@@ -42,7 +42,7 @@ def make_cfg(mode: str, sparse: str, world: int, pooling: str = "sum") -> Config
     rows = [3, 40, 700, 5000, 20000]
     # auto on 2+ ranks: a budget of 80% of what the 20,000-row table needs whole (weights and
     # optimizer state) forces the planner to split it; every other mode gets plenty.
-    state = {"sgd": 1.0, "rowwise_adagrad": 1.125, "adam": 3.0}[sparse]
+    state = {"sgd": 1.0, "rowwise_adagrad": 1.125, "adam": 3.0, "adagrad": 2.0}[sparse]
     budget = 0.8 * rows[-1] * 8 * 4 * state if mode == "auto" and world > 1 else 1 << 30
     overrides = [
         f"sharding={mode}" if mode != "none" else "sharding=none",

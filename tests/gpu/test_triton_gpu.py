@@ -7,8 +7,9 @@ Tolerances (the CPU interpreter tests in tests/unit/test_triton_ops.py explain t
 - dedupe: torch's index_add_ sums with atomics in no fixed order, so both paths are checked
   against a float64 reference, within 1e-5 of each row's sum of |terms| (+1e-6), and the
   Triton result must be bit-identical from call to call.
-- updates: optimizer state from identical elementwise ops exact (Adam's moments, Adagrad's
-  sum given row_sq_mean); weights within 1 ulp of their dtype or 1e-6 (torch's CUDA
+- updates: optimizer state from identical elementwise ops exact (Adam's moments, row-wise
+  Adagrad's sum given row_sq_mean; element-wise Adagrad's sums within 1 ulp, the kernel's
+  one fma against CUDA's addcmul_); weights within 1 ulp of their dtype or 1e-6 (torch's CUDA
   index_add_ rounds lr * g before adding, the kernels use one fma).
 - the padded, sync-free step (segment_grads_padded, updates with count=) runs under
   torch.cuda.set_sync_debug_mode("error") and equals the synced kernels bit for bit when both
@@ -25,10 +26,15 @@ import torch
 
 pytest.importorskip("triton")
 
-from hybridrec.kernels import lookup, row_update, segment  # noqa: E402
+from hybridrec.kernels import dispatch, lookup, row_update, segment  # noqa: E402
 from hybridrec.kernels.lookup import pool  # noqa: E402
 from hybridrec.kernels.segment import dedupe  # noqa: E402
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
+from hybridrec.optim.sparse import (  # noqa: E402
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -174,6 +180,22 @@ def test_rowwise_adagrad_update_on_gpu(dtype, given_row_sq):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adagrad_update_on_gpu(dtype):
+    """Element-wise Adagrad: the kernel against SparseAdagrad's torch ops on the same GPU."""
+    weight = _case(dtype)[0]
+    rows, grads, gen = _touched()
+    acc = torch.rand(ROWS, DIM, device="cuda", generator=gen) * 0.01
+    want, want_acc = weight.clone(), acc.clone()
+    for _ in range(2):
+        with dispatch.use_kernels("torch"):
+            SparseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1)
+        row_update.adagrad_update(weight, acc, rows, grads, 0.05, 1e-8)
+    # s + g * g: one fma in the kernel, as torch's addcmul_ on CPU; CUDA's may round twice
+    torch.testing.assert_close(acc, want_acc, rtol=2e-7, atol=0)
+    _assert_weights_close(weight, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_adam_update_on_gpu(dtype):
     weight = _case(dtype)[0]
     rows, grads, gen = _touched()
@@ -205,7 +227,7 @@ def test_sync_debug_mode_catches_a_sync():
         torch.ones(1, device="cuda").item()
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
 def test_padded_step_without_host_sync(opt):
     """segment_grads_padded + update(count=) never waits for the device, and equals
     segment_grads + update (bit-identical) on Zipf ids with hot rows."""
@@ -214,7 +236,8 @@ def test_padded_step_without_host_sync(opt):
     grad = torch.randn(num_bags, DIM, device="cuda", generator=gen)
     state = {
         "sgd": [],
-        "adagrad": [torch.rand(ROWS, device="cuda", generator=gen)],
+        "rowwise_adagrad": [torch.rand(ROWS, device="cuda", generator=gen)],
+        "adagrad": [torch.rand(ROWS, DIM, device="cuda", generator=gen)],
         "adam": [
             torch.randn(ROWS, DIM, device="cuda", generator=gen) * 0.01,
             torch.rand(ROWS, DIM, device="cuda", generator=gen) * 0.01,
@@ -225,8 +248,10 @@ def test_padded_step_without_host_sync(opt):
         w, *st = tensors
         if opt == "sgd":
             row_update.sgd_update(w, urows, grads, 0.05, count=count)
-        elif opt == "adagrad":
+        elif opt == "rowwise_adagrad":
             row_update.rowwise_adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
+        elif opt == "adagrad":
+            row_update.adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
         else:
             row_update.adam_update(w, *st, urows, grads, 1e-3, 0.9, 0.999, 1e-8, count=count)
 

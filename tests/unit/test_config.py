@@ -75,7 +75,7 @@ def test_a_data_key_of_another_dataset_names_the_datasets_that_have_it():
         ("device=gpu", r"device='gpu' is not one of: auto, cpu, cuda"),
         (
             "optim.sparse.name=adamw",
-            r"optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam",
+            r"optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam, adagrad",
         ),
         ("optim.dense.name=lamb", r"optim.dense.name='lamb' is not one of: sgd, adagrad, adam"),
         ("model.arch=dcn", r"model.arch='dcn' is not one of: dlrm, dcnv2"),

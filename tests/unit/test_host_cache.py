@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import (
@@ -37,6 +37,7 @@ def _optimizers():
         "sgd": lambda: SparseSGD(0.1),
         "rowwise_adagrad": lambda: RowWiseAdagrad(0.1),
         "adam": lambda: SparseAdam(0.01),
+        "adagrad": lambda: SparseAdagrad(0.1),
     }
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hybridrec.config import load_model_config
 from hybridrec.model import DLRM, DenseArch, DotInteraction, LowRankCrossNet
+from hybridrec.model.mlp import MLP
 from hybridrec.sparse import EmbeddingCollection
 
 
@@ -73,6 +75,57 @@ def test_low_rank_cross_net_matches_formula():
         W_v, W_u, b = v.weight, u.weight, u.bias  # [2, 6], [6, 2], [6]
         x = x0 * (x @ W_v.T @ W_u.T + b) + x
     torch.testing.assert_close(net(x0), x)
+
+
+def test_low_rank_cross_net_init_is_the_references():
+    """torchrec's LowRankCrossNet (the MLPerf DCNv2 reference): U, V xavier_normal_, b = 0."""
+    torch.manual_seed(0)
+    n, rank = 600, 200
+    net = LowRankCrossNet(in_features=n, num_layers=2, rank=rank)
+    std = (2.0 / (n + rank)) ** 0.5
+    for v, u in zip(net.V, net.U, strict=True):
+        assert v.weight.shape == (rank, n) and u.weight.shape == (n, rank)
+        for w in (v.weight, u.weight):
+            assert abs(float(w.std()) / std - 1) < 0.02 and abs(float(w.mean())) < 0.01 * std
+        assert torch.equal(u.bias, torch.zeros(n))
+
+
+def test_mlp_torch_init_is_nn_linear_default():
+    """init="torch": the layers keep nn.Linear's own init, bit for bit (same RNG draws)."""
+    torch.manual_seed(3)
+    mlp = MLP(13, [64, 32], final_relu=True, init="torch")
+    torch.manual_seed(3)
+    plain = [torch.nn.Linear(13, 64), torch.nn.Linear(64, 32)]
+    linears = [m for m in mlp if isinstance(m, torch.nn.Linear)]
+    for got, want in zip(linears, plain, strict=True):
+        assert torch.equal(got.weight, want.weight) and torch.equal(got.bias, want.bias)
+    with pytest.raises(ValueError, match="MLP init 'xavier' is not one of: dlrm, torch"):
+        MLP(4, [2], final_relu=False, init="xavier")
+
+
+def test_each_arch_initialises_its_mlps_as_its_reference():
+    """dlrm: the DLRM reference's init (unchanged); dcnv2: torchrec's DLRM_DCN (nn.Linear's
+    default), with the cross network between bottom and top as DenseArch builds them."""
+    for arch, init in (("dlrm", "dlrm"), ("dcnv2", "torch")):
+        cfg = load_model_config("dlrm_tiny")
+        cfg.arch = arch
+        torch.manual_seed(5)
+        dense = DenseArch(cfg)
+        torch.manual_seed(5)
+        bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init=init)
+        if arch == "dcnv2":
+            top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
+            LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank)
+        else:
+            top_in = DotInteraction(len(cfg.num_embeddings_per_feature)).output_dim(
+                cfg.bottom_mlp[-1]
+            )
+        top = MLP(top_in, cfg.top_mlp, final_relu=False, init=init)
+        want = {f"bottom.{k}": v for k, v in bottom.state_dict().items()}
+        want |= {f"top.{k}": v for k, v in top.state_dict().items()}
+        got = dense.state_dict()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (arch, k)
 
 
 def test_dlrm_and_dcnv2_forward_shapes_and_grads():

@@ -103,7 +103,7 @@ def _syncing_ops(sparse: str, kernels: str, check_ids: bool = False) -> SyncReco
 
 
 @pytest.mark.parametrize("check_ids", [False, True])
-@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("sparse", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
 def test_triton_training_step_has_no_syncing_op(interpreted_kernels, sparse, check_ids):
     rec = _syncing_ops(sparse, "triton", check_ids)
     assert rec.total > 200  # the whole step was seen (lookup, MLPs, backward, updates)

@@ -5,6 +5,9 @@ Each sparse optimizer is checked after several steps on the rows a batch touches
 - Adam vs torch.optim.SparseAdam (lazy Adam, global step count): same math.
 - row-wise Adagrad vs torch.optim.Adagrad when every entry of a row's gradient is equal
   (then the row mean of g^2 equals each g_i^2 and the two coincide).
+- element-wise Adagrad vs torch.optim.Adagrad on the dense gradient of the whole table: rows
+  a batch does not touch get g = 0, which leaves their sum and weight unchanged, so every row
+  and every accumulator must agree.
 Tolerances are float32 round-off (the sums run in a different order than torch's kernels).
 """
 
@@ -13,7 +16,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
+from hybridrec.config import SparseOptimConfig
+from hybridrec.optim import (
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+    build_sparse_optimizer,
+)
+from hybridrec.planner import OptimizerFootprint
 from hybridrec.sparse import EmbeddingCollection, IdOutOfRangeError
 from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
@@ -24,10 +35,10 @@ from hybridrec.types import Pooling, ShardSpec, TableConfig
 TABLE = TableConfig("t", num_rows=50, dim=8, hotness=3)
 
 
-def _pair(opt, ref_opt_factory, pooling=Pooling.SUM):
+def _pair(opt, ref_opt_factory, pooling=Pooling.SUM, sparse=True):
     table = TableConfig("t", 50, 8, 3, pooling)
     fused = FusedEmbedding([(table, 0, full_shard(table))], opt, seed=1)
-    ref = torch.nn.EmbeddingBag(50, 8, mode=pooling.value, sparse=True)
+    ref = torch.nn.EmbeddingBag(50, 8, mode=pooling.value, sparse=sparse)
     with torch.no_grad():
         ref.weight.copy_(fused.weight)
     return table, fused, ref, ref_opt_factory(ref.parameters())
@@ -81,6 +92,54 @@ def test_rowwise_adagrad_matches_adagrad_for_equal_entries():
     )
     # one coefficient per bag, same across columns: every row's gradient has equal entries
     _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 1, generator=g).expand(6, 8))
+
+
+@pytest.mark.parametrize("pooling", [Pooling.SUM, Pooling.MEAN])
+def test_adagrad_matches_torch_adagrad_on_the_dense_table(pooling):
+    """Element-wise Adagrad on the touched rows equals torch.optim.Adagrad (defaults: no lr
+    decay, accumulators from 0, eps 1e-10) stepping on the dense gradient of the whole table,
+    over steps whose bags repeat ids: weights and accumulators, all rows."""
+    table, fused, ref, ref_opt = _pair(
+        SparseAdagrad(0.1), lambda p: torch.optim.Adagrad(p, lr=0.1), pooling, sparse=False
+    )
+    _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 8, generator=g), steps=5)
+    ref_sum = ref_opt.state[ref.weight]["sum"]
+    assert fused.state()["sum"].shape == (50, 8)
+    torch.testing.assert_close(fused.state()["sum"], ref_sum, rtol=1e-5, atol=1e-7)
+    assert torch.equal(fused.state()["sum"][20:], torch.zeros(30, 8))  # never touched
+
+
+def test_adagrad_is_built_from_the_config_with_its_eps():
+    opt = build_sparse_optimizer(SparseOptimConfig(name="adagrad", lr=0.01, eps=1e-8))
+    assert isinstance(opt, SparseAdagrad) and (opt.lr, opt.eps) == (0.01, 1e-8)
+    assert not getattr(opt, "needs_full_row_stat", False)  # column shards need nothing shared
+    assert SparseAdagrad(0.1).eps == torch.optim.Adagrad([torch.zeros(1)]).defaults["eps"]
+
+
+@pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
+def test_state_bytes_are_the_planners_footprint(name):
+    """The planner sizes each optimizer's state as the groups allocate it."""
+    table = TableConfig("t", 50, 8)
+    opt = build_sparse_optimizer(SparseOptimConfig(name=name))
+    fused = FusedEmbedding([(table, 0, full_shard(table))], opt)
+    state_bytes = sum(t.numel() * t.element_size() for t in fused.state().values())
+    assert state_bytes == OptimizerFootprint.for_optimizer(name).bytes_for(50, 8)
+
+
+def test_adagrad_on_a_table_of_width_one():
+    """A width-1 group stores the accumulator as [R]; the update sees it as [R, 1]."""
+    table = TableConfig("t", 10, 1)
+    fused = FusedEmbedding([(table, 0, full_shard(table))], SparseAdagrad(0.5))
+    ref = torch.nn.Parameter(fused.weight.clone())
+    ref_opt = torch.optim.Adagrad([ref], lr=0.5)
+    ids = torch.tensor([3, 3, 7])
+    for _ in range(2):
+        fused([LookupInput(ids, torch.arange(3), 3)])[0].sum().backward()
+        ref_opt.zero_grad()
+        ref[ids].sum().backward()
+        ref_opt.step()
+    torch.testing.assert_close(fused.weight, ref.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(fused.state()["sum"], ref_opt.state[ref]["sum"].view(10))
 
 
 def test_rowwise_adagrad_state_is_one_float_per_row():
@@ -174,7 +233,7 @@ def test_low_precision_tables_round_once_with_fp32_math(dtype):
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
-@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
 def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
     """One group of every table numbers its bags sample-major and returns [B, T, D] without a
     stack (nor a cat in the backward); it must give what the per-table path gives, bit for
@@ -194,6 +253,7 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
         "sgd": lambda: SparseSGD(0.3),
         "rowwise_adagrad": lambda: RowWiseAdagrad(0.2),
         "adam": lambda: SparseAdam(0.05),
+        "adagrad": lambda: SparseAdagrad(0.2),
     }[opt]
     fast = EmbeddingCollection(tables, make(), seed=3)
     slow = EmbeddingCollection(tables, make(), seed=3)

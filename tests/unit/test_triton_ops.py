@@ -2,13 +2,13 @@
 interpreter (TRITON_INTERPRET=1); tests/gpu/test_triton_gpu.py runs them compiled on CUDA.
 
 References are the torch functions the kernels replace, called on copies of the same inputs:
-`pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, RowWiseAdagrad,
-SparseAdam). Tolerances:
+`pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, SparseAdagrad,
+RowWiseAdagrad, SparseAdam). Tolerances:
 - SGD: at most 1 ulp of the weight dtype. The kernels round like torch's CPU ops (fp32 math,
   one fused multiply-add for w - lr * g as torch's index_add_/sub_ with alpha, one rounding to
   the weight dtype): bit-identical here; the 1 ulp allows for a torch build that does not fuse.
-- optimizer state from identical elementwise ops (Adam's moments, Adagrad's sum when
-  row_sq_mean is given): exact.
+- optimizer state from identical elementwise ops (Adam's moments, element-wise Adagrad's sum,
+  row-wise Adagrad's sum when row_sq_mean is given): exact.
 - Adagrad and Adam weights: rtol = eps of the weight dtype (1 ulp), atol 1e-6. The kernels
   take IEEE sqrt (sqrt_rn, as CUDA's sqrtf); torch's vectorized CPU sqrt is not always
   correctly rounded (about 0.5% of fp32 inputs are 1 ulp off numpy's), so a step can differ
@@ -35,7 +35,12 @@ pytest.importorskip("triton")
 from hybridrec.kernels import _common, dispatch, lookup, row_update, segment  # noqa: E402
 from hybridrec.kernels.lookup import pool  # noqa: E402
 from hybridrec.kernels.segment import dedupe  # noqa: E402
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdam, SparseSGD  # noqa: E402
+from hybridrec.optim.sparse import (  # noqa: E402
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTHS = [1, 3, 16, 130]  # 130: not a power of two, more than one column block
@@ -211,6 +216,33 @@ def test_rowwise_adagrad_update_matches(width, dtype, given_row_sq):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", WIDTHS)
+def test_adagrad_update_matches_sparse_adagrad(width, dtype):
+    weight, rows, grads, g = _update_case(width, dtype)
+    acc = torch.rand(ROWS, width, generator=g)
+    want, want_acc = weight.clone(), acc.clone()
+    for _ in range(2):  # the second step reads the first one's state
+        row_update.adagrad_update(weight, acc, rows, grads, 0.05, 1e-8)
+        with dispatch.use_kernels("torch"):
+            SparseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1)
+    assert torch.equal(acc, want_acc)  # untouched rows included
+    _assert_step_close(weight, want)
+    untouched = torch.ones(ROWS, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(weight[untouched], want[untouched])
+
+
+def test_sparse_adagrad_update_runs_the_kernel():
+    """Under the interpreter SparseAdagrad.update dispatches to adagrad_update (same bits)."""
+    weight, rows, grads, g = _update_case(16, torch.float32)
+    acc = torch.rand(ROWS, 16, generator=g)
+    want, want_acc = weight.clone(), acc.clone()
+    SparseAdagrad(0.05, 1e-8).update(weight, {"sum": acc}, rows, grads, 1)
+    row_update.adagrad_update(want, want_acc, rows, grads, 0.05, 1e-8)
+    assert torch.equal(weight, want) and torch.equal(acc, want_acc)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
 def test_adam_update_matches_sparse_adam(width, dtype):
     weight, rows, grads, g = _update_case(width, dtype)
     m, v = torch.randn(ROWS, width, generator=g), torch.rand(ROWS, width, generator=g)
@@ -313,6 +345,7 @@ def test_padded_updates_equal_unpadded(width, dtype):
         row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=c)
         row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, rsq, count=c)
         row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=c)
+        row_update.adagrad_update(w, vv, r, gr, 0.05, 1e-8, count=c)  # v as the sums
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
@@ -326,11 +359,12 @@ def test_padded_updates_with_count_zero():
         row_update.sgd_update(weight, r, gr, 0.1, count=zero)
         row_update.rowwise_adagrad_update(weight, acc, r, gr, 0.1, 1e-8, count=zero)
         row_update.adam_update(weight, m, v, r, gr, 0.1, 0.9, 0.999, 1e-8, count=zero)
+        row_update.adagrad_update(weight, v, r, gr, 0.1, 1e-8, count=zero)
     for a, b in zip((weight, acc, m, v), before):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
 def test_padded_step_equals_synced_step(opt):
     """segment_grads_padded -> update(count=) with its padding left as is (uninitialised
     grads) equals segment_grads -> update."""
@@ -344,8 +378,10 @@ def test_padded_step_equals_synced_step(opt):
         count = c[0] if c else None
         if opt == "sgd":
             row_update.sgd_update(w, r, gr, 0.05, count=count)
-        elif opt == "adagrad":
+        elif opt == "rowwise_adagrad":
             row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=count)
+        elif opt == "adagrad":
+            row_update.adagrad_update(w, vv, r, gr, 0.05, 1e-8, count=count)
         else:
             row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=count)
     for a, b in zip(*states):
@@ -371,6 +407,7 @@ def test_updates_with_no_rows_do_nothing():
     row_update.sgd_update(weight, none, no_grads, 0.1)
     row_update.rowwise_adagrad_update(weight, acc, none, no_grads, 0.1, 1e-8)
     row_update.adam_update(weight, m, v, none, no_grads, 0.1, 0.9, 0.999, 1e-8)
+    row_update.adagrad_update(weight, m, none, no_grads, 0.1, 1e-8)
     assert torch.equal(weight, before)
 
 
@@ -425,6 +462,8 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
             row_update.rowwise_adagrad_update(w, acc, rows, grads, 0.1, 1e-8, count=count)
         with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
+            row_update.adagrad_update(w, torch.zeros(10, 4), rows, grads, 0.1, 1e-8, count=count)
+        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
             row_update.adam_update(
                 w,
                 torch.zeros(10, 4),
@@ -443,6 +482,9 @@ def test_bad_inputs_raise_clear_errors():
     ada = row_update.rowwise_adagrad_update
     _bad("acc must be \\[10\\] fp32", ada, w, acc[:5], rows, grads, 0.1, 1e-8)
     _bad("row_sq_mean must be \\[3\\] fp32", ada, w, acc, rows, grads, 0.1, 1e-8, acc)
+    ew = row_update.adagrad_update
+    _bad("acc must be \\[10, 4\\] fp32 like weight", ew, w, acc, rows, grads, 0.1, 1e-8)
+    _bad("acc must be contiguous", ew, w, torch.zeros(4, 10).t(), rows, grads, 0.1, 1e-8)
     adam = row_update.adam_update
     m = torch.zeros(10, 4)
     _bad("exp_avg must be \\[10, 4\\] fp32", adam, w, m[:5], m, rows, grads, 0.1, 0.9, 0.99, 1e-8)

@@ -48,7 +48,7 @@ def test_bad_arguments():
         plan_sharding(TINY, topo, "auto", 66)
     with pytest.raises(ValueError, match="duplicate"):
         plan_sharding([TINY[0], TINY[0]], topo, "auto", 64)
-    with pytest.raises(ValueError, match="sgd, rowwise_adagrad, adam"):
+    with pytest.raises(ValueError, match="sgd, rowwise_adagrad, adam, adagrad"):
         OptimizerFootprint.for_optimizer("lamb")
     with pytest.raises(ValueError, match="world_size"):
         Topology(0, GIB)

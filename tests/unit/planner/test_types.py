@@ -31,12 +31,14 @@ def test_cache_policy_rows_keep_two_batches_and_at_most_the_shard():
 
 
 def test_optimizers_are_the_keys_of_the_footprint_table():
-    assert OPTIMIZERS == tuple(OPTIMIZER_FOOTPRINTS) == ("sgd", "rowwise_adagrad", "adam")
+    names = ("sgd", "rowwise_adagrad", "adam", "adagrad")
+    assert OPTIMIZERS == tuple(OPTIMIZER_FOOTPRINTS) == names
     for name in OPTIMIZERS:
         assert OptimizerFootprint.for_optimizer(name) == OPTIMIZER_FOOTPRINTS[name]
     assert OptimizerFootprint.for_optimizer("sgd") == NO_OPTIMIZER_STATE
     assert OptimizerFootprint.for_optimizer("rowwise_adagrad").bytes_for(10, 4) == 10 * 4
     assert OptimizerFootprint.for_optimizer("adam").bytes_for(10, 4) == 10 * 4 * 8
+    assert OptimizerFootprint.for_optimizer("adagrad").bytes_for(10, 4) == 10 * 4 * 4
 
 
 def test_memory_use_adds_by_kind_and_topology_groups_ranks_into_nodes():
