@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import command_line, compose_config, hardware, markdown_table
+from hybridrec.builder import make_plan
 from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.optim import SparseSGD
-from hybridrec.parallelize import make_plan
 from hybridrec.planner import OptimizerFootprint, cache_row_bytes
 from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import LookupInput

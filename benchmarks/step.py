@@ -35,12 +35,12 @@ from benchmarks.common import (
     sync,
     time_steps,
 )
+from hybridrec.builder import compile_dense
 from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.distributed import DistEnv, resolve_device
 from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
-from hybridrec.parallelize import compile_dense
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
 

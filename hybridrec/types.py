@@ -11,6 +11,7 @@ H = total ids per sample (sum of every table's hotness), D = embedding width, W 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -165,6 +166,47 @@ def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int
     for t in tables:
         offsets.append(offsets[-1] + t.hotness)
     return offsets
+
+
+class KeyedIds:
+    """A batch's ids by feature: `values` [B, H] int64 holds each feature's columns, in order,
+    `hotness[i]` of them for feature `names[i]` (hot_offsets). `select(names)` gives the
+    columns of some features, in the order asked: the same tensor when that is all of them,
+    else one gather."""
+
+    def __init__(self, values: torch.Tensor, names: Sequence[str], hotness: Sequence[int]):
+        if len(names) != len(hotness):
+            raise ValueError(f"KeyedIds: {len(names)} names but {len(hotness)} hotness values")
+        if values.dim() != 2 or values.shape[1] != sum(hotness):
+            raise ValueError(
+                f"KeyedIds: values must be [B, {sum(hotness)}] for features {list(names)} "
+                f"of hotness {list(hotness)}; got {list(values.shape)}"
+            )
+        self.values = values
+        self.names = tuple(names)
+        self.hotness = tuple(int(h) for h in hotness)
+        self._start = dict(zip(self.names, [0, *itertools.accumulate(self.hotness)], strict=False))
+
+    def select(self, names: Sequence[str], hotness: Sequence[int] | None = None) -> torch.Tensor:
+        """[B, sum of their hotness]: the columns of features `names`; `hotness`, when given,
+        must match the batch's (ValueError naming the feature)."""
+        names = tuple(names)
+        missing = [n for n in names if n not in self._start]
+        if missing:
+            raise ValueError(
+                f"the batch has no feature(s) {missing}; its features are {list(self.names)}"
+            )
+        have = dict(zip(self.names, self.hotness, strict=True))
+        for n, h in zip(names, hotness or [have[n] for n in names], strict=True):
+            if have[n] != h:
+                raise ValueError(
+                    f"feature {n!r}: the model expects {h} ids per sample, the batch has {have[n]}"
+                )
+        if names == self.names:
+            return self.values
+        cols = [c for n in names for c in range(self._start[n], self._start[n] + have[n])]
+        index = torch.tensor(cols, device=self.values.device)
+        return self.values.index_select(1, index)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ models or tables. Shapes are per rank; W = world size.
   backward collectives, in one autograd Function so their order is fixed on every rank.
 - all_gather_rows / all_reduce_sum: replicated tables' row gradients, sparse or dense.
 - ScaleGrad: identity forward, gradient times a constant (the 1/W of the gradient-scaling
-  convention, see hybridrec.parallelize).
+  convention, see hybridrec.builder).
 - any_rank: a boolean OR over ranks, so all ranks can fail together instead of hanging.
 
 Each runs under its exchange name in hybridrec.distributed.failure.exchange: a peer that

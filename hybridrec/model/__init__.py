@@ -1,4 +1,4 @@
-"""DLRM models. Never imports torch.distributed: distribution is hybridrec.parallelize's job."""
+"""DLRM models. Never imports torch.distributed: distribution is hybridrec.builder's job."""
 
 from hybridrec.model.dlrm import DLRM, DenseArch
 from hybridrec.model.inference import InferenceDLRM, PredictInputError, load_export

@@ -29,7 +29,9 @@ class DenseArch(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num_tables = len(cfg.num_embeddings_per_feature)
-        init = "dlrm" if cfg.arch == "dlrm" else "torch"  # each arch's reference (model/mlp.py)
+        init = cfg.mlp_init
+        if init == "auto":  # each arch's reference (hybridrec.model.mlp)
+            init = "dlrm" if cfg.arch == "dlrm" else "torch"
         self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init=init)
         self.arch = cfg.arch
         if cfg.arch == "dlrm":

@@ -110,7 +110,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             offsets = [start[f] for f in range(len(self.tables))]
             self.sample_major = sample_major_layout(self.tables, offsets, self.device)
         self.prefetches = self.layout.has_host
-        self.autocast_output = False  # set for DLRM by hybridrec.parallelize
+        self.autocast_output = False  # set for DLRM by hybridrec.builder
         self._staged: Staged | None = None
 
     # -- the interface the trainer and checkpoints use (hybridrec.sparse.api) ---------------

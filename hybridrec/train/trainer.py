@@ -27,6 +27,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridrec import timing
+from hybridrec.builder import build_model, compile_dense
 from hybridrec.config import Config
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.build import steps_for_epochs, warn_many_epochs
@@ -35,7 +36,6 @@ from hybridrec.distributed.comm import all_reduce_sum, any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import task_of
 from hybridrec.optim import LRSchedule, build_dense_optimizer
-from hybridrec.parallelize import build_model, compile_dense
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.timing import PhaseTimer
 from hybridrec.train import console

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridrec.builder import build_model
 from hybridrec.distributed.comm import CommStats
 from hybridrec.model import bce_loss
-from hybridrec.parallelize import build_model
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
 from tests.distributed.harness import spawn, spawn_jobs
 from tests.distributed.test_equivalence import make_cfg

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from hybridrec.builder import build_model
 from hybridrec.model import bce_loss
-from hybridrec.parallelize import build_model
 from tests.distributed.harness import spawn
 from tests.distributed.test_equivalence import make_cfg
 

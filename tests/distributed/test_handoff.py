@@ -96,7 +96,7 @@ def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(runs, mode, sparse, w
 def test_the_plan_table_counts_the_bf16_wire_where_it_will_be_used():
     """On CUDA under bf16 autocast a DLRM plan without row splits exchanges bf16: the plan
     table's output-dist bytes halve; on the CPU, for DCNv2 or with row splits they do not."""
-    from hybridrec.parallelize import bf16_wire, make_plan, plan_report
+    from hybridrec.builder import bf16_wire, make_plan, plan_report
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
     cfg = make_cfg("table_wise", "sgd", 2)

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
+from hybridrec.builder import check_memory, make_plan
 from hybridrec.distributed import DistEnv
-from hybridrec.parallelize import check_memory, make_plan
 from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from hybridrec.builder import make_plan
 from hybridrec.config import CONF_DIR, GROUPS, check_override_keys
-from hybridrec.parallelize import make_plan
 from hybridrec.planner import OptimizerFootprint, host_memory, rank_memory
 from tests.cli import run_cli
 from tests.configs import make_config

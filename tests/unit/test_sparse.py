@@ -360,8 +360,8 @@ def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
 
 def test_bf16_handoff_only_for_the_dot_interaction():
     """DCNv2 uses the fp32 pooled embeddings in elementwise ops: no bf16 hand-off there."""
+    from hybridrec.builder import build_model
     from hybridrec.distributed import DistEnv
-    from hybridrec.parallelize import build_model
     from tests.distributed.test_equivalence import make_cfg
 
     cfg = make_cfg("none", "sgd", 1)

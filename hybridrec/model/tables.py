@@ -1,0 +1,176 @@
+"""Embedding tables declared inside a user's own model, and what they look up and return.
+
+    class TwoTower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.users = EmbeddingTables(
+                [Table("user", rows=943, dim=32)],
+                [Feature("user_id", table="user"), Feature("friends", table="user", hotness=20,
+                 jagged=True, pooling="mean")],
+            )
+            ...
+        def forward(self, dense, ids):              # ids: KeyedIds (every feature of a batch)
+            u = self.users(ids)                      # Pooled: u["user_id"] [B, 32]
+            ...
+
+An `EmbeddingTables` declares tables (name, rows, width) and the features that look them up
+(name, table, ids per sample, pooling; several features may share a table). It holds no rows
+itself: `hybridrec.parallelize(model, ...)` plans every declaration in the module tree, on one
+process or many, and attaches each its storage (`attach`), an embedding module with the
+contract of hybridrec.sparse.api (rows updated by the sparse optimizer in the backward). The
+rest of the model stays plain PyTorch. This module never imports torch.distributed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hybridrec.types import KeyedIds, Pooling, ShardingPlan, TableConfig
+
+
+@dataclass(frozen=True)
+class Table:
+    """One embedding table: `rows` x `dim`."""
+
+    name: str
+    rows: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One input feature looking up `table`: `hotness` ids per sample (a list feature with
+    `jagged`: 0..hotness of them, padded with -1), pooled by `pooling` (sum or mean).
+    `mean_ids`: a list's average length, when known (the planner's traffic estimate)."""
+
+    name: str
+    table: str
+    hotness: int = 1
+    pooling: str = "sum"
+    jagged: bool = False
+    mean_ids: float | None = None
+
+
+class Pooled(Mapping[str, torch.Tensor]):
+    """A collection's pooled embeddings, by feature: `pooled[name]` is [B, D_f] (a view).
+    `tensor` is the whole output: [B, F, D] when every width is one D, else [B, sum D_f]."""
+
+    def __init__(self, tensor: torch.Tensor, names: Sequence[str], dims: Sequence[int]) -> None:
+        self.tensor = tensor
+        self._names = list(names)
+        self._where: dict[str, int | tuple[int, int]] = {}
+        if tensor.dim() == 3:
+            self._where = {n: i for i, n in enumerate(names)}
+        else:
+            a = 0
+            for n, d in zip(names, dims, strict=True):
+                self._where[n] = (a, a + d)
+                a += d
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._where:
+            raise KeyError(f"no feature {name!r} in these tables; they pool {self._names}")
+        where = self._where[name]
+        if isinstance(where, int):
+            return self.tensor[:, where]
+        return self.tensor[:, where[0] : where[1]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class EmbeddingTables(nn.Module):
+    """Tables and the features that look them up (see the module docstring).
+
+    forward(ids: KeyedIds, or a Tensor [B, H] holding exactly these features' columns in
+    order) -> Pooled. Raises ValueError at construction for a declaration that cannot work:
+    no tables, a feature naming no declared table, repeated names, bad sizes."""
+
+    def __init__(self, tables: Sequence[Table], features: Sequence[Feature] | None = None):
+        super().__init__()
+        tables = list(tables)
+        if not tables:
+            raise ValueError("EmbeddingTables needs at least one Table")
+        by_name = {t.name: t for t in tables}
+        if len(by_name) != len(tables):
+            raise ValueError(f"EmbeddingTables: table names repeat in {[t.name for t in tables]}")
+        if features is None:  # one feature per table, named like it
+            features = [Feature(t.name, t.name) for t in tables]
+        features = list(features)
+        if not features:
+            raise ValueError("EmbeddingTables needs at least one Feature")
+        names = [f.name for f in features]
+        if len(set(names)) != len(names):
+            raise ValueError(f"EmbeddingTables: feature names repeat in {names}")
+        configs = []
+        for f in features:
+            if f.table not in by_name:
+                raise ValueError(
+                    f"feature {f.name!r} looks up table {f.table!r}, which is not declared; "
+                    f"the tables are {list(by_name)}"
+                )
+            t = by_name[f.table]
+            if f.pooling not in {p.value for p in Pooling}:
+                raise ValueError(
+                    f"feature {f.name!r}: pooling must be sum or mean, not {f.pooling!r}"
+                )
+            configs.append(
+                TableConfig(
+                    f.name,
+                    t.rows,
+                    t.dim,
+                    f.hotness,
+                    Pooling(f.pooling),
+                    f.jagged,
+                    f.mean_ids,
+                    None if f.table == f.name else f.table,
+                )
+            )
+        unused = [t.name for t in tables if t.name not in {f.table for f in features}]
+        if unused:
+            raise ValueError(f"EmbeddingTables: no feature looks up table(s) {unused}")
+        self.tables = tuple(tables)
+        self.features = tuple(configs)  # one TableConfig per feature (hybridrec.types)
+        self.storage: nn.Module | None = None
+        self.plan: ShardingPlan | None = None  # how `storage` is sharded, once attached
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.features)
+
+    def attach(self, storage: nn.Module, plan: ShardingPlan | None = None) -> None:
+        """Give the declaration its rows: an embedding module over `self.features` (in order,
+        names as given, or qualified by the caller) with forward(ids [B, H]) -> pooled, and
+        the plan it follows."""
+        self.storage, self.plan = storage, plan
+
+    def forward(self, ids: KeyedIds | torch.Tensor) -> Pooled:
+        if self.storage is None:
+            raise RuntimeError(
+                "these EmbeddingTables have no rows yet: call hybridrec.parallelize(model, ...) "
+                "first (it plans and builds them, on one process or many)"
+            )
+        if isinstance(ids, KeyedIds):
+            cols = ids.select(self.feature_names, [f.hotness for f in self.features])
+        else:
+            want = sum(f.hotness for f in self.features)
+            if ids.dim() != 2 or ids.shape[1] != want:
+                raise ValueError(
+                    f"EmbeddingTables of features {list(self.feature_names)} takes KeyedIds, or "
+                    f"ids [B, {want}] of exactly these features; got {list(ids.shape)}"
+                )
+            cols = ids
+        return Pooled(self.storage(cols), self.feature_names, [f.dim for f in self.features])
+
+
+def declared_tables(model: nn.Module) -> list[tuple[str, EmbeddingTables]]:
+    """Every EmbeddingTables in `model`, with its module path ("" for the model itself), in
+    module order (the order every rank sees)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, EmbeddingTables)]
