@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
+    DOT_ARCHS,
     TABLE_DTYPES,
     Config,
     ModelConfig,
@@ -58,8 +59,9 @@ def _check_pins(c: Config) -> None:
             "in one process; choose a planner mode (sharding=auto, table_wise, ...)"
         )
     names = [t.name for t in storage_tables(c.model.tables())]
+    library = c.model._target_ is not None or c.model.arch not in DOT_ARCHS
     for name, mode in pins.items():
-        if name not in names:
+        if name not in names and not library:  # a model class's tables: the planner checks
             raise ValueError(
                 f"sharding.tables.{name}: model {c.model.name} has no table {name!r}; its "
                 f"tables are {names[0]} .. {names[-1]}"
@@ -173,7 +175,7 @@ def _check_tables(m: ModelConfig) -> None:
     _positive("model.embedding_dim", m.embedding_dim)
     for t in m.tables():
         _positive(f"model.embedding_dims (table {t.name})", t.dim)
-    if m.arch == "dlrm":
+    if m.arch == "dlrm" and m._target_ is None:
         _check_dot_widths(m)
 
 
@@ -267,12 +269,23 @@ def _check(c: Config, world_size: int) -> None:
     _check_task(c)
     _check_tables(m)
     _positive("model.num_dense_features", m.num_dense_features)
-    if not m.top_mlp or m.top_mlp[-1] != 1:
-        raise ValueError(f"model.top_mlp must end with 1 (one output), got {m.top_mlp}")
-    for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
-        if any(w < 1 for w in widths):
-            raise ValueError(f"{key} widths must be >= 1, got {widths}")
-    if m.arch == "dcnv2":
+    if m._target_ is not None or m.arch not in DOT_ARCHS:
+        from hybridrec.model.registry import check_model_config  # imports the user's class
+
+        check_model_config(m)
+    else:
+        if m.args:
+            raise ValueError(
+                f"model.args {sorted(m.args)} are keyword arguments of a model class "
+                f"(two_tower, wide_deep or model._target_); model.arch={m.arch} takes its "
+                "settings from the model.* keys (bottom_mlp, top_mlp, ...)"
+            )
+        if not m.top_mlp or m.top_mlp[-1] != 1:
+            raise ValueError(f"model.top_mlp must end with 1 (one output), got {m.top_mlp}")
+        for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
+            if any(w < 1 for w in widths):
+                raise ValueError(f"{key} widths must be >= 1, got {widths}")
+    if m.arch == "dcnv2" and m._target_ is None:
         _positive("model.dcn_layers", m.dcn_layers)
         _positive("model.dcn_rank", m.dcn_rank)
     _positive("train.steps", c.train.steps)

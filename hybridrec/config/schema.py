@@ -18,7 +18,8 @@ from hybridrec.types import CACHE_HALFLIFE, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
-ARCHS = ("dlrm", "dcnv2")
+ARCHS = ("dlrm", "dcnv2", "two_tower", "wide_deep")
+DOT_ARCHS = ("dlrm", "dcnv2")  # the config-shaped DLRMs (bottom/top MLPs, interaction)
 TABLE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -83,7 +84,14 @@ class ModelConfig:
     `pooling`, `jagged`) take one value for all tables or a list with one per table."""
 
     name: str = "dlrm_tiny"  # the model's name (conf/model/<name>.yaml)
-    arch: str = "dlrm"  # dlrm (dot interaction) | dcnv2 (low-rank cross network)
+    # dlrm (dot interaction) | dcnv2 (low-rank cross network) | two_tower (user and item
+    # towers, dot product + biases) | wide_deep (width-1 tables + linear, and an MLP)
+    arch: str = "dlrm"
+    # your own model by import path (pkg.module.Class), instead of `arch`; its keyword
+    # arguments go in model.args (docs/library.md, "Models by config")
+    _target_: str | None = None
+    # keyword arguments of the model class (two_tower, wide_deep or _target_): +model.args.k=v
+    args: dict[str, Any] = field(default_factory=dict)
     task: str = "binary"  # binary (BCE; AUC, log loss) | regression (MSE; RMSE, MAE)
     num_dense_features: int = 13  # dense (continuous) inputs per sample
     embedding_dim: int = 16  # width of every table (unless embedding_dims is set)

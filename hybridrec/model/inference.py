@@ -7,19 +7,20 @@
 (sigmoid of the output) for binary, the raw output for regression (hybridrec.model.task).
 
 One `nn.EmbeddingBag` per table (each feature pooled by sum or mean, as trained) in front of
-the trained dense part (`DenseArch`): the same function the trainer computes, without its sharding,
+the trained dense part (`DenseArch`; for a model class, the class itself with plain bags
+attached: hybridrec.model.local): the function the trainer computes, without its sharding,
 fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
 float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
-tables' hotness, each table's ids in its columns (a list feature's padded with -1 past its
-length, as in training: hybridrec.sparse.bags). Move it with `.to(device)`; it is an
-ordinary module (torch.compile, torch.export and TorchScript tracing apply). `predict`
-checks its inputs first (shapes, dtypes, finite dense values, each table's id range) and
-raises PredictInputError, one line naming the table or feature, the value and its row;
-`forward` does not check (it stays traceable).
+features' hotness, each feature's ids in its columns (a list feature's padded with -1 past
+its length). Move it with `.to(device)`; it is an ordinary module. `predict` checks its
+inputs first (shapes, dtypes, finite dense values, each table's id range) and raises
+PredictInputError, one line naming the table or feature, the value and its row; `forward`
+does not check (it stays traceable).
 
 Loading reads data only: the file's tensors, and its model config as settings (the fields
-of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported,
-called or built; a file holding anything else is refused.
+of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported or
+called unless the caller opts in: a `model._target_` (the user's class) is built only by
+load_export(path, trust_import=True); a file holding anything else is refused.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ import torch
 from torch import nn
 
 from hybridrec.config import ARCHS, ModelConfig
+from hybridrec.config.schema import DOT_ARCHS
 from hybridrec.model.dlrm import DenseArch
+from hybridrec.model.local import LocalTables, attach_local, pool
+from hybridrec.model.registry import MODELS, import_class, make_model
 from hybridrec.model.task import task_of
 from hybridrec.safeload import load_tensors
-from hybridrec.types import TASKS, Pooling, TableConfig, hot_offsets, storage_tables
+from hybridrec.types import TASKS, KeyedIds, hot_offsets, storage_tables
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
 
@@ -44,46 +48,18 @@ class PredictInputError(ValueError):
     """Inputs `predict` cannot score: the message names the table or feature and the row."""
 
 
-class InferenceDLRM(nn.Module):
-    """DLRM for scoring: per-table EmbeddingBags + the dense part; raw outputs [B] fp32."""
+class Scorer(nn.Module):
+    """What every exported model shares: `predict` (checked inputs, eval mode, the task's
+    prediction) over forward(dense [B, num_dense], ids [B, H]) -> raw outputs [B] fp32; ids
+    hold the dataset's features (`tables`) in order."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.task = task_of(cfg.task)
+        self.num_dense = cfg.num_dense_features
         self.tables = list(cfg.tables())
         self.offsets = hot_offsets(self.tables)
-        self.one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as trained
-        self.embeddings = nn.ModuleDict(  # one per table (features may share one)
-            {
-                t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value)
-                for t in storage_tables(self.tables)
-            }
-        )
-        self.dense = DenseArch(cfg)
-
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        pooled = [
-            self._pool(t, ids[:, self.offsets[i] : self.offsets[i + 1]])
-            for i, t in enumerate(self.tables)
-        ]
-        x = torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
-        return self.dense(dense, x).float()
-
-    def _pool(self, t: TableConfig, cols: torch.Tensor) -> torch.Tensor:
-        """cols [B, hotness] -> [B, D]. A jagged bag sums its ids >= 0 (the padding weighs 0)
-        and a mean divides by their number, as training does; an empty bag gives zeros."""
-        bag = self.embeddings[t.table_name]
-        if not t.jagged:
-            return nn.functional.embedding_bag(cols, bag.weight, mode=t.pooling.value)
-        present = cols >= 0
-        weight = present.to(bag.weight.dtype)
-        pooled = nn.functional.embedding_bag(
-            cols.clamp(min=0), bag.weight, mode="sum", per_sample_weights=weight
-        )
-        if t.pooling == Pooling.MEAN:
-            pooled = pooled / weight.sum(1, keepdim=True).clamp(min=1)
-        return pooled
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -97,7 +73,7 @@ class InferenceDLRM(nn.Module):
         """Raise PredictInputError unless dense is [B, num_dense_features] of finite floats
         and ids [B, H] int64 or int32, each inside its table (a host sync: the checks read
         values)."""
-        nd, h = self.cfg.num_dense_features, self.offsets[-1]
+        nd, h = self.num_dense, self.offsets[-1]
         if not isinstance(dense, torch.Tensor) or not isinstance(ids, torch.Tensor):
             raise PredictInputError(
                 f"predict(dense, ids) takes two tensors, got {type(dense).__name__} and "
@@ -136,16 +112,71 @@ class InferenceDLRM(nn.Module):
                 )
 
 
-def model_config(path: Path, text: object) -> ModelConfig:
+class InferenceDLRM(Scorer):
+    """DLRM for scoring: per-table EmbeddingBags + the dense part; raw outputs [B] fp32."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as trained
+        self.embeddings = nn.ModuleDict(  # one per table (features may share one)
+            {
+                t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value)
+                for t in storage_tables(self.tables)
+            }
+        )
+        self.dense = DenseArch(cfg)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        o = self.offsets
+        pooled = [
+            pool(self.embeddings[t.table_name].weight, ids[:, o[i] : o[i + 1]], t)
+            for i, t in enumerate(self.tables)
+        ]
+        x = torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
+        return self.dense(dense, x).float()
+
+
+class InferenceModel(Scorer):
+    """A model class's model (model.arch two_tower | wide_deep, or model._target_) for
+    scoring: the class built from the config, its EmbeddingTables given plain EmbeddingBags
+    (hybridrec.model.local). `net` is the module; `weights` its tables by qualified name."""
+
+    def __init__(self, cfg: ModelConfig, cls: type[nn.Module]) -> None:
+        super().__init__(cfg)
+        self.net = make_model(cfg, cls)
+        self.weights = attach_local(self.net)  # qualified name -> the bag's weight
+        self.names = tuple(t.name for t in self.tables)
+        self.hotness = tuple(t.hotness for t in self.tables)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.net(dense, KeyedIds(ids, self.names, self.hotness)).float()
+
+    def expected(self) -> dict[str, torch.Tensor]:
+        """The export's keys this model reads, to the tensors they load into."""
+        out = {f"embeddings.{name}.weight": w for name, w in self.weights.items()}
+        skip = tuple(f"{n}." for n, m in self.net.named_modules() if isinstance(m, LocalTables))
+        for k, v in self.net.state_dict(keep_vars=True).items():
+            if not k.startswith(skip):
+                out[f"dense.{k}"] = v
+        return out
+
+
+def model_config(path: Path, text: object, trust_import: bool = False) -> ModelConfig:
     """The model config an export carries: a JSON object of ModelConfig fields with a
-    registered `arch`. Anything else (a Hydra `_target_`, an unknown architecture) is
-    refused naming the file: a file names settings, never code to build."""
+    registered `arch`. Anything else (an unknown key or architecture) is refused naming the
+    file; so is a `_target_` (a class to import) unless `trust_import`."""
     try:
         d = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError:
         d = None
     if not isinstance(d, dict):
         raise ValueError(f"{path}: model_config is not a JSON object of model settings; refused")
+    if d.get("_target_") is not None and not trust_import:
+        raise ValueError(
+            f"{path}: model_config '_target_'={d['_target_']!r} is code to import, not model "
+            "settings; refused (load_export(path, trust_import=True) imports it: only for a "
+            "file you trust)"
+        )
     unknown = sorted(set(d) - {f.name for f in dataclasses.fields(ModelConfig)})
     if unknown:
         raise ValueError(
@@ -165,9 +196,13 @@ def model_config(path: Path, text: object) -> ModelConfig:
     return ModelConfig(**d)
 
 
-def load_export(path: str | Path, cfg: ModelConfig | None = None) -> InferenceDLRM:
-    """The model in a hybridrec-export file. `cfg`: the model config, needed only for files
-    written before exports carried it; shapes are checked either way."""
+def load_export(
+    path: str | Path, cfg: ModelConfig | None = None, trust_import: bool = False
+) -> Scorer:
+    """The model in a hybridrec-export file: InferenceDLRM for dlrm and dcnv2, InferenceModel
+    for a model class. `cfg`: the model config, needed only for files written before exports
+    carried it; shapes are checked either way. `trust_import`: build a `model._target_` class,
+    which imports it (runs its module's code); refused otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such exported model (write one with hybridrec-export)")
@@ -180,10 +215,21 @@ def load_export(path: str | Path, cfg: ModelConfig | None = None) -> InferenceDL
                 f"{path} carries no model config (exported by an older hybridrec); pass the "
                 "model config: load_export(path, cfg.model)"
             )
-        cfg = model_config(path, state[MODEL_CONFIG_KEY])
-    model = InferenceDLRM(cfg)
+        cfg = model_config(path, state[MODEL_CONFIG_KEY], trust_import)
+    elif cfg._target_ is not None and not trust_import:
+        raise ValueError(
+            f"model._target_={cfg._target_}: building it imports it; pass trust_import=True"
+        )
+    model: Scorer
+    if cfg._target_ is None and cfg.arch in DOT_ARCHS:
+        model = InferenceDLRM(cfg)
+        params = model.state_dict()
+    else:
+        cls = import_class(cfg._target_) if cfg._target_ else MODELS[cfg.arch]
+        model = InferenceModel(cfg, cls)
+        params = model.expected()
     weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
-    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    expected = {k: list(v.shape) for k, v in params.items()}
     diffs = [
         f"{k}: file {list(weights[k].shape) if k in weights else 'missing'}, model {shape}"
         for k, shape in expected.items()
@@ -191,5 +237,13 @@ def load_export(path: str | Path, cfg: ModelConfig | None = None) -> InferenceDL
     ]
     if diffs:
         raise ValueError(f"{path} does not fit model {cfg.name}:\n  " + "\n  ".join(diffs))
-    model.load_state_dict(weights, strict=True)
+    if isinstance(model, InferenceDLRM):
+        model.load_state_dict(weights, strict=True)
+    else:
+        unexpected = sorted(set(weights) - set(params))
+        if unexpected:
+            raise ValueError(f"{path} does not fit model {cfg.name}: unexpected {unexpected}")
+        with torch.no_grad():
+            for k, v in params.items():
+                v.copy_(weights[k])
     return model.eval()

@@ -12,7 +12,7 @@ beyond the device copy in flight (hybridrec.data.device.DevicePrefetcher).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,9 +28,16 @@ class TrainPipeline:
     """Batches for training on `device`, with the sparse prefetch of the next one."""
 
     def __init__(
-        self, loader: Iterator[Batch], device: torch.device, modules: list[EmbeddingModule]
+        self,
+        loader: Iterator[Batch],
+        device: torch.device,
+        modules: list[EmbeddingModule],
+        select: Callable[[EmbeddingModule, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
+        """`select(module, ids)`: the columns of a batch's ids a module looks up (None: all
+        of them, as DLRM's one collection)."""
         self.loader = DevicePrefetcher(loader, device)
+        self.select = select or (lambda module, ids: ids)
         self.device = device
         self.modules = [m for m in modules if m.prefetches]
         self._next: tuple[Batch, list[Any]] | None = None
@@ -51,19 +58,25 @@ class TrainPipeline:
         if not self.modules:
             return
         batch = next(self.loader).to(self.device, non_blocking=True)
-        self._next = (batch, [m.prefetch(batch.ids) for m in self.modules])
+        self._next = (batch, [m.prefetch(self.select(m, batch.ids)) for m in self.modules])
 
     def close(self) -> None:
         self.loader.close()
 
 
-def warm_start(modules: list[EmbeddingModule], counts: IdCounts | None, batch_size: int) -> int:
+def warm_start(
+    modules: list[EmbeddingModule],
+    counts: IdCounts | None,
+    batch_size: int,
+    remap: Callable[[EmbeddingModule, IdCounts], IdCounts] | None = None,
+) -> int:
     """Load each host cache's most frequent rows when the data knows its id frequencies (a
-    manifest's counts, or synthetic data's popularity); returns the rows loaded on this rank."""
+    manifest's counts, or synthetic data's popularity); returns the rows loaded on this rank.
+    `remap(module, counts)`: the counts as a module indexes its features (None: the same)."""
     if counts is None:
         log.info("host caches start empty (the data source records no id frequencies)")
         return 0
-    starts = [m.warm_start(counts, batch_size) for m in modules]
+    starts = [m.warm_start(remap(m, counts) if remap else counts, batch_size) for m in modules]
     loaded = sum(w.rows for w in starts)
     log.info("host caches warm-started with %d rows from the dataset's id counts", loaded)
     for w in starts:

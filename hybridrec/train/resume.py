@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hybridrec.config import Config
+from hybridrec.custom import LibraryModel, stored_tables
 from hybridrec.distributed.env import DistEnv
 from hybridrec.train.checkpoint import (
     CorruptCheckpointError,
@@ -57,8 +58,7 @@ def check_resume(cfg: Config) -> None:
     tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
     path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
     if path is not None:
-        tables = list(cfg.model.tables())
-        check_matches(path, tables, cfg.optim.sparse.name, cfg.optim.dense.name)
+        check_matches(path, stored_tables(cfg), cfg.optim.sparse.name, cfg.optim.dense.name)
 
 
 class Checkpointer:
@@ -74,8 +74,9 @@ class Checkpointer:
     ) -> None:
         self.cfg, self.env, self.model, self.dense_opt, self.plan = cfg, env, model, dense_opt, plan
         self.resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
+        self.tables = model.tables if isinstance(model, LibraryModel) else list(cfg.model.tables())
         self.signature = model_signature(
-            list(cfg.model.tables()), model, cfg.optim.sparse.name, cfg.optim.dense.name
+            self.tables, model, cfg.optim.sparse.name, cfg.optim.dense.name
         )
 
     def saved_extra(self) -> dict[str, Any]:
@@ -89,9 +90,7 @@ class Checkpointer:
         ck, path = self.cfg.checkpoint, self.resume_from
         if path is None:
             if self.cfg.model.init_from:
-                init_from_export(
-                    Path(self.cfg.model.init_from), self.model, list(self.cfg.model.tables())
-                )
+                init_from_export(Path(self.cfg.model.init_from), self.model, self.tables)
                 log.info("initialised weights from %s", self.cfg.model.init_from)
             return 0, 0
         try:

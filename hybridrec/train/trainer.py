@@ -29,6 +29,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from hybridrec import timing
 from hybridrec.builder import build_model, compile_dense
 from hybridrec.config import Config
+from hybridrec.custom import LibraryModel, build_library_model, is_library
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed import failure
@@ -40,6 +41,7 @@ from hybridrec.sparse.api import embedding_modules
 from hybridrec.timing import PhaseTimer
 from hybridrec.train import console
 from hybridrec.train.checkpoint import CheckpointError, check_writable, checkpoint_step
+from hybridrec.train.checkpoint.format import dense_module
 from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_names
 from hybridrec.train.evaluator import evaluate
 from hybridrec.train.health import NonFiniteWatch
@@ -66,10 +68,13 @@ class Trainer:
         elif env.is_main and not cfg.eval.only:
             warn_many_epochs(cfg.train.steps, self.source, cfg.train.batch_size)
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
-        self.model, self.plan = build_model(cfg, env)
-        self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
+        if is_library(cfg):  # a model class (hybridrec.custom); compile does not apply
+            self.model, self.plan = build_library_model(cfg, env)
+        else:
+            self.model, self.plan = build_model(cfg, env)
+            self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
         self.dense_opt = build_dense_optimizer(
-            self.model.dense.parameters(), cfg.optim.dense, env.device
+            dense_module(self.model).parameters(), cfg.optim.dense, env.device
         )
         self.schedule = LRSchedule(cfg.optim.schedule, cfg.optim.dense.lr, cfg.optim.sparse.lr)
         self.embeddings = embedding_modules(self.model)
@@ -112,7 +117,8 @@ class Trainer:
     def warm_start_caches(self) -> int:
         """Fill host caches from the data's id counts; returns the rows loaded here."""
         counts = getattr(self.source, "id_counts", None)  # file and synthetic sources have them
-        return warm_start(self.embeddings, counts, self.cfg.train.batch_size)
+        remap = self.model.module_counts if isinstance(self.model, LibraryModel) else None
+        return warm_start(self.embeddings, counts, self.cfg.train.batch_size, remap)
 
     # -- data -------------------------------------------------------------------------------
     def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201
@@ -139,7 +145,8 @@ class Trainer:
     # -- steps ----------------------------------------------------------------------------
     def pipeline(self, batches: Iterator[Batch]) -> TrainPipeline:
         """Look-ahead over `batches` for this model's embedding modules (see TrainPipeline)."""
-        return TrainPipeline(batches, self.env.device, self.embeddings)
+        select = self.model.module_ids if isinstance(self.model, LibraryModel) else None
+        return TrainPipeline(batches, self.env.device, self.embeddings, select)
 
     def train_batches(
         self, batches: Sequence[Batch], look_ahead: bool = True

@@ -16,7 +16,8 @@ REFERENCE = runpy.run_path(str(ROOT / "scripts" / "config_reference.py"))
 def _leaves(node: dict, prefix: str = "") -> list[str]:
     out = []
     for k, v in node.items():
-        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+        nested = isinstance(v, dict) and v  # an empty dict (model.args) is one key
+        out += _leaves(v, f"{prefix}{k}.") if nested else [f"{prefix}{k}"]
     return out
 
 

@@ -20,8 +20,9 @@ from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
     ShardFiles,
+    dense_state,
+    load_dense_state,
     shard_views,
-    unwrap,
     write_file,
 )
 from hybridrec.train.checkpoint.load import load_dense, read_manifest
@@ -97,16 +98,16 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             diffs.append(
                 f"embeddings.{t.name}.weight: file {list(w.shape)}, model {[t.num_rows, t.dim]}"
             )
-    dense = unwrap(model.dense)
-    dense_state = {k.removeprefix("dense."): v for k, v in state.items() if k.startswith("dense.")}
-    for k, v in dense.state_dict().items():
-        if k not in dense_state:
+    saved = {k.removeprefix("dense."): v for k, v in state.items() if k.startswith("dense.")}
+    mine = dense_state(model)
+    for k, v in mine.items():
+        if k not in saved:
             diffs.append(f"dense.{k}: missing from the file")
-        elif dense_state[k].shape != v.shape:
-            diffs.append(f"dense.{k}: file {list(dense_state[k].shape)}, model {list(v.shape)}")
+        elif saved[k].shape != v.shape:
+            diffs.append(f"dense.{k}: file {list(saved[k].shape)}, model {list(v.shape)}")
     if diffs:
         raise CheckpointError(f"{file} does not fit this model:\n  " + "\n  ".join(diffs))
     for spec, weight, _ in shard_views(embedding_modules(model)):
         src = state[f"embeddings.{spec.table}.weight"]
         weight.copy_(src[spec.row_start : spec.row_end, spec.col_start : spec.col_end])
-    dense.load_state_dict(dense_state, strict=False)
+    load_dense_state(model, {k: saved[k] for k in mine})

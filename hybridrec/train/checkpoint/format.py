@@ -7,7 +7,8 @@ One directory per checkpoint, `<checkpoint.dir>/step_<N>/`:
     shards_rank<r>.pt    rank r's embedding shards: per shard its table, row range, column
                          range, weight [rows, cols] and optimizer state (row-wise state
                          [rows], element-wise state [rows, cols])
-    dense.pt             the dense module's state dict, the dense optimizer's state dict, the
+    dense.pt             the dense state dict (`dense_state`: the model minus its embedding
+                         storage; DLRM's `dense` module), the dense optimizer's state dict, the
                          sparse optimizers' step count and RNG states
 
 Every file holds data only (tensors, numbers, strings, lists, dicts) and is loaded that way
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridrec.custom import LibraryModel
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, ShardView
 from hybridrec.types import TableConfig, storage_tables
@@ -58,6 +60,35 @@ def unwrap(module: nn.Module) -> nn.Module:
         module = inner
 
 
+def dense_module(model: nn.Module) -> nn.Module:
+    """The plain module whose state is a model's dense state: DLRM's `dense` (its keys as
+    they have always been saved), a model class's own module (hybridrec.custom)."""
+    return model.inner if isinstance(model, LibraryModel) else unwrap(model.dense)
+
+
+def _storage_prefixes(module: nn.Module) -> tuple[str, ...]:
+    return tuple(f"{n}." for n, m in module.named_modules() if isinstance(m, EmbeddingModule))
+
+
+def dense_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The dense state dict: dense_module's, minus the embedding storage (saved as shards)."""
+    module = dense_module(model)
+    skip = _storage_prefixes(module)
+    return {k: v for k, v in module.state_dict().items() if not k.startswith(skip)}
+
+
+def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load `state` (as dense_state gives it) into the model's dense part, every key."""
+    module = dense_module(model)
+    skip = _storage_prefixes(module)
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(skip)]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"dense state does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
 def table_signature(tables: list[TableConfig]) -> list[dict[str, Any]]:
     """The tables' part of a model signature: name and shape of each (`tables` may be
     features: a table several share is one entry)."""
@@ -68,7 +99,7 @@ def model_signature(
     tables: list[TableConfig], model: nn.Module, sparse_opt: str, dense_opt: str
 ) -> dict[str, Any]:
     """What must match for a checkpoint to load: tables, dense shapes, optimizer kinds."""
-    dense = unwrap(model.dense).state_dict()
+    dense = dense_state(model)
     return {
         "tables": table_signature(tables),
         "dense": {k: list(v.shape) for k, v in dense.items()},

@@ -26,13 +26,13 @@ from hybridrec.train.checkpoint.format import (
     ShardFiles,
     TrainState,
     list_checkpoints,
+    load_dense_state,
     load_file,
     sha256,
     shard_views,
     signature_differences,
     summarise,
     table_signature,
-    unwrap,
 )
 from hybridrec.types import TableConfig
 
@@ -198,7 +198,7 @@ def load_checkpoint(
     modules = embedding_modules(model)
     load_embeddings(path, manifest, modules)
     dense = load_dense(Path(path))
-    unwrap(model.dense).load_state_dict(dense["model"])
+    load_dense_state(model, dense["model"])
     dense_opt.load_state_dict(dense["optimizer"])
     for module in modules:
         module.set_sparse_step(int(dense["sparse_step"]))

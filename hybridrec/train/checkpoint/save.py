@@ -33,11 +33,11 @@ from hybridrec.train.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
     TrainState,
+    dense_state,
     list_checkpoints,
     replicated_tables,
     shard_views,
     sparse_step,
-    unwrap,
     write_file,
 )
 from hybridrec.types import ShardingPlan
@@ -133,7 +133,7 @@ def save_checkpoint(
         ]
         if env.is_main:
             dense = {
-                "model": unwrap(model.dense).state_dict(),
+                "model": dense_state(model),
                 "optimizer": dense_opt.state_dict(),
                 "sparse_step": sparse_step(modules),
                 "rng_cpu": torch.get_rng_state(),

@@ -1,0 +1,129 @@
+"""Models by config: a built-in one by name (`model.arch`), or the user's by import path
+(`model._target_=my_pkg.MyModel`, Hydra's convention), with keyword arguments `model.args`.
+
+The contract of a model class (docs/library.md, "Models by config"):
+- `__init__(**model.args)`; a parameter named `features` also receives the dataset's sparse
+  features (a tuple of TableConfig: name, table_name, num_rows, dim, hotness, pooling,
+  jagged), `num_dense_features` the number of dense inputs, `task` model.task.
+- It declares `EmbeddingTables` whose features are named as the dataset's, with the same ids
+  per sample and list flag, and tables at least as long as the dataset's.
+- `forward(dense [B, num_dense_features] float, ids: KeyedIds) -> outputs [B]`.
+- Its loss is model.task's (hybridrec.model.task); a class attribute `task` ("binary" or
+  "regression") states the one it needs, refused when the dataset's differs.
+Every mismatch is one line naming the model, feature and what to do. dlrm and dcnv2 are
+built from the config's keys by hybridrec.builder; this module builds the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Sequence
+
+from torch import nn
+
+from hybridrec.config import ModelConfig
+from hybridrec.model.tables import declared_tables
+from hybridrec.model.zoo import TwoTower, WideDeep
+from hybridrec.types import TableConfig
+
+MODELS: dict[str, type[nn.Module]] = {"two_tower": TwoTower, "wide_deep": WideDeep}
+PROVIDED = ("features", "num_dense_features", "task")  # filled in by name, not from model.args
+
+
+def model_name(m: ModelConfig) -> str:
+    """How messages name the model: its import path, or model.arch."""
+    return f"model._target_={m._target_}" if m._target_ else f"model.arch={m.arch}"
+
+
+def import_class(path: str) -> type[nn.Module]:
+    """The class at import path "pkg.module.Class" (imports it: call only on a path the user
+    gave to run). ValueError (one line) when it does not import or is not an nn.Module."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ValueError(f"model._target_={path!r} must be an import path: pkg.module.Class")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(
+            f"model._target_={path} does not import: {type(e).__name__}: {e} (is its package "
+            "on PYTHONPATH?)"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"model._target_={path} is not an nn.Module class")
+    return cls
+
+
+def model_class(m: ModelConfig) -> type[nn.Module]:
+    """The class a model config names (importing a `_target_`)."""
+    if m._target_:
+        return import_class(m._target_)
+    if m.arch not in MODELS:
+        raise ValueError(f"model.arch={m.arch} is built by hybridrec.builder, not a model class")
+    return MODELS[m.arch]
+
+
+def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
+    """An instance of `cls` for `m` (no embedding rows yet: hybridrec.parallelize, or
+    hybridrec.model.local for scoring, gives them), its features checked against the data."""
+    params = inspect.signature(cls).parameters
+    given = [k for k in m.args if k in PROVIDED]
+    if given:
+        raise ValueError(
+            f"model.args.{given[0]}: {model_name(m)} gets {given[0]} from the dataset; drop it"
+        )
+    provided = {"features": m.tables(), "num_dense_features": m.num_dense_features, "task": m.task}
+    kwargs = {k: v for k, v in provided.items() if k in params}
+    kwargs.update(m.args)
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{model_name(m)}: model.args do not fit its __init__: {e}") from None
+    model = cls(**kwargs)
+    stated = getattr(cls, "task", None)
+    if isinstance(stated, str) and stated != m.task:
+        raise ValueError(
+            f"{model_name(m)} is a {stated} model but the data's task is model.task={m.task}"
+        )
+    check_features(model, m.tables(), model_name(m))
+    return model
+
+
+def check_features(model: nn.Module, data: Sequence[TableConfig], name: str) -> None:
+    """Every declared feature is a dataset feature with the same ids per sample and list flag,
+    and its table holds the dataset table's ids; ValueError (one line) otherwise."""
+    declared = declared_tables(model)
+    if not declared:
+        raise ValueError(
+            f"{name} declares no EmbeddingTables: declare its tables with "
+            "hybridrec.EmbeddingTables (docs/library.md)"
+        )
+    by_name = {f.name: f for f in data}
+    for path, tables in declared:
+        where = f"{name} ({path or 'the model'})"
+        for f in tables.features:
+            d = by_name.get(f.name)
+            if d is None:
+                raise ValueError(
+                    f"{where}: feature {f.name!r} is not in the dataset; its features are "
+                    f"{list(by_name)} (name the model's features as the dataset's)"
+                )
+            if f.hotness != d.hotness or f.jagged != d.jagged:
+                raise ValueError(
+                    f"{where}: feature {f.name!r} reads {f.hotness} ids per sample"
+                    f"{' (a list)' if f.jagged else ''}, the dataset has {d.hotness}"
+                    f"{' (a list)' if d.jagged else ''}; declare Feature({f.name!r}, ..., "
+                    f"hotness={d.hotness}, jagged={d.jagged})"
+                )
+            if f.num_rows < d.num_rows:
+                raise ValueError(
+                    f"{where}: table {f.table_name!r} has {f.num_rows} rows, but the dataset's "
+                    f"feature {f.name!r} has ids up to {d.num_rows - 1}; give it >= "
+                    f"{d.num_rows} rows"
+                )
+
+
+def check_model_config(m: ModelConfig) -> None:
+    """Config-time check of a model class's config: it imports, takes model.args, declares
+    the dataset's features (builds the declaration, no rows)."""
+    make_model(m, model_class(m))

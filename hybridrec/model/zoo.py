@@ -1,0 +1,137 @@
+"""Built-in models written with the library API (EmbeddingTables + plain PyTorch).
+
+Both take the dataset's features (`features`: one TableConfig per sparse feature, as
+ModelConfig.tables() gives them) and look them up by name in `forward(dense, ids: KeyedIds)`,
+returning one raw output per sample, [B] fp32; the loss is model.task's (hybridrec.model.task).
+
+- TwoTower: a user tower and an item tower, each the embeddings of its features
+  (`user_features`, `item_features`: lists of feature names) through an MLP (`tower_mlp`;
+  empty: the concatenated embeddings), scored as dot(user, item) + user bias + item bias +
+  global bias. The biases are width-1 tables over the same features (sum-pooled). Dense
+  features are not used. The collaborative-filtering model.
+- WideDeep: wide = width-1 tables, one per table, sum-pooled (a linear model over the sparse
+  features) + a linear layer over the dense features; deep = the dataset's embeddings and the
+  dense features through an MLP (`deep_mlp`, then one output). Output = wide + deep.
+
+Qualified table names (plans, checkpoints, exports): "users.<table>", "user_bias.<table>",
+"items.<table>", "item_bias.<table>"; "wide.<table>", "deep.<table>".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hybridrec.model.mlp import MLP
+from hybridrec.model.tables import EmbeddingTables, Feature, Table
+from hybridrec.types import KeyedIds, TableConfig
+
+
+def mirror(
+    features: Sequence[TableConfig], names: Sequence[str], dim: int | None = None, pool="sum"
+) -> EmbeddingTables:
+    """EmbeddingTables over the dataset features `names` with their tables' rows: widths as
+    the dataset's (or `dim` for all), pooling as the dataset's (or `pool` when `dim` is set)."""
+    by_name = {f.name: f for f in features}
+    chosen = [by_name[n] for n in names]
+    tables: dict[str, Table] = {}
+    for f in chosen:
+        tables.setdefault(f.table_name, Table(f.table_name, f.num_rows, dim or f.dim))
+    return EmbeddingTables(
+        list(tables.values()),
+        [
+            Feature(
+                f.name,
+                f.table_name,
+                f.hotness,
+                pool if dim is not None else f.pooling.value,
+                f.jagged,
+                f.mean_ids,
+            )
+            for f in chosen
+        ],
+    )
+
+
+def _feature_list(key: str, value: object, known: Sequence[str]) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value or [])  # type: ignore[arg-type]
+    if not names:
+        raise ValueError(
+            f"model.args.{key} must list the features of that tower (of {list(known)}), e.g. "
+            f"+model.args.{key}=[{known[0]}]"
+        )
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"model.args.{key}: {unknown} are not features of the dataset; its features are "
+            f"{list(known)}"
+        )
+    return names
+
+
+class TwoTower(nn.Module):
+    """User tower . item tower + biases (module docstring)."""
+
+    def __init__(
+        self,
+        features: Sequence[TableConfig],
+        user_features: Sequence[str] | str = (),
+        item_features: Sequence[str] | str = (),
+        tower_mlp: Sequence[int] = (64, 32),
+    ) -> None:
+        super().__init__()
+        known = [f.name for f in features]
+        users = _feature_list("user_features", user_features, known)
+        items = _feature_list("item_features", item_features, known)
+        both = sorted(set(users) & set(items))
+        if both:
+            raise ValueError(f"model.args: features {both} are in both towers; give each one")
+        self.users, self.items = mirror(features, users), mirror(features, items)
+        self.user_bias, self.item_bias = mirror(features, users, 1), mirror(features, items, 1)
+        widths = [sum(f.dim for f in t.features) for t in (self.users, self.items)]
+        tower = list(tower_mlp)
+        if not tower and widths[0] != widths[1]:
+            raise ValueError(
+                f"two_tower: the user tower is {widths[0]} wide and the item tower {widths[1]}; "
+                "the dot product needs one width: give model.args.tower_mlp (e.g. [64, 32])"
+            )
+        if any(w < 1 for w in tower):
+            raise ValueError(f"model.args.tower_mlp widths must be >= 1, got {tower}")
+        self.user_mlp = MLP(widths[0], tower, final_relu=False) if tower else nn.Identity()
+        self.item_mlp = MLP(widths[1], tower, final_relu=False) if tower else nn.Identity()
+        self.bias = nn.Parameter(torch.zeros(()))
+
+    def forward(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
+        u = self.user_mlp(self.users(ids).tensor.flatten(1))
+        v = self.item_mlp(self.items(ids).tensor.flatten(1))
+        bias = self.user_bias(ids).tensor.flatten(1).sum(1) + self.item_bias(ids).tensor.flatten(
+            1
+        ).sum(1)
+        return (u * v).sum(1) + bias + self.bias
+
+
+class WideDeep(nn.Module):
+    """Wide (linear) + deep (MLP) logits (module docstring)."""
+
+    def __init__(
+        self,
+        features: Sequence[TableConfig],
+        num_dense_features: int,
+        deep_mlp: Sequence[int] = (64, 32),
+    ) -> None:
+        super().__init__()
+        names = [f.name for f in features]
+        if any(w < 1 for w in deep_mlp):
+            raise ValueError(f"model.args.deep_mlp widths must be >= 1, got {list(deep_mlp)}")
+        self.wide = mirror(features, names, 1)
+        self.wide_dense = nn.Linear(num_dense_features, 1)
+        self.deep = mirror(features, names)
+        width = num_dense_features + sum(f.dim for f in self.deep.features)
+        self.deep_mlp = MLP(width, [*deep_mlp, 1], final_relu=False)
+
+    def forward(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
+        wide = self.wide(ids).tensor.flatten(1).sum(1) + self.wide_dense(dense).squeeze(1)
+        deep = torch.cat([dense, self.deep(ids).tensor.flatten(1)], dim=1)
+        return wide + self.deep_mlp(deep).squeeze(1)
