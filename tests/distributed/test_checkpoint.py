@@ -22,7 +22,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
+from hybridrec.train.checkpoint.format import dense_state, shard_views
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import run_jobs, spawn_jobs
 from tests.distributed.test_equivalence import assemble, make_cfg
@@ -43,7 +45,15 @@ CASES = [
     # slices reassembled into row ranges behind host caches
     (("column_wise", 2), ("host", 3), "adagrad"),
     (("column_wise", 2), ("row_wise", 3), "rowwise_adagrad", "jagged"),
+    # a model class (model.arch=two_tower): four collections, tables named "<path>.<table>"
+    (("row_wise", 2), ("column_wise", 3), "rowwise_adagrad", "two_tower"),
 ]
+TWO_TOWER = (
+    "model.arch=two_tower",
+    "+model.args.user_features=[cat_0,cat_1]",
+    "+model.args.item_features=[cat_2,cat_3,cat_4]",
+    "+model.args.tower_mlp=[8]",
+)
 # world sizes in run order: each stage runs, in one spawn, every job of that size whose
 # checkpoint is written by then (saves on 4 before the loads on 2, on 2 before those on 3)
 STAGES = (1, 4, 2, 3, 1)
@@ -60,6 +70,8 @@ def _scheduled(cfg):
 def _model_cfg(mode, sparse, world, model="dlrm"):
     if model == "jagged":
         return jagged_cfg(mode, sparse, world)
+    if model == "two_tower":
+        return make_cfg(mode, sparse, world, "sum", *TWO_TOWER)
     return make_cfg(mode, sparse, world)
 
 
@@ -71,18 +83,19 @@ def _cfg(mode, world, ck_dir, steps, sparse="adam", model="dlrm"):
     return cfg
 
 
+def _shards(model):
+    return [
+        (spec, w.clone(), {k: v.clone() for k, v in st.items()})
+        for spec, w, st in shard_views(embedding_modules(model))
+    ]
+
+
 def fit_and_collect(env, cfg):
     trainer = Trainer(cfg, env)
     trainer.fit()
     return {
-        "shards": [
-            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-            for spec, w, st in trainer.model.embeddings.shard_views()
-        ],
-        "dense": {
-            k.removeprefix("module."): v.clone()
-            for k, v in trainer.model.dense.state_dict().items()
-        },
+        "shards": _shards(trainer.model),
+        "dense": {k: v.clone() for k, v in dense_state(trainer.model).items()},
         "step": trainer.step,
     }
 
@@ -99,12 +112,7 @@ def load_and_resume(env, cfg):
 def init_only(env, cfg):
     trainer = Trainer(cfg, env)
     trainer.restore()
-    return {
-        "shards": [
-            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-            for spec, w, st in trainer.model.embeddings.shard_views()
-        ]
-    }
+    return {"shards": _shards(trainer.model)}
 
 
 @dataclass

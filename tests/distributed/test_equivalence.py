@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from hybridrec.config import Config
+from hybridrec.custom import stored_tables
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import storage_tables
@@ -38,7 +39,7 @@ STEPS = 4
 BATCH = 48  # divisible by 1, 2, 3, 4
 
 
-def make_cfg(mode: str, sparse: str, world: int, pooling: str = "sum") -> Config:
+def make_cfg(mode: str, sparse: str, world: int, pooling: str = "sum", *extra: str) -> Config:
     rows = [3, 40, 700, 5000, 20000]
     # auto on 2+ ranks: a budget of 80% of what the 20,000-row table needs whole (weights and
     # optimizer state) forces the planner to split it; every other mode gets plenty.
@@ -62,6 +63,7 @@ def make_cfg(mode: str, sparse: str, world: int, pooling: str = "sum") -> Config
         "seed=7",
         "sharding.data_parallel_max_bytes=2048",  # auto replicates tables <= 2 KiB
         f"sharding.hbm_gb={budget / 2**30}",
+        *extra,
     ]
     return make_config(*overrides, world_size=world)
 
@@ -95,7 +97,7 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
 
 def assemble(cfg: Config, results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
     """Full tables (weight and state) rebuilt from every rank's shards; replicas must agree."""
-    tables = {t.name: t for t in storage_tables(cfg.model.tables())}
+    tables = {t.name: t for t in storage_tables(stored_tables(cfg))}
     full: dict[str, dict[str, torch.Tensor]] = {}
     seen: dict[str, torch.Tensor] = {}
     for res in results:

@@ -45,3 +45,33 @@ class WrongHotness(nn.Module):
 
     def forward(self, dense, ids):
         return self.t(ids)["cat_0"].sum(1)
+
+
+class Ratings(nn.Module):
+    """A two-tower rating model over a table dataset's features `user` and `movie` + `genres`
+    (a mean-pooled list), named as the dataset names them; regression."""
+
+    task = "regression"
+
+    def __init__(self, features, dim: int = 8):
+        super().__init__()
+        by = {f.name: f for f in features}
+        g = by["genres"]
+        self.users = hybridrec.EmbeddingTables([hybridrec.Table("user", by["user"].num_rows, dim)])
+        self.items = hybridrec.EmbeddingTables(
+            [
+                hybridrec.Table("movie", by["movie"].num_rows, dim),
+                hybridrec.Table("genres", g.num_rows, dim),
+            ],
+            [
+                hybridrec.Feature("movie", "movie"),
+                hybridrec.Feature("genres", "genres", g.hotness, "mean", jagged=True),
+            ],
+        )
+        self.item = nn.Linear(2 * dim, dim)
+        self.bias = nn.Parameter(torch.tensor(3.0))
+
+    def forward(self, dense: torch.Tensor, ids: hybridrec.KeyedIds) -> torch.Tensor:
+        u = self.users(ids)["user"]
+        v = self.item(self.items(ids).tensor.flatten(1))
+        return (u * v).sum(1) + self.bias

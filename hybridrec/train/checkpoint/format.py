@@ -199,8 +199,9 @@ class TrainState:
 
 
 def sparse_step(modules: list[EmbeddingModule]) -> int:
-    """The sparse optimizers' step count (the same in every embedding module)."""
-    counts = {m.sparse_step for m in modules}
+    """The sparse optimizers' step count (the same in every embedding module holding rows on
+    this rank: a model's collection may have no shard here, and no steps to count)."""
+    counts = {m.sparse_step for m in modules if m.shard_views()}
     assert len(counts) <= 1, f"embedding modules disagree on their step count: {counts}"
     return counts.pop() if counts else 0
 
