@@ -79,7 +79,10 @@ def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as e:
         raise ValueError(f"{model_name(m)}: model.args do not fit its __init__: {e}") from None
-    model = cls(**kwargs)
+    try:
+        model = cls(**kwargs)
+    except ValueError as e:  # the class's own checks (EmbeddingTables, widths): name the model
+        raise ValueError(f"{model_name(m)}: {e}") from None
     stated = getattr(cls, "task", None)
     if isinstance(stated, str) and stated != m.task:
         raise ValueError(

@@ -83,6 +83,19 @@ def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path):
         ),
         ((*USER, "+model.args.depth=2"), r"model.args do not fit its __init__: .*depth"),
         (
+            ("model._target_=tests.models.user_model.NoTables",),
+            r"NoTables declares no EmbeddingTables: declare its tables",
+        ),
+        (
+            ("model._target_=tests.models.user_model.EmptyTables",),
+            r"^model._target_=tests.models.user_model.EmptyTables: EmbeddingTables needs at least "
+            r"one Table$",
+        ),
+        (
+            ("model._target_=tests.models.user_model.ShortTable",),
+            r"table 't' has 10 rows, but the dataset's feature 'cat_0' has ids up to 4999",
+        ),
+        (
             (
                 "model.arch=two_tower",
                 "+model.args.user_features=[cat_0]",
@@ -100,6 +113,10 @@ def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path):
             r"the user tower is 16 wide and the item tower 32; the dot product needs one width",
         ),
         (("+model.args.dim=3",), r"model.args \['dim'\] are keyword arguments of a model class"),
+        (
+            (*USER, "sharding=row_wise", "sharding.comm_dtype=bf16"),
+            r"sharding.comm_dtype=bf16 applies to model.arch=dlrm and dcnv2",
+        ),
         (
             ("model.arch=wide_deep", "+model.args.features=[]"),
             r"model.args.features: model.arch=wide_deep gets features from the dataset",

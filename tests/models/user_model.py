@@ -75,3 +75,29 @@ class Ratings(nn.Module):
         u = self.users(ids)["user"]
         v = self.item(self.items(ids).tensor.flatten(1))
         return (u * v).sum(1) + self.bias
+
+
+class NoTables(nn.Module):
+    """Declares no EmbeddingTables at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(13, 1)
+
+
+class EmptyTables(nn.Module):
+    """Declares a collection with no tables."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = hybridrec.EmbeddingTables([])
+
+
+class ShortTable(nn.Module):
+    """cat_0's table holds 10 rows; the data's ids go up to 4999."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = hybridrec.EmbeddingTables(
+            [hybridrec.Table("t", 10, 4)], [hybridrec.Feature("cat_0", "t")]
+        )
