@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hybridrec.builder import table_dtype, verify_same_everywhere
 from hybridrec.config import Config
 from hybridrec.distributed.env import DistEnv
+from hybridrec.kernels.dispatch import set_kernels
 from hybridrec.model.registry import make_model, model_class
 from hybridrec.model.tables import declared_tables
 from hybridrec.optim import build_sparse_optimizer
@@ -89,6 +90,7 @@ class LibraryModel(nn.Module):
 def build_library_model(cfg: Config, env: DistEnv) -> tuple[LibraryModel, ShardingPlan]:
     """cfg's model class, its tables planned and sharded over env's ranks (or one process)."""
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+    set_kernels(cfg.train.kernels, env.device)
     net = make_model(cfg.model, model_class(cfg.model))
     s = cfg.sharding
     if s.type != "none" and env.group is None:

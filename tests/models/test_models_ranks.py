@@ -1,6 +1,8 @@
 """A user's model class by `model._target_` trains through the CLI on a table dataset
 (features named as the dataset's spec names them, regression) with the same losses on one
-process and on 2 ranks (row-wise tables, gloo)."""
+process and on 2 ranks (row-wise tables, gloo); a built-in model class with host-resident
+tables (each collection prefetching its own features, caches warm-started from the data's
+counts) trains as with every table on the device."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ import pytest
 
 from hybridrec.data.spec import parse_spec
 from hybridrec.data.tabular import preprocess_table
+from hybridrec.sparse.host import HostCachedEmbedding
+from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
+from tests.configs import make_config
 from tests.data.tables import movies, spec_dict, write_parquet
+from tests.distributed.harness import spawn_jobs
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +55,30 @@ def test_a_target_model_trains_equally_on_1_and_2_ranks(tmp_path):
         a = [r[key] for r in one if key in r]
         b = [r[key] for r in two if key in r]
         assert len(a) == len(b) > 0 and a == pytest.approx(b, rel=1e-5, abs=1e-6), key
+
+
+def _host_and_device(env):
+    common = (
+        "device=cpu",
+        "model.arch=two_tower",
+        "+model.args.user_features=[cat_0,cat_1]",
+        "+model.args.item_features=[cat_2,cat_3,cat_4,cat_5]",
+        "optim.sparse.name=rowwise_adagrad",
+        "train.steps=12",
+        "train.log_every=4",
+        "train.batch_size=64",
+        "eval.every=0",
+        "eval.batches=2",
+    )
+    ref = Trainer(make_config(*common), env).fit()
+    trainer = Trainer(make_config(*common, "sharding=host", "sharding.cache_fraction=0.02"), env)
+    got = trainer.fit()
+    hosts = sum(isinstance(m, HostCachedEmbedding) for m in trainer.model.modules())
+    return ref, got, hosts, trainer.warm_start_caches()
+
+
+def test_a_model_class_with_host_tables_trains_as_on_the_device():
+    [(ref, got, hosts, warm_rows)] = spawn_jobs(1, [("fit", _host_and_device, ())])["fit"]
+    assert hosts >= 4 and warm_rows > 0  # every collection's tables behind caches, warmed
+    assert got["train"]["loss"] == pytest.approx(ref["train"]["loss"], rel=1e-5)
+    assert got["eval"]["auc"] == pytest.approx(ref["eval"]["auc"], abs=1e-6)
