@@ -14,7 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hybridrec.train.checkpoint import CheckpointError, export_checkpoint, list_checkpoints
+from hybridrec.train.checkpoint import (
+    CheckpointError,
+    export_checkpoint,
+    list_checkpoints,
+    read_manifest,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
-    print(f"score with: hybridrec.model.load_export({str(args.file)!r}).predict(dense, ids)")
+    model = read_manifest(path, verify=False).get("extra", {}).get("model")
+    target = model.get("_target_") if isinstance(model, dict) else None
+    trust = ", trust_import=True" if target else ""  # the class is imported: the user's call
+    print(f"score with: hybridrec.model.load_export({str(args.file)!r}{trust}).predict(dense, ids)")
     return 0
 
 

@@ -9,7 +9,7 @@ import torch
 
 from hybridrec.distributed import init_distributed
 from hybridrec.model import InferenceModel, load_export
-from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
+from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
 from tests.configs import make_config
@@ -36,7 +36,7 @@ def _train_and_export(tmp_path, *overrides):
     trainer = Trainer(cfg, init_distributed("cpu"))
     trainer.fit()
     out = tmp_path / "model.pt"
-    export_checkpoint(list_checkpoints(tmp_path / "ck")[-1], out)
+    assert export_main([str(tmp_path / "ck"), str(out)]) == 0
     batch = trainer.train_batch(7)
     trainer.model.eval()
     with torch.no_grad():
@@ -57,10 +57,18 @@ def test_two_tower_export_scores_like_the_trainer(tmp_path):
     torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-6, atol=1e-6)
     p = model.predict(batch.dense, batch.ids)
     assert p.shape == (batch.size,) and ((p > 0) & (p < 1)).all()
+    # a warm start from the file (model.init_from) scores the same
+    warm = make_config(*SMALL, *TWO_TOWER, "train.steps=1", f"model.init_from={out}")
+    trainer = Trainer(warm, init_distributed("cpu"))
+    trainer.restore()
+    trainer.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trainer.model(batch.dense, batch.ids), want, rtol=0, atol=0)
 
 
-def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path):
+def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path, capsys):
     out, batch, want = _train_and_export(tmp_path, *USER)
+    assert f"load_export({str(out)!r}, trust_import=True)" in capsys.readouterr().out
     with pytest.raises(
         ValueError, match=r"'_target_'='tests.models.user_model.TinyUser'.*trust_import=True"
     ) as e:
