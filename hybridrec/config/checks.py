@@ -224,9 +224,9 @@ def _check(c: Config, world_size: int) -> None:
     m = c.model
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
-    from hybridrec.model.mlp import MLP_INITS  # (hybridrec.model imports this package)
+    from hybridrec.model.mlp import MODEL_INITS  # (hybridrec.model imports this package)
 
-    _choice("model.mlp_init", m.mlp_init, ("auto", *MLP_INITS))
+    _choice("model.init", m.init, MODEL_INITS)
     _choice("model.task", m.task, TASKS)
     _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
     _choice("data.name", c.data.name, SOURCES)

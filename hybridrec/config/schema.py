@@ -116,9 +116,10 @@ class ModelConfig:
     top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
     dcn_layers: int = 3  # dcnv2 only: cross layers
     dcn_rank: int = 64  # dcnv2 only: rank of each cross layer
-    # MLP weights: auto (each arch's reference: dlrm for DLRM, torch's nn.Linear for DCNv2, as
-    # the MLPerf DCNv2 reference) | dlrm (DLRM reference: normal, std sqrt(2/(in+out))) | torch
-    mlp_init: str = "auto"
+    # initial dense weights: reference (each arch's reference: DLRM's normal MLPs; MLPerf
+    # DCNv2's nn.Linear MLPs and xavier_normal cross layers) | dlrm (DLRM's MLPs, nn.Linear
+    # cross layers) | torch (nn.Linear's defaults everywhere)
+    init: str = "reference"
     init_from: str | None = None  # warm start from a hybridrec-export file
     table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
 

@@ -29,8 +29,8 @@ class DenseArch(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         num_tables = len(cfg.num_embeddings_per_feature)
-        init = cfg.mlp_init
-        if init == "auto":  # each arch's reference (hybridrec.model.mlp)
+        init = cfg.init
+        if init == "reference":  # each arch's reference (hybridrec.model.mlp)
             init = "dlrm" if cfg.arch == "dlrm" else "torch"
         self.bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init=init)
         self.arch = cfg.arch
@@ -39,7 +39,8 @@ class DenseArch(nn.Module):
             top_in = self.interaction.output_dim(cfg.bottom_mlp[-1])
         else:  # bottom output and every table's pooled vector, concatenated
             top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
-            self.interaction = LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank)
+            xavier = cfg.init == "reference"
+            self.interaction = LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank, xavier)
         self.top = MLP(top_in, cfg.top_mlp, final_relu=False, init=init)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:

@@ -70,18 +70,19 @@ class LowRankCrossNet(nn.Module):
     """DCNv2 cross layers with low-rank weights: x_{l+1} = x0 * (U_l (V_l x_l) + b_l) + x_l.
 
     x0 [B, N] -> [B, N]; V_l: N -> rank, U_l: rank -> N (MLPerf DLRM-DCNv2: 3 layers, rank 512).
-    Initialised as the MLPerf DCNv2 reference (torchrec's LowRankCrossNet, which its DLRM_DCN
-    uses): every U_l [N, rank] and V_l [rank, N] xavier_normal_ (std sqrt(2 / (N + rank))),
-    every b_l zero.
+    `xavier`: initialised as the MLPerf DCNv2 reference (torchrec's LowRankCrossNet, which its
+    DLRM_DCN uses): every U_l [N, rank] and V_l [rank, N] xavier_normal_ (std sqrt(2 / (N +
+    rank))); else nn.Linear's default. Every b_l zero.
     """
 
-    def __init__(self, in_features: int, num_layers: int, rank: int) -> None:
+    def __init__(self, in_features: int, num_layers: int, rank: int, xavier: bool = True) -> None:
         super().__init__()
         self.V = nn.ModuleList(nn.Linear(in_features, rank, bias=False) for _ in range(num_layers))
         self.U = nn.ModuleList(nn.Linear(rank, in_features, bias=True) for _ in range(num_layers))
         for v, u in zip(self.V, self.U, strict=True):
-            nn.init.xavier_normal_(v.weight)
-            nn.init.xavier_normal_(u.weight)
+            if xavier:
+                nn.init.xavier_normal_(v.weight)
+                nn.init.xavier_normal_(u.weight)
             nn.init.zeros_(u.bias)
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:

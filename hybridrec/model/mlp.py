@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 MLP_INITS = ("dlrm", "torch")
+# a model's initialisation (model.init): its arch's reference, or one MLP init for every arch
+MODEL_INITS = ("reference", *MLP_INITS)
 
 
 class MLP(nn.Sequential):

@@ -170,3 +170,29 @@ def test_the_benchmark_baselines_textbook_interaction_is_the_same_function():
     g2 = torch.autograd.grad((ref * w).sum(), [bottom, pooled])
     for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_model_init_dlrm_keeps_dcnv2s_earlier_initialisation():
+    """model.init=dlrm: DLRM's MLP init and nn.Linear's default cross layers (what DCNv2 had
+    before it took the MLPerf reference's; the MovieLens preset chose it on val)."""
+    cfg = load_model_config("dlrm_tiny")
+    cfg.arch, cfg.init = "dcnv2", "dlrm"
+    torch.manual_seed(5)
+    dense = DenseArch(cfg)
+    torch.manual_seed(5)
+    bottom = MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init="dlrm")
+    top_in = cfg.bottom_mlp[-1] + sum(cfg.dims())
+    cross = LowRankCrossNet(top_in, cfg.dcn_layers, cfg.dcn_rank, xavier=False)
+    top = MLP(top_in, cfg.top_mlp, final_relu=False, init="dlrm")
+    torch.manual_seed(5)
+    MLP(cfg.num_dense_features, cfg.bottom_mlp, final_relu=True, init="dlrm")
+    plain = [torch.nn.Linear(top_in, cfg.dcn_rank, bias=False) for _ in range(cfg.dcn_layers)]
+    for got, want in zip(cross.V, plain, strict=True):
+        assert torch.equal(got.weight, want.weight)  # V: nn.Linear's own draws, untouched
+    want = {f"bottom.{k}": v for k, v in bottom.state_dict().items()}
+    want |= {f"interaction.{k}": v for k, v in cross.state_dict().items()}
+    want |= {f"top.{k}": v for k, v in top.state_dict().items()}
+    got = dense.state_dict()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
