@@ -66,6 +66,15 @@ def test_two_tower_export_scores_like_the_trainer(tmp_path):
         torch.testing.assert_close(trainer.model(batch.dense, batch.ids), want, rtol=0, atol=0)
 
 
+def test_wide_deep_export_scores_like_the_trainer(tmp_path):
+    out, batch, want = _train_and_export(tmp_path, "model.arch=wide_deep")
+    state = torch.load(out, weights_only=True)
+    assert list(state["embeddings.wide.cat_0.weight"].shape) == [5000, 1]
+    assert list(state["embeddings.deep.cat_0.weight"].shape) == [5000, 16]
+    model = load_export(out)
+    torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path, capsys):
     out, batch, want = _train_and_export(tmp_path, *USER)
     assert f"load_export({str(out)!r}, trust_import=True)" in capsys.readouterr().out
