@@ -198,12 +198,12 @@ class TrainState:
     extra: dict[str, Any]
 
 
-def sparse_step(modules: list[EmbeddingModule]) -> int:
-    """The sparse optimizers' step count (the same in every embedding module holding rows on
-    this rank: a model's collection may have no shard here, and no steps to count)."""
+def sparse_step(modules: list[EmbeddingModule]) -> int | None:
+    """The sparse optimizers' step count, the same in every embedding module holding rows on
+    this rank; None when it holds none (a model's collections may all live on other ranks)."""
     counts = {m.sparse_step for m in modules if m.shard_views()}
     assert len(counts) <= 1, f"embedding modules disagree on their step count: {counts}"
-    return counts.pop() if counts else 0
+    return counts.pop() if counts else None
 
 
 def shard_views(modules: list[EmbeddingModule]) -> list[ShardView]:

@@ -101,6 +101,8 @@ def save_checkpoint(
     error = ""
     start = time.perf_counter()
     modules = embedding_modules(model)
+    # from every rank: rank 0 may hold no rows to count steps with
+    counts = {c for c in _gather(sparse_step(modules), env) if c is not None}
     entries: dict[str, Any] = {}
     shards_meta: list[dict[str, Any]] = []
     error = ""
@@ -131,11 +133,12 @@ def save_checkpoint(
             }
             for i, s in enumerate(shards)
         ]
+        assert len(counts) <= 1, f"ranks disagree on the sparse step count: {counts}"
         if env.is_main:
             dense = {
                 "model": dense_state(model),
                 "optimizer": dense_opt.state_dict(),
-                "sparse_step": sparse_step(modules),
+                "sparse_step": max(counts, default=0),
                 "rng_cpu": torch.get_rng_state(),
                 "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             }
