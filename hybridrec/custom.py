@@ -30,13 +30,6 @@ from hybridrec.sparse.api import EmbeddingModule, IdCounts
 from hybridrec.sparse.local import HostOptions
 from hybridrec.types import KeyedIds, ShardingPlan, TableConfig
 
-DOT_ARCHS = ("dlrm", "dcnv2")
-
-
-def is_library(cfg: Config) -> bool:
-    """Whether cfg's model is a model class (not the config-shaped DLRM/DCNv2)."""
-    return cfg.model._target_ is not None or cfg.model.arch not in DOT_ARCHS
-
 
 def declared_features(model: nn.Module) -> list[TableConfig]:
     """Every declaration's features, qualified ("<module path>.<feature>"), in module order."""
@@ -46,7 +39,7 @@ def declared_features(model: nn.Module) -> list[TableConfig]:
 def stored_tables(cfg: Config) -> list[TableConfig]:
     """The features the model stores, as checkpoints name them: the dataset's for DLRM, the
     declarations' qualified ones for a model class (built without rows to read them)."""
-    if not is_library(cfg):
+    if not cfg.model.built_by_class():
         return list(cfg.model.tables())
     return declared_features(make_model(cfg.model, model_class(cfg.model)))
 

@@ -20,7 +20,6 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
-    DOT_ARCHS,
     TABLE_DTYPES,
     Config,
     ModelConfig,
@@ -59,7 +58,7 @@ def _check_pins(c: Config) -> None:
             "in one process; choose a planner mode (sharding=auto, table_wise, ...)"
         )
     names = [t.name for t in storage_tables(c.model.tables())]
-    library = c.model._target_ is not None or c.model.arch not in DOT_ARCHS
+    library = c.model.built_by_class()
     for name, mode in pins.items():
         if name not in names and not library:  # a model class's tables: the planner checks
             raise ValueError(
@@ -269,7 +268,7 @@ def _check(c: Config, world_size: int) -> None:
     _check_task(c)
     _check_tables(m)
     _positive("model.num_dense_features", m.num_dense_features)
-    if m._target_ is not None or m.arch not in DOT_ARCHS:
+    if m.built_by_class():
         from hybridrec.model.registry import check_model_config  # imports the user's class
 
         check_model_config(m)

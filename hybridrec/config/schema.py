@@ -123,6 +123,11 @@ class ModelConfig:
     init_from: str | None = None  # warm start from a hybridrec-export file
     table_dtype: str = "fp32"  # fp32 | bf16 | fp16: embedding weights (optimizer math stays fp32)
 
+    def built_by_class(self) -> bool:
+        """Whether a model class builds this model (two_tower, wide_deep or a `_target_`:
+        hybridrec.model.registry) rather than the model.* keys (dlrm, dcnv2)."""
+        return self._target_ is not None or self.arch not in DOT_ARCHS
+
     def per_table(self, key: str) -> list[Any]:
         """`key`'s value for each table: a list as is, one value repeated."""
         n = len(self.num_embeddings_per_feature)

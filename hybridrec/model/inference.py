@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from hybridrec.config import ARCHS, ModelConfig
-from hybridrec.config.schema import DOT_ARCHS
 from hybridrec.model.dlrm import DenseArch
 from hybridrec.model.local import LocalTables, attach_local, pool
 from hybridrec.model.registry import MODELS, import_class, make_model
@@ -221,7 +220,7 @@ def load_export(
             f"model._target_={cfg._target_}: building it imports it; pass trust_import=True"
         )
     model: Scorer
-    if cfg._target_ is None and cfg.arch in DOT_ARCHS:
+    if not cfg.built_by_class():
         model = InferenceDLRM(cfg)
         params = model.state_dict()
     else:

@@ -29,7 +29,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from hybridrec import timing
 from hybridrec.builder import build_model, compile_dense
 from hybridrec.config import Config
-from hybridrec.custom import LibraryModel, build_library_model, is_library
+from hybridrec.custom import LibraryModel, build_library_model
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed import failure
@@ -68,7 +68,7 @@ class Trainer:
         elif env.is_main and not cfg.eval.only:
             warn_many_epochs(cfg.train.steps, self.source, cfg.train.batch_size)
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
-        if is_library(cfg):  # a model class (hybridrec.custom); compile does not apply
+        if cfg.model.built_by_class():  # a model class (hybridrec.custom); compile does not apply
             self.model, self.plan = build_library_model(cfg, env)
         else:
             self.model, self.plan = build_model(cfg, env)
