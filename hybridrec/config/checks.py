@@ -60,6 +60,12 @@ def _check_pins(c: Config) -> None:
     names = [t.name for t in storage_tables(c.model.tables())]
     library = c.model.built_by_class()
     for name, mode in pins.items():
+        if isinstance(mode, dict):  # sharding.tables.users.cat_0=... split at the dot
+            inner = next(iter(mode), "<table>")
+            raise ValueError(
+                f"sharding.tables.{name}: a table name with a dot ({name}.{inner}) is pinned "
+                f"as 'sharding.tables={{{name}.{inner}: row_wise}}'"
+            )
         if name not in names and not library:  # a model class's tables: the planner checks
             raise ValueError(
                 f"sharding.tables.{name}: model {c.model.name} has no table {name!r}; its "
@@ -174,7 +180,7 @@ def _check_tables(m: ModelConfig) -> None:
     _positive("model.embedding_dim", m.embedding_dim)
     for t in m.tables():
         _positive(f"model.embedding_dims (table {t.name})", t.dim)
-    if m.arch == "dlrm" and m._target_ is None:
+    if m.arch == "dlrm" and not m.built_by_class():
         _check_dot_widths(m)
 
 
@@ -289,7 +295,7 @@ def _check(c: Config, world_size: int) -> None:
         for key, widths in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
             if any(w < 1 for w in widths):
                 raise ValueError(f"{key} widths must be >= 1, got {widths}")
-    if m.arch == "dcnv2" and m._target_ is None:
+    if m.arch == "dcnv2" and not m.built_by_class():
         _positive("model.dcn_layers", m.dcn_layers)
         _positive("model.dcn_rank", m.dcn_rank)
     _positive("train.steps", c.train.steps)

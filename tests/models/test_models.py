@@ -135,6 +135,10 @@ def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path, capsy
             r"sharding.comm_dtype=bf16 applies to model.arch=dlrm and dcnv2",
         ),
         (
+            ("model.arch=wide_deep", "sharding=auto", "+sharding.tables.deep.cat_0=row_wise"),
+            r"is pinned as 'sharding.tables={deep.cat_0: row_wise}'",
+        ),
+        (
             ("model.arch=wide_deep", "+model.args.features=[]"),
             r"model.args.features: model.arch=wide_deep gets features from the dataset",
         ),
