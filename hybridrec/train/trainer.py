@@ -70,6 +70,11 @@ class Trainer:
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
         if cfg.model.built_by_class():  # a model class (hybridrec.custom); compile does not apply
             self.model, self.plan = build_library_model(cfg, env)
+            if cfg.train.compile in ("dense", "graphs") and env.is_main:
+                log.warning(
+                    "train.compile=%s compiles DLRM's dense part; a model class runs eager",
+                    cfg.train.compile,
+                )
         else:
             self.model, self.plan = build_model(cfg, env)
             self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
