@@ -55,6 +55,11 @@ def check_override_keys(overrides: list[str]) -> None:
         if key in GROUPS or key.startswith("hydra") or "@" in key or "/" in key:
             continue
         parts = key.split(".")
+        if parts[:2] == ["model", "args"]:  # Hydra alone says "not in struct"
+            raise ValueError(
+                f"{key}: model arguments are added with a plus: +{arg} (or all at once: "
+                "'+model.args={name: value, ...}')"
+            )
         for i, part in enumerate(parts):
             parent = ".".join(parts[:i])
             allowed = fields_at(parent)

@@ -163,6 +163,11 @@ def test_cli_trains_built_in_models_and_names_bad_targets(tmp_path):
         "hybridrec-train: model._target_=my_pkg.Missing does not import: ModuleNotFoundError: "
         "No module named 'my_pkg' (is its package on PYTHONPATH?)\n"
     )
+    plus = run_cli("model.arch=wide_deep", "model.args.deep_mlp=[8]", cwd=tmp_path)
+    assert plus.returncode == 2 and plus.stderr == (
+        "hybridrec-train: model.args.deep_mlp: model arguments are added with a plus: "
+        "+model.args.deep_mlp=[8] (or all at once: '+model.args={name: value, ...}')\n"
+    )
     wrong = run_cli("model._target_=tests.models.user_model.WrongHotness", cwd=tmp_path)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
     assert wrong.stderr.startswith("hybridrec-train: model._target_=tests.models.user_model.")
