@@ -268,9 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         opt = build_optimizer(name)
         state = {}
-        for key, per_row in opt.state_spec(args.dim).items():
-            shape = (sum(sizes),) if per_row == 1 else (sum(sizes), per_row)
-            state[key] = torch.zeros(shape, device=device)
+        for key, kind in opt.state_spec().items():
+            state[key] = torch.zeros(kind.shape(sum(sizes), args.dim), device=device)
         nbytes = phase_bytes(name, n, num_bags, round(u), args.dim, weight.element_size())
         paths = [("torch", torch_path(opt, weight, state))]
         if with_triton:

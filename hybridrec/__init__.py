@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "parallelize": "hybridrec.shard",
+    "check_inputs": "hybridrec.shard",
     "EmbeddingTables": "hybridrec.model.tables",
     "Feature": "hybridrec.model.tables",
     "Pooled": "hybridrec.model.tables",

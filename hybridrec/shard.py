@@ -41,6 +41,7 @@ from hybridrec.planner import (
     plan_sharding,
 )
 from hybridrec.planner.types import NO_OPTIMIZER_STATE
+from hybridrec.sparse.api import embedding_modules
 from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.local import HostOptions
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
@@ -162,3 +163,14 @@ def parallelize(
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def check_inputs(model: nn.Module) -> None:
+    """Raise, on every rank, for an out-of-range id that any rank's lookups met since the last
+    call. On the CPU lookups check every batch before using it; on CUDA they do not stop for
+    it (no host sync per step): a bad id reads row 0 until this call raises, naming the
+    feature, the id and the sample. Collective on several ranks: call it at the same point on
+    every rank, e.g. when you log."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    for m in embedding_modules(inner):
+        m.check_inputs()

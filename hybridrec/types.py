@@ -48,6 +48,20 @@ class Pooling(str, Enum):
     MEAN = "mean"
 
 
+class StateKind(str, Enum):
+    """How much fp32 optimizer state a row optimizer keeps per table row (its `state_spec`).
+
+    The kind, not a count, decides the shape: a width-1 table's element-wise state is [R, 1],
+    like its weight, never [R], which is reserved for row-wise state.
+    """
+
+    ROW = "row"  # one value per row: [R] (row-wise Adagrad's sum)
+    ELEMENT = "element"  # one value per weight element: [R, D] (Adam's moments, Adagrad's sum)
+
+    def shape(self, rows: int, width: int) -> tuple[int, ...]:
+        return (rows,) if self is StateKind.ROW else (rows, width)
+
+
 # What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE) or
 # regression (MSE; RMSE, MAE)
 TASKS = ("binary", "regression")

@@ -2,7 +2,8 @@
 
 Each is called by a fused group inside the backward with the deduplicated rows of one step:
 `rows` [U] (unique, sorted) and their summed gradients `grads` [U, D]. State layout per
-group of R rows x D columns (fp32, stored next to the weight, moved with it):
+group of R rows x D columns (fp32, stored next to the weight, moved with it; `state_spec`
+names each state's StateKind, so element-wise state is [R, D] even for D = 1):
 
 - sgd              none                         w -= lr * g
 - adagrad          sum    [R, D]  per element   s += g^2 ; w -= lr * g / (sqrt(s) + eps)
@@ -43,6 +44,7 @@ from hybridrec.kernels.row_update import (
     rowwise_adagrad_update,
     sgd_update,
 )
+from hybridrec.types import StateKind
 
 if TYPE_CHECKING:
     from hybridrec.config import SparseOptimConfig
@@ -62,7 +64,7 @@ class SparseSGD:
     def __init__(self, lr: float) -> None:
         self.lr = lr
 
-    def state_spec(self, width: int) -> dict[str, int]:
+    def state_spec(self) -> dict[str, StateKind]:
         return {}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
@@ -79,11 +81,11 @@ class SparseAdagrad:
     def __init__(self, lr: float, eps: float = 1e-10) -> None:  # eps: torch.optim.Adagrad's
         self.lr, self.eps = lr, eps
 
-    def state_spec(self, width: int) -> dict[str, int]:
-        return {"sum": width}
+    def state_spec(self) -> dict[str, StateKind]:
+        return {"sum": StateKind.ELEMENT}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
-        acc = state["sum"].view(weight.shape)  # a group of width 1 stores it as [R]
+        acc = state["sum"]
         if available(weight):
             adagrad_update(weight, acc, rows, grads, self.lr, self.eps, count=count)
             return
@@ -101,8 +103,8 @@ class RowWiseAdagrad:
     def __init__(self, lr: float, eps: float = 1e-8) -> None:
         self.lr, self.eps = lr, eps
 
-    def state_spec(self, width: int) -> dict[str, int]:
-        return {"sum": 1}
+    def state_spec(self) -> dict[str, StateKind]:
+        return {"sum": StateKind.ROW}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         acc = state["sum"]
@@ -126,8 +128,8 @@ class SparseAdam:
     def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
 
-    def state_spec(self, width: int) -> dict[str, int]:
-        return {"exp_avg": width, "exp_avg_sq": width}
+    def state_spec(self) -> dict[str, StateKind]:
+        return {"exp_avg": StateKind.ELEMENT, "exp_avg_sq": StateKind.ELEMENT}
 
     def update(self, weight, state, rows, grads, step, row_sq_mean=None, count=None) -> None:  # noqa: ANN001
         bias1 = 1 - self.beta1**step

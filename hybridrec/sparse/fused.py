@@ -29,7 +29,7 @@ from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.segment import Segments, dedupe, scale_tensor, segment_grads_padded
 from hybridrec.sparse.init import init_shard
-from hybridrec.types import ShardSpec, TableConfig
+from hybridrec.types import ShardSpec, StateKind, TableConfig
 
 
 class RowOptimizer(Protocol):
@@ -37,8 +37,8 @@ class RowOptimizer(Protocol):
 
     name: str
 
-    def state_spec(self, width: int) -> dict[str, int]:
-        """Optimizer state per row: name -> number of fp32 values (1 = row-wise scalar)."""
+    def state_spec(self) -> dict[str, StateKind]:
+        """Optimizer state: name -> its kind, one fp32 per row ([R]) or per element ([R, D])."""
         ...
 
     def update(
@@ -144,9 +144,8 @@ class FusedEmbedding(nn.Module):
         self.state_names: list[str] = []
         self.state_shapes: dict[str, tuple[int, ...]] = {}
         if optimizer is not None:
-            for name, per_row in optimizer.state_spec(self.width).items():
-                shape = (offsets[-1],) if per_row == 1 else (offsets[-1], per_row)
-                self.state_shapes[name] = shape
+            for name, kind in optimizer.state_spec().items():
+                self.state_shapes[name] = StateKind(kind).shape(offsets[-1], self.width)
                 self.state_names.append(name)
         self._init_storage(shards, seed, torch.device(device), dtype)
 

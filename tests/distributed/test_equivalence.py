@@ -113,7 +113,9 @@ def assemble(cfg: Config, results: list[dict]) -> dict[str, dict[str, torch.Tens
             seen[key] = w
             entry["weight"][region] = w
             for name, s in state.items():
-                if s.dim() == 1:  # row-wise state: one value per row, same for every column slice
+                # row-wise state [rows]: one value per row, the same in every column slice;
+                # element-wise state [rows, cols], [rows, 1] for a width-1 shard
+                if s.dim() == 1:
                     buf = entry.setdefault(name, torch.full((t.num_rows,), float("nan")))
                     buf[spec.row_start : spec.row_end] = s
                 else:

@@ -215,3 +215,19 @@ def test_declarations_refuse_what_cannot_work():
                 [1, 4, 1, 1],
             ),
         )
+
+
+def test_deferred_bad_ids_are_raised_by_check_inputs():
+    """As on CUDA (the id check deferred, no host sync per step): the step runs, and
+    hybridrec.check_inputs names the feature, the id and the sample."""
+    model = hybridrec.parallelize(
+        TwoSided(), batch_size=4, sparse_optimizer=SparseSGD(0.1), sharding="none"
+    )
+    for m in embedding_modules(model):
+        m.checker.defer = True
+    ids = torch.zeros(4, 10, dtype=torch.long)
+    ids[2, 7] = 25  # genres: a table of 20 rows
+    names, hotness = zip(*FEATURES, strict=True)
+    model(torch.zeros(4, 2), KeyedIds(ids, names, hotness)).sum().backward()
+    with pytest.raises(ValueError, match=r"genres.*id 25 at sample 2"):
+        hybridrec.check_inputs(model)

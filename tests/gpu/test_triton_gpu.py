@@ -2,6 +2,9 @@
 the same GPU, at a realistic size: a 1M-row fused table (26 tables), D = 128, 65536 * 26
 Zipf(1.05) ids, so hot rows collect thousands of ids and take segment_grads' split path.
 
+On CUDA `pool`, `dedupe` and the optimizers' `.update` dispatch to the kernels themselves, so
+every torch reference runs inside `dispatch.use_kernels("torch")`.
+
 Tolerances (the CPU interpreter tests in tests/unit/test_triton_ops.py explain the rounding):
 - lookup: fp32 round-off (rtol 1e-5, atol 1e-6); CUDA's embedding_bag sums in another order.
 - dedupe: torch's index_add_ sums with atomics in no fixed order, so both paths are checked
@@ -82,7 +85,10 @@ def test_pooled_lookup_on_gpu(dtype, with_scale, hotness):
         rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
     )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got, pool(weight, rows, bags, scale, num_bags), rtol=1e-5, atol=1e-6)
+    assert torch.equal(pool(weight, rows, bags, scale, num_bags), got)  # pool takes the kernel
+    with dispatch.use_kernels("torch"):
+        want = pool(weight, rows, bags, scale, num_bags)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("hotness", [1, 4])
@@ -125,7 +131,9 @@ def test_segment_grads_on_gpu(with_scale, hotness):
     counts = torch.unique(rows, return_counts=True)[1]
     assert counts.max() > 4 * segment.SEGMENT_TILE  # rows across tiles: the fix-up ran
     _check_against_fp64(got, rows, bags, scale, grad)
-    _check_against_fp64(dedupe(rows, bags, scale, grad), rows, bags, scale, grad)
+    with dispatch.use_kernels("torch"):
+        want = dedupe(rows, bags, scale, grad)
+    _check_against_fp64(want, rows, bags, scale, grad)
     again = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1])
 
@@ -156,7 +164,8 @@ def test_sgd_update_on_gpu(dtype):
     weight = _case(dtype)[0]
     rows, grads, _ = _touched()
     want = weight.clone()
-    SparseSGD(0.05).update(want, {}, rows, grads, 1)
+    with dispatch.use_kernels("torch"):
+        SparseSGD(0.05).update(want, {}, rows, grads, 1)
     row_update.sgd_update(weight, rows, grads, 0.05)
     _assert_weights_close(weight, want)
 
@@ -170,7 +179,8 @@ def test_rowwise_adagrad_update_on_gpu(dtype, given_row_sq):
     row_sq = torch.rand(rows.numel(), device="cuda", generator=gen) if given_row_sq else None
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):
-        RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
+        with dispatch.use_kernels("torch"):
+            RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
         row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
@@ -204,7 +214,8 @@ def test_adam_update_on_gpu(dtype):
     want, want_m, want_v = weight.clone(), m.clone(), v.clone()
     opt = SparseAdam(0.001)
     for step in (1, 2, 3):
-        opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
+        with dispatch.use_kernels("torch"):
+            opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
         step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
         row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)

@@ -7,6 +7,7 @@ only moves rows: every update runs the same kernels on the same values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -21,7 +22,7 @@ from hybridrec.sparse.host import (
     HostMemoryError,
     check_host_memory,
 )
-from hybridrec.types import Pooling, ShardSpec, TableConfig
+from hybridrec.types import Pooling, ShardSpec, StateKind, TableConfig
 
 T0 = TableConfig("t0", num_rows=300, dim=8, hotness=2)
 T1 = TableConfig("t1", num_rows=120, dim=8, hotness=1, pooling=Pooling.MEAN)
@@ -30,6 +31,14 @@ SHARDS = [
     (T1, 1, ShardSpec("t1", 0, 20, 120, 0, 8)),  # a row range: ids relative to the shard
 ]
 BATCH = 16
+
+
+def _shards(width: int) -> list[tuple[TableConfig, int, ShardSpec]]:
+    """SHARDS with tables of another width (1: element-wise state [R, 1], cached as [C, 1])."""
+    return [
+        (dataclasses.replace(t, dim=width), i, dataclasses.replace(s, col_end=width))
+        for t, i, s in SHARDS
+    ]
 
 
 def _optimizers():
@@ -91,19 +100,21 @@ def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
         host.flush()
 
 
+@pytest.mark.parametrize("width", [8, 1])
 @pytest.mark.parametrize("opt", list(_optimizers()))
 @pytest.mark.parametrize("prefetch", ["none", "background", "admit here"])
-def test_tiny_cache_equals_device_group(opt, prefetch):
+def test_tiny_cache_equals_device_group(opt, prefetch, width):
     """With prefetch admitting on the group's thread (the default) or on this one (rows
-    still moving on the group's thread), or without prefetch."""
+    still moving on the group's thread), or without prefetch; tables of width 8 and 1."""
     make = _optimizers()[opt]
-    ref = FusedEmbedding(SHARDS, make(), seed=3)
-    host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    shards = _shards(width)
+    ref = FusedEmbedding(shards, make(), seed=3)
+    host = HostCachedEmbedding(shards, make(), cache_rows=2 * 3 * BATCH + 5, seed=3)
     host.background = prefetch == "background"
     assert torch.equal(host.weight, ref.weight)  # same initial values
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(12)]
-    coeffs = [[torch.randn(BATCH, 8, generator=g) for _ in range(2)] for _ in batches]
+    coeffs = [[torch.randn(BATCH, width, generator=g) for _ in range(2)] for _ in batches]
     for step, (inputs, coeff) in enumerate(zip(batches, coeffs, strict=True)):
         out_ref = _step(ref, inputs, coeff)
         out = host(inputs)
@@ -116,6 +127,10 @@ def test_tiny_cache_equals_device_group(opt, prefetch):
     stats = host.take_stats()
     assert stats.rows_written > 0 and stats.rows_loaded > host.capacity  # it really evicted
     assert 0 < stats.hits < stats.rows_requested
+    for name, kind in make().state_spec().items():  # element-wise state [R, D] and [C, D]
+        if kind == StateKind.ELEMENT:
+            assert host.state()[name].shape == host.weight.shape, name
+            assert host.cache_state()[name].shape == host.cache_weight.shape, name
     _assert_same(host, ref)
 
 

@@ -30,7 +30,7 @@ from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.local import full_shard
-from hybridrec.types import Pooling, ShardSpec, TableConfig
+from hybridrec.types import Pooling, ShardSpec, StateKind, TableConfig
 
 TABLE = TableConfig("t", num_rows=50, dim=8, hotness=3)
 
@@ -116,30 +116,70 @@ def test_adagrad_is_built_from_the_config_with_its_eps():
     assert SparseAdagrad(0.1).eps == torch.optim.Adagrad([torch.zeros(1)]).defaults["eps"]
 
 
+@pytest.mark.parametrize("width", [8, 1])
 @pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
-def test_state_bytes_are_the_planners_footprint(name):
-    """The planner sizes each optimizer's state as the groups allocate it."""
-    table = TableConfig("t", 50, 8)
+def test_state_bytes_are_the_planners_footprint(name, width):
+    """The planner sizes each optimizer's state as the groups allocate it: row-wise state
+    [R], element-wise state [R, D] (also for D = 1)."""
+    table = TableConfig("t", 50, width)
     opt = build_sparse_optimizer(SparseOptimConfig(name=name))
     fused = FusedEmbedding([(table, 0, full_shard(table))], opt)
+    for state_name, kind in opt.state_spec().items():
+        want = (50,) if kind == StateKind.ROW else (50, width)
+        assert fused.state()[state_name].shape == want, state_name
     state_bytes = sum(t.numel() * t.element_size() for t in fused.state().values())
-    assert state_bytes == OptimizerFootprint.for_optimizer(name).bytes_for(50, 8)
+    assert state_bytes == OptimizerFootprint.for_optimizer(name).bytes_for(50, width)
 
 
-def test_adagrad_on_a_table_of_width_one():
-    """A width-1 group stores the accumulator as [R]; the update sees it as [R, 1]."""
-    table = TableConfig("t", 10, 1)
-    fused = FusedEmbedding([(table, 0, full_shard(table))], SparseAdagrad(0.5))
+# Each sparse optimizer and its torch.optim twin on a table of width 1, where row-wise
+# Adagrad's mean of g^2 over the row is g^2: torch's Adagrad. Adam is lazy: SparseAdam.
+WIDTH_ONE = {
+    "sgd": (lambda: SparseSGD(0.3), lambda p: torch.optim.SGD(p, lr=0.3)),
+    "rowwise_adagrad": (
+        lambda: RowWiseAdagrad(0.5, 1e-8),
+        lambda p: torch.optim.Adagrad(p, lr=0.5, eps=1e-8),
+    ),
+    "adam": (lambda: SparseAdam(0.05), lambda p: torch.optim.SparseAdam(p, lr=0.05)),
+    "adagrad": (lambda: SparseAdagrad(0.5), lambda p: torch.optim.Adagrad(p, lr=0.5)),
+}
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("opt", list(WIDTH_ONE))
+def test_every_optimizer_trains_a_table_of_width_one(opt, kernels, monkeypatch):
+    """Width-1 tables (the wide part of a Wide & Deep model) train with every optimizer as
+    torch.optim does: weights and state after multi-hot steps with repeated ids; element-wise
+    state is [R, 1] like the weight, row-wise state [R]; untouched rows stay as they were."""
+    from hybridrec.kernels import dispatch
+
+    if kernels == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    make, make_ref = WIDTH_ONE[opt]
+    table = TableConfig("t", 10, 1, hotness=2)
+    fused = FusedEmbedding([(table, 0, full_shard(table))], make(), seed=1)
     ref = torch.nn.Parameter(fused.weight.clone())
-    ref_opt = torch.optim.Adagrad([ref], lr=0.5)
-    ids = torch.tensor([3, 3, 7])
-    for _ in range(2):
-        fused([LookupInput(ids, torch.arange(3), 3)])[0].sum().backward()
-        ref_opt.zero_grad()
-        ref[ids].sum().backward()
-        ref_opt.step()
+    ref_opt = make_ref([ref])
+    g = torch.Generator().manual_seed(0)
+    with dispatch.use_kernels(kernels):
+        assert dispatch.available(fused.weight) == (kernels == "triton")
+        for _ in range(3):
+            ids = torch.randint(0, 6, (4, 2), generator=g)  # repeats; rows 6.. never touched
+            coeff = torch.randn(4, 1, generator=g)
+            out = fused([LookupInput(ids.reshape(-1), regular_bags(4, 2, ids.device), 4)])[0]
+            (out * coeff).sum().backward()
+            ref_opt.zero_grad()
+            ref_out = torch.nn.functional.embedding_bag(ids, ref, mode="sum", sparse=opt == "adam")
+            (ref_out * coeff).sum().backward()
+            ref_opt.step()
     torch.testing.assert_close(fused.weight, ref.detach(), rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(fused.state()["sum"], ref_opt.state[ref]["sum"].view(10))
+    assert torch.equal(fused.weight[6:], ref.detach()[6:])
+    ref_state = {k: v for k, v in ref_opt.state[ref].items() if k != "step"}
+    assert set(fused.state()) == set(ref_state)
+    for name, value in fused.state().items():
+        assert value.shape == ((10,) if opt == "rowwise_adagrad" else (10, 1)), name
+        want = ref_state[name].view(value.shape)
+        torch.testing.assert_close(value, want, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_rowwise_adagrad_state_is_one_float_per_row():
@@ -232,12 +272,14 @@ def test_low_precision_tables_round_once_with_fp32_math(dtype):
     assert torch.equal(g.weight[untouched], before[untouched])
 
 
+@pytest.mark.parametrize("width", [8, 1])
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 @pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
-def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
+def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, width, monkeypatch):
     """One group of every table numbers its bags sample-major and returns [B, T, D] without a
     stack (nor a cat in the backward); it must give what the per-table path gives, bit for
-    bit: pooled values, and weights and state after updates (multi-hot, mean and sum)."""
+    bit: pooled values, and weights and state after updates (multi-hot, mean and sum; tables
+    of width 8 and of width 1)."""
     from hybridrec.kernels import dispatch
 
     if kernels == "triton":
@@ -245,9 +287,9 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     dispatch.set_kernels(kernels)
     tables = [
-        TableConfig("a", 30, 8, hotness=2, pooling=Pooling.MEAN),
-        TableConfig("b", 7, 8),
-        TableConfig("c", 50, 8, hotness=3),
+        TableConfig("a", 30, width, hotness=2, pooling=Pooling.MEAN),
+        TableConfig("b", 7, width),
+        TableConfig("c", 50, width, hotness=3),
     ]
     make = {
         "sgd": lambda: SparseSGD(0.3),
@@ -265,9 +307,9 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, monkeypatch):
             ids = torch.cat(
                 [torch.randint(0, t.num_rows, (5, t.hotness), generator=g) for t in tables], 1
             )
-            coeff = torch.randn(5, 3, 8, generator=g)
+            coeff = torch.randn(5, 3, width, generator=g)
             a, b = fast(ids), slow(ids)
-            assert a.shape == (5, 3, 8) and a.is_contiguous()
+            assert a.shape == (5, 3, width) and a.is_contiguous()
             torch.testing.assert_close(a, b, rtol=0, atol=0)
             (a * coeff).sum().backward()
             (b * coeff).sum().backward()

@@ -109,6 +109,9 @@ def _exercise_ops() -> None:
                 row_update.adam_update(
                     weight, m, v, uniq, grads, 0.01, 0.9, 0.999, 1e-8, count=count
                 )
+                row_update.adagrad_update(
+                    weight, torch.zeros(40, width), uniq, grads, 0.1, 1e-10, count=count
+                )
             host_copy.copy_rows(weight, uniq, weight.clone(), uniq.flip(0))
     host_copy.copy_rows(torch.zeros(40), uniq, torch.ones(40), uniq.flip(0))  # row-wise state
 
@@ -123,6 +126,7 @@ def test_every_kernel_launch_compiles_for_sm90(launches, monkeypatch):
         "_sgd_kernel",
         "_adagrad_kernel",
         "_adam_kernel",
+        "_elementwise_adagrad_kernel",
         "_copy_kernel",
     }
     monkeypatch.delenv("TRITON_INTERPRET")  # triton.jit then builds compilable kernels

@@ -3,7 +3,9 @@ interpreter (TRITON_INTERPRET=1); tests/gpu/test_triton_gpu.py runs them compile
 
 References are the torch functions the kernels replace, called on copies of the same inputs:
 `pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, SparseAdagrad,
-RowWiseAdagrad, SparseAdam). Tolerances:
+RowWiseAdagrad, SparseAdam). Under the interpreter those dispatch to the kernels themselves
+(`dispatch.available`), so every reference runs inside `dispatch.use_kernels("torch")`
+(`_torch_ops`): a reference that ran the kernel would compare the kernel with itself. Tolerances:
 - SGD: at most 1 ulp of the weight dtype. The kernels round like torch's CPU ops (fp32 math,
   one fused multiply-add for w - lr * g as torch's index_add_/sub_ with alpha, one rounding to
   the weight dtype): bit-identical here; the 1 ulp allows for a torch build that does not fuse.
@@ -55,6 +57,11 @@ def _interpreter():
         yield
 
 
+def _torch_ops():
+    """The block runs the torch ops, not the kernels (references; see the module docstring)."""
+    return dispatch.use_kernels("torch")
+
+
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
     """Largest distance between a and b in units in the last place of their (same) dtype."""
     assert a.dtype == b.dtype and a.shape == b.shape
@@ -104,9 +111,10 @@ def test_pooled_lookup_matches_torch(width, dtype, with_scale):
         rows, weight.float(), offsets[:-1], mode="sum", per_sample_weights=scale
     )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(
-        got, pool(weight, rows, bags, scale, len(COUNTS)), rtol=1e-5, atol=1e-6
-    )
+    assert torch.equal(pool(weight, rows, bags, scale, len(COUNTS)), got)  # pool takes the kernel
+    with _torch_ops():
+        want = pool(weight, rows, bags, scale, len(COUNTS))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     empty = [b for b, c in enumerate(COUNTS) if c == 0]
     assert torch.equal(got[empty], torch.zeros(len(empty), width))
 
@@ -137,7 +145,8 @@ def test_segment_grads_match_dedupe(width, with_scale):
     _, rows, bags, _, scale = _lookup_case(width, torch.float32, seed=1)
     scale = scale if with_scale else None
     grad = torch.randn(len(COUNTS), width, generator=torch.Generator().manual_seed(2))
-    want_rows, want = dedupe(rows, bags, scale, grad)
+    with _torch_ops():
+        want_rows, want = dedupe(rows, bags, scale, grad)
     got_rows, got = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -154,7 +163,8 @@ def test_segment_grads_split_hot_rows(tile):
     assert rows.numel() == bags.numel()
     scale = torch.rand(rows.numel(), generator=g)
     grad = torch.randn(6, 130, generator=g)
-    want_rows, want = dedupe(rows, bags, scale, grad)
+    with _torch_ops():
+        want_rows, want = dedupe(rows, bags, scale, grad)
     got_rows, got = segment._segment_grads(grad, rows, bags, scale, tile)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -166,7 +176,8 @@ def test_segment_grads_split_hot_rows(tile):
 def test_segment_grads_low_precision_grad_and_no_ids():
     _, rows, bags, _, scale = _lookup_case(16, torch.float32, seed=4)
     grad = torch.randn(len(COUNTS), 16).bfloat16()
-    want_rows, want = dedupe(rows, bags, scale, grad)
+    with _torch_ops():
+        want_rows, want = dedupe(rows, bags, scale, grad)
     got_rows, got = segment.segment_grads(grad, rows, bags, scale)
     assert torch.equal(got_rows, want_rows)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -188,7 +199,8 @@ def _update_case(width: int, dtype: torch.dtype, seed: int = 5):
 def test_sgd_update_matches_sparse_sgd(width, dtype):
     weight, rows, grads, _ = _update_case(width, dtype)
     want = weight.clone()
-    SparseSGD(0.05).update(want, {}, rows, grads, 1)
+    with _torch_ops():
+        SparseSGD(0.05).update(want, {}, rows, grads, 1)
     row_update.sgd_update(weight, rows, grads, 0.05)
     assert _ulps(weight, want) <= 1
 
@@ -202,7 +214,8 @@ def test_rowwise_adagrad_update_matches(width, dtype, given_row_sq):
     row_sq = torch.rand(rows.numel(), generator=g) if given_row_sq else None
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):  # the second step reads the first one's state
-        RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
+        with _torch_ops():
+            RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
         row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
@@ -222,7 +235,7 @@ def test_adagrad_update_matches_sparse_adagrad(width, dtype):
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):  # the second step reads the first one's state
         row_update.adagrad_update(weight, acc, rows, grads, 0.05, 1e-8)
-        with dispatch.use_kernels("torch"):
+        with _torch_ops():
             SparseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1)
     assert torch.equal(acc, want_acc)  # untouched rows included
     _assert_step_close(weight, want)
@@ -249,7 +262,8 @@ def test_adam_update_matches_sparse_adam(width, dtype):
     want, want_m, want_v = weight.clone(), m.clone(), v.clone()
     opt = SparseAdam(0.01, 0.9, 0.999, 1e-8)
     for step in (1, 2):
-        opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
+        with _torch_ops():
+            opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
         step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
         row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
@@ -303,7 +317,9 @@ def test_segment_grads_padded_equals_segment_grads(tile, kind, with_scale):
     got_rows, got, count = segment.segment_grads_padded(grad, rows, bags, scale)
     assert int(count) == u and torch.equal(got_rows[:u], want_rows)
     torch.testing.assert_close(got[:u], want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got[:u], dedupe(rows, bags, scale, grad)[1], rtol=1e-5, atol=1e-6)
+    with _torch_ops():
+        _, want = dedupe(rows, bags, scale, grad)
+    torch.testing.assert_close(got[:u], want, rtol=1e-5, atol=1e-6)
 
 
 def test_segment_grads_padded_no_ids_and_no_width():
@@ -413,6 +429,9 @@ def test_updates_with_no_rows_do_nothing():
 
 def test_available_follows_environment(monkeypatch):
     t = torch.zeros(1)
+    assert dispatch.available(t)
+    with _torch_ops():  # the references' block
+        assert not dispatch.available(t)
     assert dispatch.available(t)
     monkeypatch.setenv("HYBRIDREC_KERNELS", "torch")
     assert not dispatch.available(t)

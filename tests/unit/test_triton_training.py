@@ -3,7 +3,7 @@ training through the torch ops: sharding=none (fixed and jagged bags) and host-r
 tables, every optimizer.
 
 Tolerance: the kernels sum pooled rows and per-row gradients in another order than torch's
-ops (see tests/unit/test_dispatch.py), so results agree to float32 round-off.
+ops (see tests/unit/test_triton_ops.py), so results agree to float32 round-off.
 """
 
 from __future__ import annotations

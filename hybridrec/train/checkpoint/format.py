@@ -6,7 +6,7 @@ One directory per checkpoint, `<checkpoint.dir>/step_<N>/`:
                          with its size and sha256, and every embedding rectangle
     shards_rank<r>.pt    rank r's embedding shards: per shard its table, row range, column
                          range, weight [rows, cols] and optimizer state (row-wise state
-                         [rows], element-wise state [rows, cols])
+                         [rows], element-wise state [rows, cols], also for cols = 1)
     dense.pt             the dense state dict (`dense_state`: the model minus its embedding
                          storage; DLRM's `dense` module), the dense optimizer's state dict, the
                          sparse optimizers' step count and RNG states

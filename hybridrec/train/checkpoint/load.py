@@ -159,9 +159,11 @@ def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[Embeddin
                         f"checkpoint {path} has no optimizer state {name!r} for table {spec.table}"
                     )
                 saved_state = src["state"][name]
-                if buf.dim() == 1:
+                if buf.dim() == 1:  # row-wise state [rows]: one value per row, any columns
                     buf[dst_r] = saved_state[src_r].to(buf.device)
-                else:
+                else:  # element-wise state [rows, cols], [rows, 1] for a width-1 shard
+                    if saved_state.dim() == 1:  # a width-1 shard's, as older versions saved it
+                        saved_state = saved_state.unsqueeze(1)
                     buf[dst_r, dst_c] = saved_state[src_r, src_c].to(buf.device)
             covered += (r[1] - r[0]) * (c[1] - c[0])
         if covered != spec.num_rows * spec.width:
