@@ -20,7 +20,7 @@ SMALL = (
     "eval.batches=1",
     "train.log_every=1",
     "device=cpu",
-    "optim.sparse.name=rowwise_adagrad",  # adam's state breaks on width-1 tables (optim)
+    "optim.sparse.name=adam",  # element-wise state, also of the width-1 bias tables
 )
 TWO_TOWER = (
     "model.arch=two_tower",
