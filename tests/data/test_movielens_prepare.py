@@ -199,7 +199,7 @@ def test_two_tower_example_runs_as_written(tmp_path):
     n = 600
     ratings = pa.table(
         {
-            "user_id": rng.integers(1, 5, n),
+            "user_id": rng.integers(1, 4, n),
             "movie_id": rng.choice([10, 20, 30], n),
             "rating": rng.integers(1, 6, n),
             "timestamp": np.arange(n) + 880_000_000,
