@@ -9,9 +9,10 @@ and a CSR matrix over positions sums them, so the rounding is the reference's ei
 `dedupe_reference` is the former path (sorted torch.unique + index_add_): same sums, same
 order, bit for bit; tests and benchmarks.sparse_update compare the two.
 
-`copy_rows(dst, rows, src)`: dst[rows] = src for unique rows, moved as 16-byte words when the
-row layout allows (index_copy_ costs per element). `apply_delta`: weight[rows] -= scale *
-delta, fp32 math (the add kernel's rounding, as index_add_ with alpha), rounded once.
+`gather_rows(src, rows)` and `copy_rows(dst, rows, src)`: src[rows], and dst[rows] = src for
+unique rows, moved as 16-byte words when the row layout allows (index ops cost per element).
+`apply_delta`: weight[rows] -= scale * delta, fp32 math (the add kernel's rounding, as
+index_add_ with alpha), rounded once.
 
 Legend: N = ids, B = bags, D = width, U = distinct rows.
 """
@@ -114,6 +115,14 @@ def copy_rows(dst: torch.Tensor, rows: torch.Tensor, src: torch.Tensor) -> None:
         dst.index_copy_(0, rows, src)
 
 
+def gather_rows(src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """src[rows] (a new tensor [U, ...]): index_select, on 16-byte words where the layout allows."""
+    wide = _words(src)
+    if wide is None or src.device.type != "cpu":
+        return src.index_select(0, rows)
+    return wide.index_select(0, rows).view(src.dtype)
+
+
 def apply_delta(
     weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float
 ) -> None:
@@ -124,5 +133,5 @@ def apply_delta(
     if weight.device.type != "cpu" and weight.dtype == torch.float32:
         weight.index_add_(0, rows, delta, alpha=-scale)
         return
-    new = weight.index_select(0, rows).float().sub_(delta, alpha=scale)
+    new = gather_rows(weight, rows).float().sub_(delta, alpha=scale)
     copy_rows(weight, rows, round_to(new, weight.dtype))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridrec.kernels._common import round_to
-from hybridrec.kernels.cpu_rows import apply_delta, copy_rows
+from hybridrec.kernels.cpu_rows import apply_delta, copy_rows, gather_rows
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.row_update import (
     adagrad_update,
@@ -91,7 +91,7 @@ class SparseAdagrad:
             adagrad_update(weight, acc, rows, grads, self.lr, self.eps, count=count)
             return
         rows, grads = _real(count, rows, grads)
-        new_sum = acc.index_select(0, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
+        new_sum = gather_rows(acc, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
         copy_rows(acc, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps)
         apply_delta(weight, rows, delta, self.lr)
@@ -142,8 +142,8 @@ class SparseAdam:
             adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
             return
         rows, grads = _real(count, rows, grads)
-        m_old = state["exp_avg"].index_select(0, rows)
-        v_old = state["exp_avg_sq"].index_select(0, rows)
+        m_old = gather_rows(state["exp_avg"], rows)
+        v_old = gather_rows(state["exp_avg_sq"], rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)
         v = (grads.pow(2) - v_old).mul_(1 - self.beta2).add_(v_old)
         copy_rows(state["exp_avg"], rows, m)

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from hybridrec.kernels import cpu_rows
-from hybridrec.kernels.cpu_rows import apply_delta, copy_rows, dedupe_reference, dedupe_sorted
+from hybridrec.kernels.cpu_rows import (
+    apply_delta,
+    copy_rows,
+    dedupe_reference,
+    dedupe_sorted,
+    gather_rows,
+)
 from hybridrec.optim.sparse import (
     RowWiseAdagrad,
     SparseAdagrad,
@@ -106,6 +112,7 @@ def test_copy_rows_and_apply_delta_write_the_rows_given(dtype, width):
     want[rows] = src
     copy_rows(weight, rows, src)
     _same(weight, want)
+    _same(gather_rows(weight, rows), src)
     delta = torch.randn(4, width)
     want = weight.clone()
     if dtype == torch.float32:
@@ -116,11 +123,12 @@ def test_copy_rows_and_apply_delta_write_the_rows_given(dtype, width):
     _same(weight, want)
 
 
-def test_copy_rows_into_a_column_slice_falls_back_to_index_copy():
+def test_rows_of_a_column_slice_fall_back_to_index_ops():
     weight = torch.zeros(10, 12)
     view = weight[:, 4:8]  # rows 48 bytes apart, not 16-byte words
     copy_rows(view, torch.tensor([1, 5]), torch.ones(2, 4))
     assert weight.sum() == 8 and weight[1, 4:8].eq(1).all() and weight[1, :4].eq(0).all()
+    _same(gather_rows(view, torch.tensor([5, 0])), torch.tensor([[1.0] * 4, [0.0] * 4]))
 
 
 def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
