@@ -28,6 +28,8 @@ from hybridrec.kernels._common import round_to
 _WORD = torch.complex128  # 16 bytes: a pure data-movement view, never computed with
 _INT32_MAX = 2**31 - 1
 SORTED_MIN_IDS = 4096  # fewer ids: dedupe_reference (same sums) costs less than the CSR setup
+# the CSR matrix is internal to one call, never handed out: its beta notice tells users nothing
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
 def _segments(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,12 +47,9 @@ def _segments(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def _csr_sum(crow: torch.Tensor, cols: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     """[U, D]: row u = sum of dense[cols[j]] for j in crow[u]:crow[u + 1], in j order."""
     ones = torch.ones(cols.numel(), dtype=dense.dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-        a = torch.sparse_csr_tensor(
-            crow, cols, ones, size=(crow.numel() - 1, dense.shape[0]), check_invariants=False
-        )
-        return a @ dense
+    size = (crow.numel() - 1, dense.shape[0])
+    a = torch.sparse_csr_tensor(crow, cols, ones, size=size, check_invariants=False)
+    return a @ dense
 
 
 def dedupe_sorted(
