@@ -49,7 +49,10 @@ def _csr_sum(crow: torch.Tensor, cols: torch.Tensor, dense: torch.Tensor) -> tor
     ones = torch.ones(cols.numel(), dtype=dense.dtype)
     size = (crow.numel() - 1, dense.shape[0])
     a = torch.sparse_csr_tensor(crow, cols, ones, size=size, check_invariants=False)
-    return a @ dense
+    # beta=0 into an uninitialised out: the result is written once (a @ dense zero-fills a
+    # temporary and copies it out), and out's prior contents are never read
+    out = torch.empty(size[0], dense.shape[1], dtype=dense.dtype)
+    return torch.addmm(out, a, dense, beta=0, out=out)
 
 
 def dedupe_sorted(

@@ -66,6 +66,19 @@ def test_dedupe_equals_the_reference_bit_for_bit(width, scale, hot):
     _same(g, g_ref)
 
 
+def test_dedupe_never_reads_uninitialised_memory(monkeypatch):
+    """The CSR sum writes into torch.empty with beta=0: NaN garbage there must not leak."""
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        cpu_rows.torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))
+    )
+    rows, bags, grad = _batch(2000, 300, 500, 8, seed=3, hot=2)
+    for scale in (None, 0.5):
+        u, g = dedupe_sorted(rows, bags, scale, grad)
+        _same(g, dedupe_reference(rows, bags, scale, grad)[1])
+        assert not g.isnan().any()
+
+
 def test_dedupe_of_low_precision_gradients_and_of_nothing():
     rows, bags, grad = _batch(500, 50, 80, 16, seed=1, hot=2)
     for dtype in (torch.float16, torch.bfloat16):
