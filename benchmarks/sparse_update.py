@@ -75,9 +75,18 @@ def make_case(args: argparse.Namespace, shards: int, seed: int) -> dict:
     }
 
 
+# each optimizer's state: row-wise [R] or element-wise [R, D]
+STATE = {
+    "sgd": {},
+    "adagrad": {"sum": "element"},
+    "rowwise_adagrad": {"sum": "row"},
+    "adam": {"exp_avg": "element", "exp_avg_sq": "element"},
+}
+
+
 def _state(opt, rows: int, dim: int) -> dict[str, torch.Tensor]:
-    spec = opt.state_spec(dim).items()
-    return {k: torch.zeros((rows,) if w == 1 else (rows, w)) for k, w in spec}
+    shape = {"row": (rows,), "element": (rows, dim)}
+    return {n: torch.zeros(shape[kind]) for n, kind in STATE[opt.name].items()}
 
 
 def hybridrec_paths(name: str, case: dict, dim: int) -> dict[str, Callable[[int], None]]:

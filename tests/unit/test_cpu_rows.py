@@ -144,12 +144,18 @@ def test_rows_of_a_column_slice_fall_back_to_index_ops():
     _same(gather_rows(view, torch.tensor([5, 0])), torch.tensor([[1.0] * 4, [0.0] * 4]))
 
 
+# each optimizer's state: row-wise [R] or element-wise [R, D] (also at D = 1)
+STATE = {
+    "sgd": {},
+    "adagrad": {"sum": "element"},
+    "rowwise_adagrad": {"sum": "row"},
+    "adam": {"exp_avg": "element", "exp_avg_sq": "element"},
+}
+
+
 def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
-    """Row-wise state [R]; element-wise state [R, D], also at D = 1 (Adam's moments of a width-1
-    table are [R, 1]: the layout RowOptimizer.state_spec is moving to)."""
-    if opt.name == "rowwise_adagrad":
-        return {"sum": torch.rand(rows)}
-    return {n: torch.rand(rows, width) for n in opt.state_spec(width)}
+    shape = {"row": (rows,), "element": (rows, width)}
+    return {n: torch.rand(shape[kind]) for n, kind in STATE[opt.name].items()}
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
