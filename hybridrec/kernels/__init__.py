@@ -3,7 +3,8 @@
 - dispatch: which path runs (`train.kernels`: set_kernels, use_kernels, available)
 - lookup: pooled lookup (`pool`: the Triton kernel, or torch's embedding_bag / index_add_)
 - segment: gradient dedupe per distinct row (`dedupe`, the sync-free `segment_grads_padded`)
-- row_update: SGD / row-wise Adagrad / Adam on the touched rows, and the torch write-back
+- row_update: SGD / row-wise Adagrad / Adam / Adagrad kernels on the touched rows
+- cpu_rows: the torch path's dedupe (one sort, a CSR sum) and row write-back (`apply_delta`)
 - host_copy: row copies between pinned host memory and the device (UVA kernel)
 - _common: the triton import, per-mode jitting, argument checks, the one rounding to bf16/fp16
 

@@ -1,5 +1,5 @@
 """Row optimizer updates on the touched rows: SGD, Adagrad, row-wise Adagrad and lazy Adam
-kernels, and the torch path's write-back (`apply_delta`).
+kernels (the torch path's write-back, `apply_delta`, is hybridrec.kernels.cpu_rows').
 
 The math is hybridrec.optim.sparse's (SparseSGD, SparseAdagrad, RowWiseAdagrad, SparseAdam):
 fp32 state and arithmetic, one rounding to the weight's dtype per updated value
@@ -28,7 +28,6 @@ from hybridrec.kernels._common import (
     _opts,
     _require,
     round_for_store,
-    round_to,
     tl,
     triton,
 )
@@ -402,16 +401,3 @@ def adam_update(
         BLOCK_D=block_d,
         **_opts(block_r * block_d),
     )
-
-
-def apply_delta(
-    weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, scale: float
-) -> None:
-    """weight[rows] -= scale * delta, in fp32 (rows unique): the torch path's write-back. fp32
-    weights take the fused index_add_; low-precision weights are read, updated in fp32 and
-    rounded once."""
-    if weight.dtype == torch.float32:
-        weight.index_add_(0, rows, delta, alpha=-scale)
-    else:
-        new = weight.index_select(0, rows).float().sub_(delta, alpha=scale)
-        weight.index_copy_(0, rows, round_to(new, weight.dtype))

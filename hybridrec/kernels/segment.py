@@ -1,11 +1,11 @@
 """Gradient dedupe: per-id gradients grad_pooled[bags[i]] * scale[i], summed per distinct row.
 
-`dedupe` is what the embedding groups call: `segment_grads` where Triton runs, else torch's
-unique + index_add_. The kernels: ids sorted by row (stable), one segment per distinct row.
-Each program takes a fixed tile of SEGMENT_TILE sorted ids and sums the segments in it with a
-segmented scan (no atomics: deterministic, and every program does the same work however skewed
-the ids are); rows whose ids cross tiles (hot rows) leave a piece per tile, which a fix-up
-kernel adds in tile order.
+`dedupe` is what the embedding groups call: `segment_grads` where Triton runs, else
+`cpu_rows.dedupe_sorted` (one stable sort, a CSR sum). The kernels: ids sorted by row
+(stable), one segment per distinct row. Each program takes a fixed tile of SEGMENT_TILE sorted
+ids and sums the segments in it with a segmented scan (no atomics: deterministic, and every
+program does the same work however skewed the ids are); rows whose ids cross tiles (hot rows)
+leave a piece per tile, which a fix-up kernel adds in tile order.
 
 Without host syncs (CUDA graphs, overlap): `segment_grads_padded` sizes everything by N: stable
 sort, segment numbers from a cumsum, unique rows written by segment number, the kernels over N
@@ -33,6 +33,7 @@ from hybridrec.kernels._common import (
     tl,
     triton,
 )
+from hybridrec.kernels.cpu_rows import dedupe_sorted
 from hybridrec.kernels.dispatch import available
 
 SEGMENT_TILE = 32  # sorted ids per program of segment_grads (rows crossing tiles: fix-up)
@@ -315,14 +316,8 @@ def dedupe(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32).
 
-    With Triton: a sort and one segment-sum kernel (deterministic, no atomics)."""
+    With Triton: a sort and one segment-sum kernel (deterministic, no atomics); else
+    hybridrec.kernels.cpu_rows.dedupe_sorted (one sort, a CSR sum)."""
     if available(grad_pooled):
         return segment_grads(grad_pooled, rows, bags, scale_tensor(scale, rows))
-    grad_rows = grad_pooled.float().index_select(0, bags)
-    if isinstance(scale, torch.Tensor):
-        grad_rows = grad_rows * scale.unsqueeze(1)
-    elif scale is not None and scale != 1.0:
-        grad_rows = grad_rows * scale
-    unique_rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
-    grads = torch.zeros(unique_rows.numel(), grad_pooled.shape[1], device=grad_rows.device)
-    return unique_rows, grads.index_add_(0, inverse, grad_rows)
+    return dedupe_sorted(rows, bags, scale, grad_pooled)

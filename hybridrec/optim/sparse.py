@@ -21,6 +21,8 @@ column-wise, the sharded collection computes it across the column shards and pas
 
 Weights may be stored in fp16/bf16 (`model.table_dtype`); optimizer state and all optimizer
 math stay fp32, and each updated row is rounded once, when it is written back (`apply_delta`).
+The torch path reads each touched row of the weight and state once and writes it back whole
+(hybridrec.kernels.cpu_rows); `reference_update` is the former index_add_ path, same math.
 
 On CUDA (and under TRITON_INTERPRET=1) each update is one Triton kernel with the same math
 (hybridrec.kernels.row_update); `train.kernels=torch` keeps the torch ops.
@@ -36,11 +38,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridrec.kernels._common import round_to
+from hybridrec.kernels.cpu_rows import apply_delta, copy_rows, gather_rows
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.row_update import (
     adagrad_update,
     adam_update,
-    apply_delta,
     rowwise_adagrad_update,
     sgd_update,
 )
@@ -90,8 +93,8 @@ class SparseAdagrad:
             adagrad_update(weight, acc, rows, grads, self.lr, self.eps, count=count)
             return
         rows, grads = _real(count, rows, grads)
-        new_sum = acc.index_select(0, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
-        acc.index_copy_(0, rows, new_sum)
+        new_sum = gather_rows(acc, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
+        copy_rows(acc, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps)
         apply_delta(weight, rows, delta, self.lr)
 
@@ -141,14 +144,50 @@ class SparseAdam:
             adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
             return
         rows, grads = _real(count, rows, grads)
-        m_old = state["exp_avg"].index_select(0, rows)
-        v_old = state["exp_avg_sq"].index_select(0, rows)
+        m_old = gather_rows(state["exp_avg"], rows)
+        v_old = gather_rows(state["exp_avg_sq"], rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)
         v = (grads.pow(2) - v_old).mul_(1 - self.beta2).add_(v_old)
-        state["exp_avg"].index_copy_(0, rows, m)
-        state["exp_avg_sq"].index_copy_(0, rows, v)
+        copy_rows(state["exp_avg"], rows, m)
+        copy_rows(state["exp_avg_sq"], rows, v)
         delta = m / (v.sqrt() + self.eps)
         apply_delta(weight, rows, delta, step_size)
+
+
+def reference_update(opt, weight, state, rows, grads, step, row_sq_mean=None) -> None:  # noqa: ANN001
+    """The former torch path of `opt.update` (index_add_ / index_copy_ per tensor, elementwise):
+    the same math as the optimizers' torch path, kept as the reference the tests and
+    benchmarks.sparse_update compare them with."""
+
+    def write_back(delta: torch.Tensor, scale: float) -> None:
+        if weight.dtype == torch.float32:
+            weight.index_add_(0, rows, delta, alpha=-scale)
+        else:
+            new = weight.index_select(0, rows).float().sub_(delta, alpha=scale)
+            weight.index_copy_(0, rows, round_to(new, weight.dtype))
+
+    if opt.name == "sgd":
+        write_back(grads, opt.lr)
+    elif opt.name == "adagrad":
+        acc = state["sum"].view(weight.shape)
+        new_sum = acc.index_select(0, rows).addcmul_(grads, grads)
+        acc.index_copy_(0, rows, new_sum)
+        write_back(grads / (new_sum.sqrt() + opt.eps), opt.lr)
+    elif opt.name == "rowwise_adagrad":
+        if row_sq_mean is None:
+            row_sq_mean = grads.pow(2).mean(dim=1)
+        new_sum = state["sum"].index_select(0, rows) + row_sq_mean
+        state["sum"].index_copy_(0, rows, new_sum)
+        write_back(grads / (new_sum.sqrt() + opt.eps).unsqueeze(1), opt.lr)
+    else:
+        step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
+        m_old = state["exp_avg"].index_select(0, rows)
+        v_old = state["exp_avg_sq"].index_select(0, rows)
+        m = (grads - m_old).mul_(1 - opt.beta1).add_(m_old)
+        v = (grads.pow(2) - v_old).mul_(1 - opt.beta2).add_(v_old)
+        state["exp_avg"].index_copy_(0, rows, m)
+        state["exp_avg_sq"].index_copy_(0, rows, v)
+        write_back(m / (v.sqrt() + opt.eps), step_size)
 
 
 RowOptimizerT = SparseSGD | SparseAdagrad | RowWiseAdagrad | SparseAdam

@@ -7,7 +7,8 @@ index_select and pooled into bags in one index_add_ (a segment sum).
 
 Backward applies the optimizer in place, inside autograd's backward pass: the gradient of
 each gathered row is its bag's gradient (times the pooling scale); rows are deduplicated
-(sorted unique + index_add_) and the row optimizer updates just those rows and their state.
+(hybridrec.kernels.segment.dedupe: one sort and a segment sum) and the row optimizer updates
+just those rows and their state.
 No sparse-gradient tensor and no dense gradient of a table is ever built. Autograd reaches
 this backward through a zero-size "anchor" tensor that requires grad, since the weight
 itself is a buffer (it must not be seen by DDP or by the dense optimizer).

@@ -106,3 +106,19 @@ def test_preprocess_table_benchmark_writes_both_formats(tmp_path):
     text = out.read_text()
     assert "| parquet " in text and "| csv " in text and "preprocess / bare read" in text
     assert "Architecture:" in text or "(lscpu not available)" in text
+
+
+def test_sparse_update_benchmark_reports_every_path_and_shape(tmp_path):
+    from benchmarks import sparse_update
+
+    out = tmp_path / "sparse_update.md"
+    sparse_update.main(
+        ["--optimizer=all", "--sizes=500,6000", "--batch-size=3000", "--steps=2", "--warmup=1"]
+        + ["--repeats=1", f"--out={out}"]
+    )
+    text = out.read_text()
+    for shape in ("one", "rowwise2"):
+        for name in ("sgd", "rowwise_adagrad", "adam", "adagrad"):
+            assert f"| {shape}" in text and f"| {name}" in text
+    assert "| former / hybridrec |" in text and "| plain / hybridrec |" in text
+    assert "Load average (1, 5, 15 min) before:" in text and "- Git: " in text
