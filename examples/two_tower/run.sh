@@ -47,15 +47,4 @@ rm -rf "$RUN"
   eval.every=280 eval.batches=null eval.final_split=test \
   hydra.run.dir="$RUN" "$@"
 
-"$PY" - "$RUN/metrics.jsonl" <<'EOF'
-import json
-import sys
-
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-val = [r for r in rows if r.get("split") == "eval" and "rmse" in r]
-if not rows or rows[-1].get("split") != "test" or not val:
-    sys.exit(f"run.sh: {sys.argv[1]} does not end with a val and a test evaluation; see above")
-test = rows[-1]
-print(f"val RMSE {val[-1]['rmse']:.4f}  test RMSE {test['rmse']:.4f}  (test MAE "
-      f"{test['mae']:.4f}, {test['eval_samples']} test ratings, step {test['step']})")
-EOF
+"$PY" examples/movielens/report.py "$RUN/metrics.jsonl"
