@@ -1,5 +1,7 @@
 """Train your own model with sharded embedding tables: torchrun --nproc_per_node=2 two_rank.py"""
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,6 +29,7 @@ class MyModel(nn.Module):
         return self.mlp(torch.cat([pooled[f] for f in pooled], dim=1)).squeeze(1)
 
 
+logging.basicConfig(level=logging.INFO)  # hybridrec logs the sharding plan on rank 0
 dist.init_process_group("gloo")
 rank, world, batch = dist.get_rank(), dist.get_world_size(), 512  # batch: global
 model = hybridrec.parallelize(MyModel(), batch_size=batch, sparse_optimizer=RowWiseAdagrad(0.1))
