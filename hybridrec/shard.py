@@ -21,6 +21,7 @@ global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridrec.distributed.comm import world_size
+from hybridrec.model.local import qualify
 from hybridrec.model.tables import EmbeddingTables, declared_tables
 from hybridrec.planner import (
     CachePolicy,
@@ -52,18 +54,8 @@ log = logging.getLogger("hybridrec")
 
 def qualified(path: str, tables: EmbeddingTables) -> list[TableConfig]:
     """A declaration's features, named "<path>.<feature>" looking up "<path>.<table>"."""
-    prefix = f"{path}." if path else ""
     return [
-        TableConfig(
-            prefix + f.name,
-            f.num_rows,
-            f.dim,
-            f.hotness,
-            f.pooling,
-            f.jagged,
-            f.mean_ids,
-            prefix + f.table_name,
-        )
+        dataclasses.replace(f, name=qualify(path, f.name), storage=qualify(path, f.table_name))
         for f in tables.features
     ]
 
@@ -155,11 +147,8 @@ def parallelize(
     model.to(device)
     if world == 1:
         return model
-    ignore = [
-        name
-        for name, _ in model.named_buffers()
-        if any(name.startswith(f"{path}.storage." if path else "storage.") for path, _ in declared)
-    ]
+    storage = tuple(qualify(path, "storage.") for path, _ in declared)
+    ignore = [name for name, _ in model.named_buffers() if name.startswith(storage)]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)

@@ -199,28 +199,31 @@ class KeyedIds:
         self.values = values
         self.names = tuple(names)
         self.hotness = tuple(int(h) for h in hotness)
-        self._start = dict(zip(self.names, [0, *itertools.accumulate(self.hotness)], strict=False))
+        starts = itertools.accumulate((0, *self.hotness))
+        self._span = {  # feature -> its columns [a, b)
+            n: (a, a + h) for n, h, a in zip(self.names, self.hotness, starts, strict=False)
+        }
 
     def select(self, names: Sequence[str], hotness: Sequence[int] | None = None) -> torch.Tensor:
         """[B, sum of their hotness]: the columns of features `names`; `hotness`, when given,
-        must match the batch's (ValueError naming the feature)."""
+        must match the batch's (ValueError naming the feature). Features that lie side by side
+        in the batch, in the order asked, come as a view; others through one gather."""
         names = tuple(names)
-        missing = [n for n in names if n not in self._start]
+        missing = [n for n in names if n not in self._span]
         if missing:
             raise ValueError(
                 f"the batch has no feature(s) {missing}; its features are {list(self.names)}"
             )
-        have = dict(zip(self.names, self.hotness, strict=True))
-        for n, h in zip(names, hotness or [have[n] for n in names], strict=True):
-            if have[n] != h:
+        spans = [self._span[n] for n in names]
+        for n, (a, b), h in zip(names, spans, hotness or [b - a for a, b in spans], strict=True):
+            if b - a != h:
                 raise ValueError(
-                    f"feature {n!r}: the model expects {h} ids per sample, the batch has {have[n]}"
+                    f"feature {n!r}: the model expects {h} ids per sample, the batch has {b - a}"
                 )
-        if names == self.names:
-            return self.values
-        cols = [c for n in names for c in range(self._start[n], self._start[n] + have[n])]
-        index = torch.tensor(cols, device=self.values.device)
-        return self.values.index_select(1, index)
+        if all(prev[1] == nxt[0] for prev, nxt in zip(spans, spans[1:], strict=False)):
+            return self.values[:, spans[0][0] : spans[-1][1]] if spans else self.values[:, :0]
+        cols = [c for a, b in spans for c in range(a, b)]
+        return self.values.index_select(1, torch.tensor(cols, device=self.values.device))
 
 
 @dataclass(frozen=True)

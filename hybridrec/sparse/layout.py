@@ -45,12 +45,12 @@ class Unit:
     table: TableConfig  # the feature
     shard: ShardSpec
     row_wise: bool
-    storage_index: int = -1  # the table's index in the plan (-1: the feature's own)
+    storage_index: int  # the table's index in the plan
 
     @property
     def slot(self) -> tuple[int, ShardSpec]:
         """The stored shard it reads: shared by the units of features sharing its table."""
-        return (self.storage_index if self.storage_index >= 0 else self.table_index, self.shard)
+        return (self.storage_index, self.shard)
 
     @property
     def counted(self) -> bool:
@@ -187,11 +187,6 @@ class ShardedLayout:
                 for f in self.dp_group_tables[key]
             ]
         return [slots.index(self.local_units[k].slot) for k in self.group_units[key]]
-
-    @cached_property
-    def shared(self) -> bool:
-        """Some table is looked up by more than one feature."""
-        return len(self.storage) < len(self.tables)
 
     @cached_property
     def offsets(self) -> list[int]:

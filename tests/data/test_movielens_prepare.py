@@ -38,6 +38,19 @@ def _items() -> pa.Table:
     )
 
 
+def _ratings(seed: int, n: int = 600) -> pa.Table:
+    """n ratings of the fake wheel's users (1..3) and movies (10, 20, 30)."""
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "user_id": rng.integers(1, 4, n),
+            "movie_id": rng.choice([10, 20, 30], n),
+            "rating": rng.integers(1, 6, n),
+            "timestamp": np.arange(n) + 880_000_000,
+        }
+    )
+
+
 def _wheel(path: Path, ratings: pa.Table, items: pa.Table | None = None) -> Path:
     users = pa.table(
         {
@@ -150,16 +163,7 @@ def test_readme_movielens_commands_preprocess_and_train_the_preset(tmp_path):
 
     from tests.cli import run_cli
 
-    rng = np.random.default_rng(3)
-    n = 600
-    ratings = pa.table(
-        {
-            "user_id": rng.integers(1, 4, n),
-            "movie_id": rng.choice([10, 20, 30], n),
-            "rating": rng.integers(1, 6, n),
-            "timestamp": np.arange(n) + 880_000_000,
-        }
-    )
+    ratings = _ratings(3)
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
     lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
     prepare = next(ln for ln in lines if ln.startswith("python examples/movielens/prepare.py"))
@@ -195,16 +199,7 @@ def test_two_tower_example_runs_as_written(tmp_path):
     import subprocess
     import sys
 
-    rng = np.random.default_rng(5)
-    n = 600
-    ratings = pa.table(
-        {
-            "user_id": rng.integers(1, 4, n),
-            "movie_id": rng.choice([10, 20, 30], n),
-            "rating": rng.integers(1, 6, n),
-            "timestamp": np.arange(n) + 880_000_000,
-        }
-    )
+    ratings = _ratings(5)
     cache = tmp_path / "cache"
     (cache / "wheels").mkdir(parents=True)
     _wheel(cache / "wheels" / PREPARE["WHEEL"], ratings)
