@@ -10,7 +10,10 @@ holding every table; `rowwise2` is rank 0 of a 2-way row-wise split (the first h
 table's rows, and the global batch's ids that fall in it). Paths, given the pooled gradient:
 - `former`: cpu_rows.dedupe_reference (sorted unique + index_add_ of the [N, D] per-id
   gradients) + optim.sparse.reference_update (index_add_ / index_copy_ per tensor);
-- `hybridrec`: kernels.segment.dedupe (one stable sort, a CSR sum) + the optimizer's update;
+- `torch`: hybridrec's torch path: kernels.segment.dedupe (one stable sort, a CSR sum) + the
+  optimizer's update with torch ops (hybridrec.kernels.native disabled);
+- `hybridrec`: what training runs on the CPU: the native kernels (kernels.native: a hashing
+  dedupe, then one pass over each touched row per optimizer);
 - `plain`: one nn.EmbeddingBag(sparse=True) per table, pooled.backward(grad) (graph kept) +
   torch.optim.SGD / SparseAdam / Adagrad (no plain row-wise Adagrad: not run).
 Each repeat times `--steps` iterations of every path in turn (median per path); the best of
@@ -37,13 +40,14 @@ from benchmarks.common import (
     time_steps,
 )
 from benchmarks.lookup_update import SPARSE_LR, build_optimizer, zipf_ids
-from hybridrec.kernels import dispatch
+from hybridrec.kernels import dispatch, native
 from hybridrec.kernels.cpu_rows import dedupe_reference
-from hybridrec.kernels.segment import dedupe
+from hybridrec.kernels.segment import dedupe, dedupe_any_order
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS, reference_update
 
 SIZES = (1000, 3000, 10_000, 30_000, 100_000, 300_000, 1_000_000, 1_000_000)
-SHAPES = {"one": 1, "rowwise2": 2}  # shape -> row shards (rank 0's rows and ids)
+SHAPES = {"one": 1, "rowwise2": 2}
+PATHS = ("former", "torch", "hybridrec", "plain")  # shape -> row shards (rank 0's rows and ids)
 
 
 def make_case(args: argparse.Namespace, shards: int, seed: int) -> dict:
@@ -93,7 +97,7 @@ def hybridrec_paths(name: str, case: dict, dim: int) -> dict[str, Callable[[int]
     """`former` and `hybridrec` steps, each on its own copy of the weight and state."""
     out = {}
     total = sum(case["sizes"])
-    for label in ("former", "hybridrec"):
+    for label in ("former", "torch", "hybridrec"):
         opt = build_optimizer(name)
         weight, state = torch.randn(total, dim) * 0.01, _state(opt, total, dim)
 
@@ -102,8 +106,12 @@ def hybridrec_paths(name: str, case: dict, dim: int) -> dict[str, Callable[[int]
             if label == "former":
                 unique_rows, grads = dedupe_reference(rows, bags, None, grad)
                 reference_update(opt, weight, state, unique_rows, grads, i + 1)
+            elif label == "torch":
+                with native.disabled():
+                    unique_rows, grads = dedupe(rows, bags, None, grad)
+                    opt.update(weight, state, unique_rows, grads, i + 1)
             else:
-                unique_rows, grads = dedupe(rows, bags, None, grad)
+                unique_rows, grads = dedupe_any_order(rows, bags, None, grad)
                 opt.update(weight, state, unique_rows, grads, i + 1)
 
         out[label] = step
@@ -181,31 +189,26 @@ def main(argv: list[str] | None = None) -> None:
                 if plain is not None:
                     paths["plain"] = plain
                 ms = measure(paths, args)
-                cells = [
-                    f"{ms[k]:.3f}" if k in ms else "-" for k in ("former", "hybridrec", "plain")
+                cells = [f"{ms[k]:.3f}" if k in ms else "-" for k in PATHS]
+                ns = [f"{1e6 * ms[k] / n:.0f}" if k in ms else "-" for k in PATHS]
+                ratios = [
+                    f"{ms[k] / ms['hybridrec']:.2f}" if k in ms else "-"
+                    for k in ("former", "torch", "plain")
                 ]
-                ns = [
-                    f"{1e6 * ms[k] / n:.0f}" if k in ms else "-"
-                    for k in ("former", "hybridrec", "plain")
-                ]
-                speedup = ms["former"] / ms["hybridrec"]
-                vs_plain = f"{ms['plain'] / ms['hybridrec']:.2f}" if "plain" in ms else "-"
-                rows.append(
-                    [shape, name, f"{n:,}", f"{u:,}", *cells, *ns, f"{speedup:.2f}", vs_plain]
-                )
+                rows.append([shape, name, f"{n:,}", f"{u:,}", *cells, *ns, *ratios])
                 print(" | ".join(rows[-1]), flush=True)
     load_after = load_average()
     print(f"load average after: {load_after}", flush=True)
-    headers = ["shape", "optimizer", "ids", "distinct rows", "former ms", "hybridrec ms"]
-    headers += ["plain ms", "former ns/id", "hybridrec ns/id", "plain ns/id"]
-    headers += ["former / hybridrec", "plain / hybridrec"]
+    headers = ["shape", "optimizer", "ids", "distinct rows"]
+    headers += [f"{k} ms" for k in PATHS] + [f"{k} ns/id" for k in PATHS]
+    headers += ["former / hybridrec", "torch / hybridrec", "plain / hybridrec"]
     table = markdown_table(headers, rows)
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
-            "# CPU sparse backward + update: hybridrec's torch path, its former path, plain "
-            "PyTorch\n\n"
+            "# CPU sparse backward + update: hybridrec's native kernels, its torch path, its "
+            "former path, plain PyTorch\n\n"
             f"Command: `{command_line()}`\n\n- Hardware: {hardware()}; "
             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
             f"torch threads {torch.get_num_threads()}\n- Git: {git_state()}\n"

@@ -20,6 +20,8 @@ STAMP=/dev/null
 WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! "$PY" -c "import hybridrec" 2>/dev/null; then
   "$PY" -m pip install -q -e ".[dev]"
+  # the CPU sparse kernels (C, built once per machine; without a compiler the torch path runs)
+  "$PY" -m hybridrec.kernels.native
   echo "$WANT" > "$STAMP" 2>/dev/null || true
 fi
 echo "$PY"

@@ -5,6 +5,7 @@
 - segment: gradient dedupe per distinct row (`dedupe`, the sync-free `segment_grads_padded`)
 - row_update: SGD / row-wise Adagrad / Adam / Adagrad kernels on the touched rows
 - cpu_rows: the torch path's dedupe (one sort, a CSR sum) and row write-back (`apply_delta`)
+- native: the CPU's C kernels (hashing dedupe, in-place row updates), built once per machine
 - host_copy: row copies between pinned host memory and the device (UVA kernel)
 - _common: the triton import, per-mode jitting, argument checks, the one rounding to bf16/fp16
 

@@ -1,11 +1,13 @@
 """Gradient dedupe: per-id gradients grad_pooled[bags[i]] * scale[i], summed per distinct row.
 
 `dedupe` is what the embedding groups call: `segment_grads` where Triton runs, else
-`cpu_rows.dedupe_sorted` (one stable sort, a CSR sum). The kernels: ids sorted by row
-(stable), one segment per distinct row. Each program takes a fixed tile of SEGMENT_TILE sorted
-ids and sums the segments in it with a segmented scan (no atomics: deterministic, and every
-program does the same work however skewed the ids are); rows whose ids cross tiles (hot rows)
-leave a piece per tile, which a fix-up kernel adds in tile order.
+`cpu_rows.dedupe_sorted` (one stable sort, a CSR sum); `dedupe_any_order` may return the rows
+unsorted, which lets the CPU hash them instead (`native.dedupe_hashed`, the same sums).
+The kernels: ids sorted by row (stable), one segment per distinct row. Each program takes a
+fixed tile of SEGMENT_TILE sorted ids and sums the segments in it with a segmented scan (no
+atomics: deterministic, and every program does the same work however skewed the ids are);
+rows whose ids cross tiles (hot rows) leave a piece per tile, which a fix-up kernel adds in
+tile order.
 
 Without host syncs (CUDA graphs, overlap): `segment_grads_padded` sizes everything by N: stable
 sort, segment numbers from a cumsum, unique rows written by segment number, the kernels over N
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrec.kernels import _common
+from hybridrec.kernels import _common, native
 from hybridrec.kernels._common import (
     WEIGHT_DTYPES,
     _block_d,
@@ -321,3 +323,17 @@ def dedupe(
     if available(grad_pooled):
         return segment_grads(grad_pooled, rows, bags, scale_tensor(scale, rows))
     return dedupe_sorted(rows, bags, scale, grad_pooled)
+
+
+def dedupe_any_order(
+    rows: torch.Tensor,
+    bags: torch.Tensor,
+    scale: torch.Tensor | float | None,
+    grad_pooled: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dedupe` for callers that take the distinct rows in any order: on the CPU with the
+    native kernels, one hashing pass (rows in first-occurrence order; each row's sum is
+    `dedupe`'s, bit for bit); else `dedupe` (sorted)."""
+    if grad_pooled.device.type == "cpu" and native.usable(rows, bags):
+        return native.dedupe_hashed(rows, bags, scale, grad_pooled)
+    return dedupe(rows, bags, scale, grad_pooled)

@@ -21,8 +21,11 @@ column-wise, the sharded collection computes it across the column shards and pas
 
 Weights may be stored in fp16/bf16 (`model.table_dtype`); optimizer state and all optimizer
 math stay fp32, and each updated row is rounded once, when it is written back (`apply_delta`).
-The torch path reads each touched row of the weight and state once and writes it back whole
-(hybridrec.kernels.cpu_rows); `reference_update` is the former index_add_ path, same math.
+On the CPU, fp32 tables take the native kernels (hybridrec.kernels.native: one pass over each
+touched row, in C); elsewhere the torch path reads each touched row of the weight and state once
+and writes it back whole (hybridrec.kernels.cpu_rows); `reference_update` is the former
+index_add_ path, same math. The native sqrt is correctly rounded (as the Triton kernels'), which
+torch's CPU sqrt is not always: that is their only difference (tests/unit/test_native_rows.py).
 
 On CUDA (and under TRITON_INTERPRET=1) each update is one Triton kernel with the same math
 (hybridrec.kernels.row_update); `train.kernels=torch` keeps the torch ops.
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridrec.kernels import native
 from hybridrec.kernels._common import round_to
 from hybridrec.kernels.cpu_rows import apply_delta, copy_rows, gather_rows
 from hybridrec.kernels.dispatch import available
@@ -75,6 +79,9 @@ class SparseSGD:
             sgd_update(weight, rows, grads, self.lr, count=count)
             return
         rows, grads = _real(count, rows, grads)
+        if native.usable(rows, grads, inplace=(weight,)):
+            native.sgd(weight, rows, grads, self.lr)
+            return
         apply_delta(weight, rows, grads, self.lr)
 
 
@@ -93,6 +100,9 @@ class SparseAdagrad:
             adagrad_update(weight, acc, rows, grads, self.lr, self.eps, count=count)
             return
         rows, grads = _real(count, rows, grads)
+        if native.usable(rows, grads, inplace=(weight, acc)):
+            native.adagrad(weight, acc, rows, grads, self.lr, self.eps)
+            return
         new_sum = gather_rows(acc, rows).addcmul_(grads, grads)  # as torch.optim.Adagrad
         copy_rows(acc, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps)
@@ -119,6 +129,9 @@ class RowWiseAdagrad:
         rows, grads, row_sq_mean = _real(count, rows, grads, row_sq_mean)
         if row_sq_mean is None:
             row_sq_mean = grads.pow(2).mean(dim=1)
+        if native.usable(rows, grads, row_sq_mean, inplace=(weight, acc)):
+            native.rowwise_adagrad(weight, acc, rows, grads, row_sq_mean, self.lr, self.eps)
+            return
         new_sum = acc.index_select(0, rows) + row_sq_mean
         acc.index_copy_(0, rows, new_sum)
         delta = grads / (new_sum.sqrt() + self.eps).unsqueeze(1)
@@ -144,6 +157,10 @@ class SparseAdam:
             adam_update(weight, m, v, rows, grads, step_size, *args, count=count)
             return
         rows, grads = _real(count, rows, grads)
+        m_, v_ = state["exp_avg"], state["exp_avg_sq"]
+        if native.usable(rows, grads, inplace=(weight, m_, v_)):
+            native.adam(weight, m_, v_, rows, grads, step_size, self.beta1, self.beta2, self.eps)
+            return
         m_old = gather_rows(state["exp_avg"], rows)
         v_old = gather_rows(state["exp_avg_sq"], rows)
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)

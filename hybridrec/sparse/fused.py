@@ -7,8 +7,8 @@ index_select and pooled into bags in one index_add_ (a segment sum).
 
 Backward applies the optimizer in place, inside autograd's backward pass: the gradient of
 each gathered row is its bag's gradient (times the pooling scale); rows are deduplicated
-(hybridrec.kernels.segment.dedupe: one sort and a segment sum) and the row optimizer updates
-just those rows and their state.
+(hybridrec.kernels.segment: a sort and a segment sum, or on the CPU one hashing pass in C)
+and the row optimizer updates just those rows and their state.
 No sparse-gradient tensor and no dense gradient of a table is ever built. Autograd reaches
 this backward through a zero-size "anchor" tensor that requires grad, since the weight
 itself is a buffer (it must not be seen by DDP or by the dense optimizer).
@@ -28,7 +28,13 @@ from torch import nn
 from hybridrec import timing
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.lookup import pool
-from hybridrec.kernels.segment import Segments, dedupe, scale_tensor, segment_grads_padded
+from hybridrec.kernels.segment import (
+    Segments,
+    dedupe,
+    dedupe_any_order,
+    scale_tensor,
+    segment_grads_padded,
+)
 from hybridrec.sparse.init import init_shard
 from hybridrec.types import ShardSpec, StateKind, TableConfig
 
@@ -271,7 +277,9 @@ class FusedEmbedding(nn.Module):
                 )
                 self.update_rows(rows_pad, grads_pad, count)
                 return
-            unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
+            # full-row statistics are matched to shards by searchsorted: sorted rows then
+            dedupe_rows = dedupe if row_sq else dedupe_any_order
+            unique_rows, grads = dedupe_rows(rows, bags, scale, grad_pooled)
             self.update_rows(unique_rows, grads, row_sq=row_sq)
 
     @torch.no_grad()
@@ -282,7 +290,8 @@ class FusedEmbedding(nn.Module):
         count: torch.Tensor | None = None,
         row_sq: RowSq | None = None,
     ) -> None:
-        """One optimizer step on rows `unique_rows` [U] (sorted) with gradients [U, D]; with
+        """One optimizer step on rows `unique_rows` [U] (distinct; sorted if `row_sq` is given)
+        with gradients [U, D]; with
         `count` (a device tensor), only the first count rows are real (padded inputs).
         `row_sq`: for some shards, mean(g^2) over each row's full width (column shards of
         one table share it, see hybridrec.sparse.dist.row_stats); other rows use their own."""

@@ -1,12 +1,13 @@
-"""The CPU sparse backward (hybridrec.kernels.cpu_rows and the optimizers' torch path) equals the
-former path (dedupe_reference, reference_update) bit for bit, and is deterministic."""
+"""The CPU sparse backward's torch path (hybridrec.kernels.cpu_rows and the optimizers' torch ops,
+taken where the native kernels are not: tests/unit/test_native_rows.py) equals the former path
+(dedupe_reference, reference_update) bit for bit, and is deterministic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hybridrec.kernels import cpu_rows
+from hybridrec.kernels import cpu_rows, native
 from hybridrec.kernels.cpu_rows import (
     apply_delta,
     copy_rows,
@@ -34,8 +35,11 @@ OPTIMIZERS = {
 
 @pytest.fixture(autouse=True)
 def _sorted_path_for_any_size(monkeypatch):
-    """Small calls take dedupe_reference; these tests hold every size to the sorted path."""
+    """Small calls take dedupe_reference; these tests hold every size to the sorted path, and
+    keep the native kernels out (they are the torch path's tests)."""
     monkeypatch.setattr(cpu_rows, "SORTED_MIN_IDS", 0)
+    with native.disabled():
+        yield
 
 
 def _batch(n: int, rows: int, bags: int, width: int, seed: int, hot: int = 0):
