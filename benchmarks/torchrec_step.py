@@ -385,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         results = spawn(world, run_rank, jobs, args.steps, args.warmup, timeout=args.timeout)
         for mode, _ in jobs:
             per_rank = [r[mode] for r in results]
-            ms = {  # median over steps of the slowest rank's time
-                k: 1e3 * median([max(ts) for ts in zip(*(r["times"][k] for r in per_rank))])
-                for k in per_rank[0]["times"]
-            }
+            ms = {}  # median over steps of the slowest rank's time
+            for k in per_rank[0]["times"]:
+                slowest = [max(ts) for ts in zip(*(r["times"][k] for r in per_rank), strict=True)]
+                ms[k] = 1e3 * median(slowest)
             losses = per_rank[0]["losses"]
             diff = {
                 k: max(abs(a - b) for a, b in zip(losses["hybridrec"], v, strict=True))

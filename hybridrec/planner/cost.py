@@ -4,7 +4,8 @@
 runtime's own byte sizes (`hybridrec.sparse.costs`); a distributed test compares its bytes
 to what the all-to-alls really send. Per rank and forward step: ids into the input dist
 (row-wise shards: their expected share, ids assumed uniform over the rows), rows gathered by
-the lookup, pooled embeddings out of the output dist; backward mirrors it, plus the
+the lookup, pooled embeddings out of the output dist (row-wise shards: only the bags with
+an id in the shard, 1 - (1 - share)^ids of them); backward mirrors it, plus the
 replicated tables' gradient sync (`replica_sync`, the runtime's choice). A rank never counts
 what it sends to itself. Times are lower bounds from bandwidths alone (no latency, no
 overlap): max(sent, received) / bw per exchange (the slower of the same-node and other-node
@@ -144,7 +145,9 @@ def _unit_traffic(
     if sharding is ShardingType.ROW_WISE:
         share = s.num_rows / t.num_rows
         ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
-        emb.frm[s.rank] += b_local * s.width * comm_bytes
+        # compact partial sums: only the bags with an id in the shard come back
+        nonempty = 1.0 - (1.0 - share) ** t.expected_ids
+        emb.frm[s.rank] += b_local * nonempty * s.width * comm_bytes
         return b_local * t.expected_ids * share
     counts = b_local * id_bytes if t.jagged else 0  # a jagged feature's ids: with a count each
     ids.to[s.rank] += counts + b_local * t.expected_ids * id_bytes

@@ -8,11 +8,13 @@ on their own.
 shards their storage tables (`storage`, hybridrec.types.storage_tables), which several features
 may share. A *unit* is one feature's lookup in one non-replicated shard, served by the shard's
 owner rank. A feature is 1 unit (table-wise), k units whose outputs are concatenated in column
-order (column-wise), or k units whose outputs are summed in shard order (row-wise). Units of
-rank q are listed in (storage table, shard, feature) order; the output dist receives them in
-(source rank, that order), which `table_units` maps back to features. This rank's units are
-fused into one group per width and placement ("w<width>" in device memory, "h<width>" in host
-memory); replicated (data-parallel) tables get groups "dp_w<width>". A group stores each of
+order (column-wise), or k units whose outputs are summed in shard order (row-wise). A rank's
+units are fused into one group per width and placement ("w<width>" in device memory,
+"h<width>" in host memory); replicated (data-parallel) tables get groups "dp_w<width>". Units
+of rank q are listed group by group (in order of first appearance), each group's in (storage
+table, shard, feature) order, so a group's units lie side by side in every exchange; the
+output dist receives them in (source rank, that order), which `table_units` maps back to
+features. A group stores each of
 its shards once, as a *slot*: the units of features sharing a table read the same slot, so
 their ids' gradients meet in one deduplication, as in the unsharded table.
 """
@@ -56,6 +58,11 @@ class Unit:
     def counted(self) -> bool:
         """Its ids cross the input dist with one count per sample (a bag's ids here vary)."""
         return self.row_wise or self.table.jagged
+
+    @property
+    def group_key(self) -> str:
+        """The fused group serving it on its rank: "w<width>" (device) or "h<width>" (host)."""
+        return f"{'h' if self.shard.on_host else 'w'}{self.shard.width}"
 
     @property
     def whole(self) -> bool:
@@ -103,6 +110,9 @@ class ShardedLayout:
             row_wise = tp.sharding == ShardingType.ROW_WISE
             for s in tp.shards:
                 units_on[s.rank].extend(Unit(f, tables[f], s, row_wise, i) for f in users[i])
+        for q, units in enumerate(units_on):  # group by group, each keeping its units' order
+            keys = list(dict.fromkeys(u.group_key for u in units))
+            units_on[q] = sorted(units, key=lambda u: keys.index(u.group_key))
         dp_tables.sort()
         position = {}
         for u in (u for units in units_on for u in units):
@@ -114,8 +124,7 @@ class ShardedLayout:
         }
         group_units: dict[str, list[int]] = {}
         for k, u in enumerate(units_on[rank]):
-            key = f"{'h' if u.shard.on_host else 'w'}{u.shard.width}"
-            group_units.setdefault(key, []).append(k)
+            group_units.setdefault(u.group_key, []).append(k)
         dp_group_tables: dict[str, list[int]] = {}
         for f in dp_tables:
             dp_group_tables.setdefault(f"dp_w{tables[f].dim}", []).append(f)
@@ -167,6 +176,13 @@ class ShardedLayout:
                     slots.append(slot)
         return out
 
+    def slot_rows(self, key: str) -> list[int]:
+        """Where each slot of group `key` starts in the group's rows, and the group's rows."""
+        out = [0]
+        for _, shard in self.group_slots[key]:
+            out.append(out[-1] + shard.num_rows)
+        return out
+
     def locate(self, table_index: int) -> tuple[str, int]:
         """The group key and slot position in that group of this rank's first shard of a
         (storage) table (KeyError where this rank holds none of it)."""
@@ -206,6 +222,11 @@ class ShardedLayout:
     def one_width(self) -> bool:
         """Every table has the same width: the pooled output is [B, T, D], else [B, sum D]."""
         return len({t.dim for t in self.tables}) == 1
+
+    @cached_property
+    def group_widths(self) -> dict[str, int]:
+        """This rank's group key -> its width."""
+        return {k: self.local_units[ks[0]].shard.width for k, ks in self.group_units.items()}
 
     @cached_property
     def width_on(self) -> list[int]:

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from hybridrec.sparse.bags import pooling_scale
+from hybridrec.sparse.dist.input import Routed
 from hybridrec.sparse.dist.row_stats import RowStats
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer
+from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
@@ -151,19 +152,19 @@ def build_groups(
     return nn.ModuleDict(groups)
 
 
-def lookup_units(
-    inputs: list[LookupInput],
+def lookup_groups(
+    routed: Routed,
     groups: nn.ModuleDict,
     layout: ShardedLayout,
     row_stats: RowStats | None,
-) -> list[torch.Tensor]:
-    """One fused lookup per group; returns [B, w_u] per local unit. Groups whose column
-    shards share row statistics get them from `row_stats` in their backward."""
-    out: list[torch.Tensor | None] = [None] * len(inputs)
-    for key, ks in layout.group_units.items():
+) -> dict[str, torch.Tensor]:
+    """One fused lookup per group, its bags in the output dist's send order: group key ->
+    pooled [n_g, w_g]. Groups whose column shards share row statistics get them from
+    `row_stats` in their backward."""
+    out = {}
+    for key, inp in routed.groups.items():
         source = None
-        if row_stats is not None and any(k in layout.peers for k in ks):
+        if row_stats is not None and any(k in layout.peers for k in layout.group_units[key]):
             source = functools.partial(row_stats.take, key)
-        for k, pooled in zip(ks, groups[key]([inputs[k] for k in ks], source), strict=True):
-            out[k] = pooled
-    return out  # type: ignore[return-value]
+        out[key] = groups[key].lookup(inp.rows, inp.bags, inp.scale, inp.num_bags, row_sq=source)
+    return out

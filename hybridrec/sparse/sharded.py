@@ -30,11 +30,11 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
 from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
-from hybridrec.sparse.dist.input import input_dist
+from hybridrec.sparse.dist.input import Routed, build_routes, input_dist
 from hybridrec.sparse.dist.output import output_dist, reassemble
 from hybridrec.sparse.dist.replicated import ReplicaInputs, replicated_lookup, sync_replicas
 from hybridrec.sparse.dist.row_stats import RowStats, share_row_stats
-from hybridrec.sparse.fused import LookupInput, RowOptimizer
+from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import ShardedLayout
@@ -42,8 +42,8 @@ from hybridrec.sparse.local import (
     HostOptions,
     SampleMajorInputs,
     build_groups,
+    lookup_groups,
     lookup_sample_major,
-    lookup_units,
     sample_major_inputs,
     sample_major_layout,
 )
@@ -56,7 +56,7 @@ class Staged:
     (several ranks) or the sample-major lookup inputs (one rank)."""
 
     ids: torch.Tensor
-    inputs: list[LookupInput] | None
+    routed: Routed | None
     sample_major: SampleMajorInputs | None
 
 
@@ -93,6 +93,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         )
         self.rank, self.world, self.plan = rank, world, plan
         self.device = torch.device(device)
+        self.routes = build_routes(self.layout, self.device)
         self.checker = IdChecker(self.tables) if check_ids else None
         self.means = jagged_means(self.tables)  # divided by bag lengths after the exchange
         self.groups = build_groups(
@@ -213,12 +214,11 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                 [group] = self.groups.values()
                 group.prefetch(staged.sample_major.rows)
                 return staged
-            staged = Staged(clean, input_dist(clean, self.layout, self.group, self.stats), None)
+            routed = input_dist(clean, self.layout, self.routes, self.group, self.stats)
             for key, group in self.groups.items():
-                if isinstance(group, HostCachedEmbedding):
-                    ks = self.layout.group_units[key]
-                    group.prefetch(group.flatten([staged.inputs[k] for k in ks])[0])
-            return staged
+                if isinstance(group, HostCachedEmbedding):  # the forward looks up these rows
+                    group.prefetch(routed.groups[key].rows)
+            return Staged(clean, routed, None)
 
     def use_staged(self, staged: Staged | None) -> None:
         self._staged = staged
@@ -276,48 +276,41 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                 out_dtype = handoff or torch.float32
                 pooled = lookup_sample_major(ids, self.sample_major, group, out_dtype, made)
                 return divide_means(pooled, divisors)
-        inputs = staged.inputs if staged is not None else None
-        if inputs is None:
+        routed = staged.routed if staged is not None else None
+        if routed is None:
             with timing.phase("input_dist"):
-                inputs = input_dist(ids, self.layout, self.group, self.stats)
+                routed = input_dist(ids, self.layout, self.routes, self.group, self.stats)
         row_stats = RowStats() if self.layout.exchange_row_stats else None
         with timing.phase("lookup"):
-            pooled = lookup_units(inputs, self.groups, self.layout, row_stats)
+            pooled = lookup_groups(routed, self.groups, self.layout, row_stats)
         with timing.phase("data_parallel"):
             replicated, dp_inputs = replicated_lookup(ids, self.layout, self.groups)
             if handoff is not None:
                 replicated = replicated.to(handoff)
-        b_local = ids.shape[0]
         wire = (
             handoff or self.comm_dtype,
             handoff is not None,
             1.0 / self.world if handoff is not None else 1.0,
         )
-        after = self._after_backward(inputs, dp_inputs, row_stats, b_local)
+        after = self._after_backward(routed, dp_inputs, row_stats)
         with timing.phase("output_dist"):
             received, replicated = output_dist(
-                pooled, replicated, b_local, self.layout, self.group, self.stats, wire, after
+                pooled, replicated, routed, self.layout, self.group, self.stats, wire, after
             )
-        out = reassemble(received, replicated, self.layout, divisors)
+        out = reassemble(received, routed.kept, replicated, self.layout, divisors)
         if handoff is not None or self.world == 1:  # 1/W: in the exchange's backward, or 1
             return out
         return ScaleGrad.apply(out, 1.0 / self.world)
 
     def _after_backward(
-        self,
-        inputs: list[LookupInput],
-        dp_inputs: ReplicaInputs,
-        row_stats: RowStats | None,
-        b_local: int,
+        self, routed: Routed, dp_inputs: ReplicaInputs, row_stats: RowStats | None
     ):  # noqa: ANN202 (a closure)
         """The output dist's backward work after its all-to-all, in this order on every rank:
         column shards share row statistics, then replicated tables sync and update."""
 
         def after(grad_send: torch.Tensor, grad_replicated: torch.Tensor) -> None:
             if row_stats is not None:
-                share_row_stats(
-                    grad_send, b_local, inputs, self.layout, self.group, self.stats, row_stats
-                )
+                share_row_stats(grad_send, routed, self.layout, self.group, self.stats, row_stats)
             if self.layout.dp_tables:
                 sync_replicas(
                     grad_replicated, dp_inputs, self.layout, self.groups, self.group, self.stats

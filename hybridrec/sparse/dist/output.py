@@ -1,8 +1,9 @@
-"""Output dist: each local unit's pooled rows [B, w_u] go back to the ranks whose samples
+"""Output dist: each local group's pooled rows, already in send order (bags numbered by
+source rank, unit and sample: hybridrec.sparse.dist.input), go back to the ranks whose samples
 they are, and each rank rebuilds its tables (table-wise: the unit as is; column-wise: slices
-concatenated in column order; row-wise: partial sums added in shard order; replicated
-tables: looked up locally; jagged means: divided by their bags' lengths) as [B_l, T, D], or
-[B_l, sum_t D_t] when the tables' widths differ.
+concatenated in column order; row-wise: the compact partial sums added, in shard order, at
+the samples they belong to; replicated tables: looked up locally; jagged means: divided by
+their bags' lengths) as [B_l, T, D], or [B_l, sum_t D_t] when the tables' widths differ.
 
 One differentiable all_to_all_single (`Exchange`), in the collection's comm dtype (fp32:
 exact) or, with a hand-off dtype (bf16 under autocast, whole values only), in that dtype
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
+from hybridrec.sparse.dist.input import Routed
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import ShardingType
 
@@ -28,7 +30,7 @@ AfterBackward = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 class Exchange(torch.autograd.Function):
-    """Forward: the all-to-all of `send` [W * B_l * width_on[rank]] fp32 (in `wire`, back to
+    """Forward: the all-to-all of `send` (the groups' pooled rows, flat) fp32 (in `wire`, back to
     fp32 on arrival, or kept in the hand-off dtype); `replicated` passes through.
     Backward: the all-to-all in reverse (with a hand-off dtype: in it, then scaled by `scale`
     in fp32), then `after_backward(grad_send, grad_replicated)`."""
@@ -69,60 +71,108 @@ class Exchange(torch.autograd.Function):
         return grad_send, None, None, None, None, None, None
 
 
+def send_order(pooled: dict[str, torch.Tensor], routed: Routed, world: int) -> torch.Tensor:
+    """The groups' pooled rows [n_g, w_g] (bags in (source rank, unit, sample) order) as the
+    flat send buffer, rank by rank, each rank's block group by group. One group: its output
+    as it is (a view, no copy either way)."""
+    keys = list(routed.groups)
+    if len(keys) == 1:
+        return pooled[keys[0]].reshape(-1)
+    parts = []
+    starts = dict.fromkeys(keys, 0)
+    for p in range(world):
+        for key in keys:
+            n = routed.groups[key].per_rank[p]
+            parts.append(pooled[key][starts[key] : starts[key] + n].reshape(-1))
+            starts[key] += n
+    return torch.cat(parts)
+
+
+def group_grads(
+    grad: torch.Tensor, routed: Routed, widths: dict[str, int], world: int
+) -> dict[str, torch.Tensor]:
+    """The inverse of `send_order`: the flat gradient -> each group's [n_g, w_g]."""
+    keys = list(routed.groups)
+    if len(keys) == 1:
+        return {keys[0]: grad.view(-1, widths[keys[0]])}
+    pieces: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+    at = 0
+    for p in range(world):
+        for key in keys:
+            n = routed.groups[key].per_rank[p] * widths[key]
+            pieces[key].append(grad[at : at + n])
+            at += n
+    return {key: torch.cat(ps).view(-1, widths[key]) for key, ps in pieces.items()}
+
+
 def output_dist(
-    pooled: list[torch.Tensor],
+    pooled: dict[str, torch.Tensor],
     replicated: torch.Tensor,
-    b_local: int,
+    routed: Routed,
     layout: ShardedLayout,
     group: dist.ProcessGroup,
     stats: CommStats | None,
     wire: tuple[torch.dtype, bool, float],
     after_backward: AfterBackward,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Local units' pooled [B, w_u] -> every unit's [B_l, w_u] for this rank's samples, in
-    received order; `replicated` [B_l, sum D_dp] passes through the same autograd node.
-    `wire`: (dtype on the wire, keep that dtype on arrival, backward scale)."""
-    world, rank = layout.world, layout.rank
-    device = replicated.device
-    if pooled:
-        send = torch.cat([p.reshape(world, -1) for p in pooled], dim=1).reshape(-1)
+    """The local groups' pooled rows -> every unit's rows for this rank's samples, [n, w_u] in
+    received order (n = B_l, or a compact unit's kept samples); `replicated` [B_l, sum D_dp]
+    passes through the same autograd node. `wire`: (dtype on the wire, keep that dtype on
+    arrival, backward scale)."""
+    world = layout.world
+    widths = layout.group_widths
+    if routed.groups:
+        send = send_order(pooled, routed, world)
     else:
-        send = torch.zeros(0, device=device)
+        send = torch.zeros(0, device=replicated.device)
     if torch.is_grad_enabled() and not send.requires_grad:
         send = send.detach().requires_grad_()  # this rank must still join the backward
-    in_splits = [b_local * layout.width_on[rank]] * world
-    out_splits = [b_local * w for w in layout.width_on]
+    in_splits = [
+        sum(g.per_rank[p] * widths[key] for key, g in routed.groups.items()) for p in range(world)
+    ]
+    out_splits = [
+        sum(n * u.shard.width for n, u in zip(rows, units, strict=True))
+        for rows, units in zip(routed.recv_rows, layout.units_on, strict=True)
+    ]
     recv, replicated = Exchange.apply(
         send, replicated, (out_splits, in_splits), group, stats, wire, after_backward
     )
     units = []
     for q, chunk in enumerate(torch.split(recv, out_splits)):
-        sizes = [b_local * u.shard.width for u in layout.units_on[q]]
-        for u, part in zip(layout.units_on[q], torch.split(chunk, sizes), strict=True):
-            units.append(part.view(b_local, u.shard.width))
+        rows = routed.recv_rows[q]
+        sizes = [n * u.shard.width for n, u in zip(rows, layout.units_on[q], strict=True)]
+        for n, u, part in zip(rows, layout.units_on[q], torch.split(chunk, sizes), strict=True):
+            units.append(part.view(n, u.shard.width))
     return units, replicated
 
 
 def reassemble(
     received: list[torch.Tensor],
+    kept: dict[int, torch.Tensor],
     replicated: torch.Tensor,
     layout: ShardedLayout,
     divisors: dict[int, torch.Tensor],
 ) -> torch.Tensor:
-    """Received units [B_l, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, T, D]
-    ([B_l, sum D] for mixed widths); `divisors`: bag lengths [B_l, 1] of jagged mean tables."""
+    """Received units [n, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, T, D]
+    ([B_l, sum D] for mixed widths); `kept`: the samples of compact (row-wise) units' rows;
+    `divisors`: bag lengths [B_l, 1] of jagged mean tables."""
+    b_local = replicated.shape[0]
     per_table = []
     for i in range(len(layout.tables)):
         if i in layout.dp_columns:
             a, b = layout.dp_columns[i]
             piece = replicated[:, a:b]
         else:
-            pieces = [received[p] for p in layout.table_units[i]]
-            if layout.plan.tables[layout.storage_of[i]].sharding == ShardingType.COLUMN_WISE:
-                piece = torch.cat(pieces, dim=1)
-            else:  # table-wise: one piece; row-wise: partial sums, added in shard order
-                piece = pieces[0]
-                for p in pieces[1:]:
-                    piece = piece + p
+            where = layout.table_units[i]
+            sharding = layout.plan.tables[layout.storage_of[i]].sharding
+            if sharding == ShardingType.COLUMN_WISE:
+                piece = torch.cat([received[p] for p in where], dim=1)
+            elif sharding == ShardingType.ROW_WISE:  # partial sums, added in shard order
+                first = received[where[0]]
+                piece = first.new_zeros(b_local, first.shape[1])
+                for p in where:
+                    piece = piece.index_add(0, kept[p], received[p])
+            else:
+                piece = received[where[0]]
         per_table.append(piece / divisors[i] if i in divisors else piece)
     return torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.segment import dedupe
-from hybridrec.sparse.fused import LookupInput
+from hybridrec.sparse.dist.input import Routed
+from hybridrec.sparse.dist.output import group_grads
 from hybridrec.sparse.layout import ShardedLayout
 
 
@@ -34,26 +35,18 @@ class RowStats:
 
 def share_row_stats(
     grad: torch.Tensor,
-    b_local: int,
-    inputs: list[LookupInput],
+    routed: Routed,
     layout: ShardedLayout,
     group: dist.ProcessGroup,
     stats: CommStats | None,
     out: RowStats,
 ) -> None:
-    """grad [W * B_l * width_on[rank]]: the gradients of this rank's units, as sent back;
-    `inputs`: this step's LookupInput per local unit. Fills `out` for the column shards.
-    A shard read by several features (a shared table) takes their gradients together: a
-    row's statistic is of its summed gradient."""
+    """grad: the gradient of this rank's groups' pooled rows, flat as sent back (output.
+    send_order); `routed`: this step's group lookups. Fills `out` for the column shards. A
+    shard read by several features (a shared table) takes their gradients together: a row's
+    statistic is of its summed gradient."""
     world, peers, units = layout.world, layout.peers, layout.local_units
-    per_rank = grad.view(world, -1)  # row p: rank p's samples, units side by side
-    g_units: dict[int, torch.Tensor] = {}
-    col = 0
-    for k, u in enumerate(units):
-        width = u.shard.width * b_local
-        if k in peers:
-            g_units[k] = per_rank[:, col : col + width].reshape(world * b_local, u.shard.width)
-        col += width
+    grads = group_grads(grad, routed, layout.group_widths, world)
     slot_units: dict[tuple[str, int], list[int]] = {}  # (group, slot position) -> its units
     for key, ks in layout.group_units.items():
         for k, pos in zip(ks, layout.input_slots(key), strict=True):
@@ -62,10 +55,14 @@ def share_row_stats(
     # in (table, shard) order, the order every rank lists the same tables' shards in
     order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
     partial: dict[tuple[str, int], torch.Tensor] = {}
-    for slot in order:
-        ks = slot_units[slot]
-        _, g_rows = dedupe(*_joined([inputs[k] for k in ks], [g_units[k] for k in ks]))
-        partial[slot] = g_rows.pow(2).sum(dim=1)
+    for key, pos in order:
+        inp = routed.groups[key]
+        start, end = layout.slot_rows(key)[pos : pos + 2]
+        at = ((inp.rows >= start) & (inp.rows < end)).nonzero().squeeze(1)
+        scale = inp.scale.index_select(0, at) if inp.scale is not None else None
+        rows, bags = inp.rows.index_select(0, at), inp.bags.index_select(0, at)
+        _, g_rows = dedupe(rows, bags, scale, grads[key])
+        partial[(key, pos)] = g_rows.pow(2).sum(dim=1)
     slot_peers = {slot: peers[ks[0]] for slot, ks in slot_units.items()}
     sends = [[partial[x] for x in partial if q in slot_peers[x]] for q in range(world)]
     in_splits = [sum(p.numel() for p in parts) for parts in sends]
@@ -89,18 +86,3 @@ def share_row_stats(
             total = part if total is None else total + part
         key, pos = x
         out.by_group.setdefault(key, {})[pos] = total / u.table.dim
-
-
-def _joined(
-    inputs: list[LookupInput], grads: list[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float, torch.Tensor]:
-    """Several inputs of one shard as one (ids, bags, scale, grads), bags numbered on."""
-    if len(inputs) == 1:
-        inp = inputs[0]
-        return inp.ids, inp.bags, inp.scale, grads[0]
-    bags, base = [], 0
-    for inp in inputs:
-        bags.append(inp.bags + base)
-        base += inp.num_bags
-    scale = torch.cat([torch.full_like(i.ids, i.scale, dtype=torch.float32) for i in inputs])
-    return torch.cat([i.ids for i in inputs]), torch.cat(bags), scale, torch.cat(grads)

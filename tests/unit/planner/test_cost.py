@@ -67,8 +67,19 @@ def test_cost_row_wise_uses_the_expected_share_and_one_count_exchange():
     # each shard holds half the rows: 4 lengths + 4*2*0.5 ids, 4 bytes each (int32), plus 1
     # count (int64)
     assert r0.ids_sent_bytes == r0.ids_recv_bytes == 16 + 16 + 8
-    assert r0.emb_sent_bytes == r0.emb_recv_bytes == 4 * 4 * 4
+    # compact partial sums: of 4 bags, those with one of their 2 ids in the half, 1 - 0.5^2
+    assert r0.emb_sent_bytes == r0.emb_recv_bytes == 4 * 0.75 * 4 * 4
     assert r0.lookups_per_step == r1.lookups_per_step == 8
+
+
+def test_cost_row_wise_one_id_per_bag_returns_what_table_wise_does():
+    """One id per sample over W row shards: each shard returns 1/W of the bags, so row-wise
+    moves as many pooled bytes as table-wise (the dense partial sums moved W times more)."""
+    tables = [TableConfig("r", 4000, 16, hotness=1)]
+    topo = Topology(4, GIB)
+    rw = estimate_cost(plan_sharding(tables, topo, "row_wise", 8), tables, topo, 4096).ranks
+    tw = estimate_cost(plan_sharding(tables, topo, "table_wise", 8), tables, topo, 4096).ranks
+    assert sum(r.emb_sent_bytes for r in rw) == pytest.approx(sum(r.emb_sent_bytes for r in tw))
 
 
 def test_cost_splits_traffic_between_nodes():
