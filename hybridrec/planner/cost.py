@@ -211,6 +211,8 @@ def estimate_cost(
     for (rank, width), (rows, ids_per_rank) in dp_groups.items():
         # replicated tables of one width form one fused group, synced together
         dp_reduce[rank] += replica_sync(rows, width, ids_per_rank, world)[1]
+    for r in range(world):  # every chunk of the input dist starts with its bad-id flag
+        ids.frm[r] += id_bytes
     if any(
         tp.sharding is ShardingType.ROW_WISE
         or (by_name[tp.table].jagged and tp.sharding is not ShardingType.DATA_PARALLEL)

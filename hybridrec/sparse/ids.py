@@ -62,10 +62,15 @@ class IdChecker:
         low, high = self.limits(ids.device)
         return (ids < low) | (ids >= high)
 
-    def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
-        """Raise IdOutOfRangeError naming the first bad id's feature, value and table size."""
+    def first_error(
+        self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0
+    ) -> IdOutOfRangeError:
+        """The IdOutOfRangeError naming the first bad id's feature, value and table size."""
         b, col = (int(x) for x in bad.nonzero()[0])
-        raise self._error(col, int(ids[b, col]), f"sample {sample_base + b}")
+        return self._error(col, int(ids[b, col]), f"sample {sample_base + b}")
+
+    def raise_first(self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0) -> None:
+        raise self.first_error(ids, bad, sample_base)
 
     def _error(self, col: int, value: int, where: str, then: str = "") -> IdOutOfRangeError:
         t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)

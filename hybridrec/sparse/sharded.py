@@ -207,14 +207,14 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if not self.prefetches:
             return None
         with timing.phase("host_prefetch"):
-            clean = self._check_ids(ids.to(self.device, non_blocking=True))
+            clean, error = self._check_ids(ids.to(self.device, non_blocking=True))
             if self.sample_major is not None:
                 # the forward passes the cache these very rows: it knows them prefetched
                 staged = Staged(clean, None, sample_major_inputs(clean, self.sample_major))
                 [group] = self.groups.values()
                 group.prefetch(staged.sample_major.rows)
                 return staged
-            routed = input_dist(clean, self.layout, self.routes, self.group, self.stats)
+            routed = self._input_dist(clean, error)
             for key, group in self.groups.items():
                 if isinstance(group, HostCachedEmbedding):  # the forward looks up these rows
                     group.prefetch(routed.groups[key].rows)
@@ -224,23 +224,38 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         self._staged = staged
 
     # -- forward ----------------------------------------------------------------------------
-    def _check_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids, checked: every rank learns whether any rank saw a bad id, so all fail together
-        (no hang). Deferred on CUDA (IdChecker): bad ids read as 0 until check_inputs."""
+    def _check_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, IdOutOfRangeError | None]:
+        """(ids, checked; this rank's error for a bad one). One rank raises it at once; with
+        several, the bad ids read as 0 and the input dist tells every rank whether any rank
+        found one (a flag in the exchange it makes anyway), so all fail together in that
+        step, with no collective of their own (`_input_dist`). Deferred on CUDA (IdChecker):
+        bad ids read as 0 until check_inputs."""
         if self.checker is None:
-            return ids
+            return ids, None
+        sample_base = self.rank * ids.shape[0]
         if self.checker.deferred(ids):
-            return self.checker.sanitize(ids, sample_base=self.rank * ids.shape[0])
+            return self.checker.sanitize(ids, sample_base=sample_base), None
         bad = self.checker.bad_mask(ids)
-        local_bad = bool(bad.any())
-        if any_rank(local_bad, self.group, ids.device, "id_check"):
-            if local_bad:
-                self.checker.raise_first(ids, bad, sample_base=self.rank * ids.shape[0])
+        if not bool(bad.any()):
+            return ids, None
+        error = self.checker.first_error(ids, bad, sample_base=sample_base)
+        if self.world == 1:
+            raise error
+        return ids.masked_fill(bad, 0), error
+
+    def _input_dist(self, ids: torch.Tensor, error: IdOutOfRangeError | None) -> Routed:
+        """The input dist of checked ids; raises, on every rank, if any rank found a bad one."""
+        routed = input_dist(
+            ids, self.layout, self.routes, self.group, self.stats, flag=error is not None
+        )
+        if error is not None:
+            raise error
+        if routed.flagged:
             raise IdOutOfRangeError(
                 f"rank {self.rank}: another rank found an out-of-range id in this batch "
                 "(that rank's error names the feature and the id)"
             )
-        return ids
+        return routed
 
     def handoff_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype when the pooled embeddings go to the dense part in it: under
@@ -261,12 +276,13 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]) fp32 (or the hand-off
         dtype; jagged tables' columns padded with PAD_ID)."""
         staged, self._staged = self._staged, None
+        error = None
         if staged is not None:
             if staged.ids.shape != ids.shape:
                 raise RuntimeError("the staged batch does not match the forward's ids")
             ids = staged.ids  # checked (and distributed) by prefetch()
         else:  # ids may come from the host (a no-op when they are on the device already)
-            ids = self._check_ids(ids.to(self.device, non_blocking=True))
+            ids, error = self._check_ids(ids.to(self.device, non_blocking=True))
         handoff = self.handoff_dtype(ids.device)
         divisors = mean_divisors(ids, self.means, self.layout.offsets)
         if self.sample_major is not None:
@@ -279,7 +295,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         routed = staged.routed if staged is not None else None
         if routed is None:
             with timing.phase("input_dist"):
-                routed = input_dist(ids, self.layout, self.routes, self.group, self.stats)
+                routed = self._input_dist(ids, error)
         row_stats = RowStats() if self.layout.exchange_row_stats else None
         with timing.phase("lookup"):
             pooled = lookup_groups(routed, self.groups, self.layout, row_stats)

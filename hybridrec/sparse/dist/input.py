@@ -2,7 +2,9 @@
 global batch, and what this rank needs to read its samples' pooled rows when they come back.
 
 Wire: one all_to_all_single of int32 (int64 if a table has more than 2**31 - 1 rows). The
-chunk rank r sends rank q is [counts | ids]: one count per sample for each *counted* unit of
+chunk rank r sends rank q is [flag | counts | ids]: whether r found an out-of-range id in
+this batch (so every rank learns it from the exchange it makes anyway, and all fail in the
+same step with no collective of their own), one count per sample for each *counted* unit of
 q (row-wise: its ids inside the unit's row range, shifted to the shard; jagged: the real ids),
 then every unit's ids in q's unit order (a fixed-hotness unit: all its B_l * h ids). With
 counted units, a small all-to-all of the payload sizes goes first.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -52,11 +55,13 @@ class GroupInput:
 class Routed:
     """A step's input dist: this rank's group lookups, and for the pooled rows coming back,
     per rank q and unit of q how many rows are this rank's samples' (`recv_rows`) and, for
-    compact units (by position in the received list), which samples they are (`kept`)."""
+    compact units (by position in the received list), which samples they are (`kept`);
+    `flagged`: some rank found an out-of-range id in its part of the batch."""
 
     groups: dict[str, GroupInput]
     recv_rows: list[list[int]]
     kept: dict[int, torch.Tensor]
+    flagged: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,9 @@ class Routes:
 
     Sender side: `cols` [C] the counted features' id columns; `col_base` [C] each column's
     feature offset (features' rows laid end to end); `starts` [G] each id group's first row
-    in that numbering; `unit_group[q][k]` the id group of rank q's unit k (-1: fixed hotness,
-    sent whole from columns `unit_cols[q][k]`). Receiver side, per local unit k: `hotness[k]`
+    in that numbering; `compact_group[g]` (a row-wise shard); `jagged`: some columns may hold
+    PAD_ID; `unit_group[q][k]` the id group of rank q's unit k (-1: fixed hotness, sent whole
+    from columns `unit_cols[q][k]`). Receiver side, per local unit k: `hotness[k]`
     (0: counted), `counted` (the counted local units, in order), `compact[k]`, its slot's
     first row in its group `row_base[k]`, its pooling scale `scale[k]`; `groups`: group key ->
     its local units [k0, k1)."""
@@ -74,7 +80,8 @@ class Routes:
     cols: torch.Tensor
     col_base: torch.Tensor
     starts: torch.Tensor
-    compact_groups: list[int]
+    compact_group: list[bool]
+    jagged: bool
     unit_group: list[list[int]]
     unit_cols: list[list[tuple[int, int]]]
     hotness: list[int]
@@ -90,7 +97,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
     plan, offsets = layout.plan, layout.offsets
     starts, cols, col_base = [], [], []
     group_of: dict[tuple[int, int], int] = {}  # (feature, shard row_start) -> id group
-    compact_groups = []
+    compact_group, jagged = [], False
     base = 0
     for f, t in enumerate(layout.tables):
         tp = plan.tables[layout.storage_of[f]]
@@ -98,10 +105,10 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         if f in layout.dp_tables or not (row_wise or t.jagged):
             continue
         ranges = sorted({s.row_start for s in tp.shards}) if row_wise else [0]
+        jagged = jagged or t.jagged
         for row_start in ranges:
             group_of[(f, row_start)] = len(starts)
-            if row_wise:
-                compact_groups.append(len(starts))
+            compact_group.append(row_wise)
             starts.append(base + row_start)
         cols.extend(range(offsets[f], offsets[f + 1]))
         col_base.extend([base] * t.hotness)
@@ -134,7 +141,8 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         cols=tensor(cols),
         col_base=tensor(col_base),
         starts=tensor(starts),
-        compact_groups=compact_groups,
+        compact_group=compact_group,
+        jagged=jagged,
         unit_group=unit_group,
         unit_cols=unit_cols,
         hotness=[0 if u.counted else u.table.hotness for u in local],
@@ -146,31 +154,104 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
     )
 
 
-def _bucket(
-    ids: torch.Tensor, routes: Routes
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[int]]:
-    """The counted features' ids by id group, in one pass: (counts [G, B_l], each group's ids
-    [n_g] shifted to its range, in sample order; each compact group's samples with an id,
-    and how many)."""
+def _searchsorted(starts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """For each of x [N], the index of the last of `starts` (ascending) <= it (-1: none).
+    On the CPU numpy's search, twice torch's there."""
+    if x.device.type == "cpu":
+        found = np.searchsorted(starts.numpy(), x.numpy(), side="right")
+        return torch.from_numpy(found) - 1
+    return torch.searchsorted(starts, x, right=True) - 1
+
+
+def _stable_order(keys: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """The stable sort permutation of small non-negative int keys [N] (< n_keys). On the CPU
+    numpy's radix sort for 16-bit keys: about 10x torch's comparison sort there."""
+    if keys.device.type == "cpu" and n_keys <= 2**15:
+        return torch.from_numpy(np.argsort(keys.to(torch.int16).numpy(), kind="stable"))
+    return torch.sort(keys, stable=True).indices
+
+
+@dataclass(frozen=True)
+class Bucketed:
+    """The counted features' ids of a batch by id group: counts [G, B_l] ids per sample,
+    each group's ids [n_g] (shifted to its range, in sample order) and each group's samples
+    with at least one id [m_g] (ascending)."""
+
+    counts: torch.Tensor
+    ids: list[torch.Tensor]
+    samples: list[torch.Tensor]
+
+
+def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
+    """Route the counted features' ids [B_l, C of H] in one pass: the id group of each id
+    (a search over every range), one stable sort by id group, and the (group, sample) pairs
+    of the sorted ids for the counts and the samples."""
     b_local, n_groups = ids.shape[0], routes.starts.numel()
     if n_groups == 0:
-        return ids.new_zeros(0, b_local), [], [], []
-    sel = ids.index_select(1, routes.cols)  # [B_l, C]
-    shifted = sel + routes.col_base
-    group = torch.bucketize(shifted, routes.starts, right=True) - 1
-    group = torch.where(sel >= 0, group, n_groups).reshape(-1)  # PAD_ID: none (sorted last)
-    sample = torch.arange(b_local, device=ids.device).repeat_interleave(sel.shape[1])
-    counts = torch.bincount(group * b_local + sample, minlength=(n_groups + 1) * b_local)
-    counts = counts[: n_groups * b_local].view(n_groups, b_local)
-    present = counts[routes.compact_groups] > 0  # [G_c, B_l]
-    sizes = torch.cat([counts.sum(1), present.sum(1)]).tolist()
-    n_ids = sum(sizes[:n_groups])
-    order = torch.sort(group, stable=True).indices[:n_ids]
+        return Bucketed(ids.new_zeros(0, b_local), [], [])
+    sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
+    n_cols = sel.shape[1]
+    shifted = (sel + routes.col_base).reshape(-1)
+    group = _searchsorted(routes.starts, shifted)
+    if routes.jagged:  # PAD_ID: in no group (sorted last, then dropped)
+        group = torch.where(sel.reshape(-1) >= 0, group, n_groups)
+    order = _stable_order(group, n_groups + 1)
     in_group = group.index_select(0, order)
-    local = shifted.reshape(-1).index_select(0, order) - routes.starts.index_select(0, in_group)
-    kept_n = sizes[n_groups:]
-    kept = list(torch.split(present.nonzero()[:, 1], kept_n)) if kept_n else []
-    return counts, list(torch.split(local, sizes[:n_groups])), kept, kept_n
+    pair = in_group * b_local + order.div(n_cols, rounding_mode="floor")  # non-decreasing
+    pairs, per_pair = torch.unique_consecutive(pair, return_counts=True)
+    counts = ids.new_zeros((n_groups + 1) * b_local).index_put_((pairs,), per_pair)
+    counts = counts[: n_groups * b_local].view(n_groups, b_local)
+    pair_group = pairs.div(b_local, rounding_mode="floor")
+    sizes = torch.cat([counts.sum(1), torch.bincount(pair_group, minlength=n_groups + 1)])
+    sizes = sizes.tolist()
+    n_ids, n_pairs = sum(sizes[:n_groups]), sum(sizes[n_groups : 2 * n_groups])
+    order, in_group = order[:n_ids], in_group[:n_ids]
+    local = shifted.index_select(0, order) - routes.starts.index_select(0, in_group)
+    samples = pairs[:n_pairs] - pair_group[:n_pairs] * b_local
+    return Bucketed(
+        counts,
+        list(torch.split(local, sizes[:n_groups])),
+        list(torch.split(samples, sizes[n_groups : 2 * n_groups])),
+    )
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What one rank sends in the input dist: the chunks (rank by rank: flag, counts, ids),
+    each rank's share of them, and for the output dist (see Routed) recv_rows and kept."""
+
+    chunks: list[torch.Tensor]
+    in_splits: list[int]
+    recv_rows: list[list[int]]
+    kept: dict[int, torch.Tensor]
+
+
+def pack(ids: torch.Tensor, routes: Routes, flag: bool = False) -> Packed:
+    """ids [B_l, H] (checked; `flag`: some were out of range, now 0) -> the send side."""
+    b_local = ids.shape[0]
+    routed = bucket(ids, routes)
+    chunks, in_splits, recv_rows, kept = [], [], [], {}
+    position = 0  # of the unit in the list of every rank's units (the output dist's order)
+    flag_t = ids.new_full((1,), int(flag))
+    for groups, cols in zip(routes.unit_group, routes.unit_cols, strict=True):
+        head, body, rows_q = [flag_t], [], []
+        for g, (a, b) in zip(groups, cols, strict=True):
+            if g < 0:
+                body.append(ids[:, a:b].reshape(-1))
+                rows_q.append(b_local)
+            else:
+                head.append(routed.counts[g])
+                body.append(routed.ids[g])
+                if routes.compact_group[g]:
+                    kept[position] = routed.samples[g]
+                    rows_q.append(routed.samples[g].numel())
+                else:
+                    rows_q.append(b_local)
+            position += 1
+        chunks.extend(head + body)
+        in_splits.append(sum(t.numel() for t in head + body))
+        recv_rows.append(rows_q)
+    return Packed(chunks, in_splits, recv_rows, kept)
 
 
 def input_dist(
@@ -179,63 +260,56 @@ def input_dist(
     routes: Routes,
     group: dist.ProcessGroup,
     stats: CommStats | None,
+    flag: bool = False,
 ) -> Routed:
-    """ids [B_l, H] (checked) -> this step's Routed: the group lookups over the global batch."""
+    """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0) -> this step's
+    Routed: the group lookups over the global batch."""
     b_local, world = ids.shape[0], layout.world
-    counts, by_group, kept_samples, kept_n = _bucket(ids, routes)
-    chunks, in_splits, recv_rows, kept = [], [], [], {}
-    compact_index = {g: i for i, g in enumerate(routes.compact_groups)}
-    position = 0  # of the unit in the list of every rank's units (the output dist's order)
-    for q in range(world):
-        head, body, rows_q = [], [], []
-        for g, (a, b) in zip(routes.unit_group[q], routes.unit_cols[q], strict=True):
-            if g < 0:
-                body.append(ids[:, a:b].reshape(-1))
-                rows_q.append(b_local)
-            else:
-                head.append(counts[g])
-                body.append(by_group[g])
-                if g in compact_index:
-                    kept[position] = kept_samples[compact_index[g]]
-                    rows_q.append(kept_n[compact_index[g]])
-                else:
-                    rows_q.append(b_local)
-            position += 1
-        chunks.extend(head + body)
-        in_splits.append(sum(t.numel() for t in head + body))
-        recv_rows.append(rows_q)
-    local_units = len(routes.hotness)
+    packed = pack(ids, routes, flag)
+    in_splits = packed.in_splits
     if layout.has_counted:
         sizes = torch.tensor(in_splits, dtype=torch.int64, device=ids.device)
         ones = [1] * world
         out_splits = all_to_all(sizes, ones, ones, group, stats, "input_dist.counts").tolist()
     else:
-        out_splits = [b_local * sum(routes.hotness)] * world
-    send = torch.cat(chunks) if chunks else ids.new_empty(0)
+        out_splits = [1 + b_local * sum(routes.hotness)] * world
+    send = torch.cat(packed.chunks) if packed.chunks else ids.new_empty(0)
     recv = all_to_all(send.to(layout.id_dtype), out_splits, in_splits, group, stats, "input_dist")
-    groups = _group_inputs(recv.long(), out_splits, b_local, world, routes) if local_units else {}
-    return Routed(groups, recv_rows, kept)
+    groups, flagged = group_inputs(recv.long(), out_splits, b_local, world, routes)
+    return Routed(groups, packed.recv_rows, packed.kept, flagged)
 
 
-def _group_inputs(
+def group_inputs(
     recv: torch.Tensor, out_splits: list[int], b_local: int, world: int, routes: Routes
-) -> dict[str, GroupInput]:
-    """The received chunks (one per source rank: [counts | ids]) -> each group's lookup."""
+) -> tuple[dict[str, GroupInput], bool]:
+    """The received chunks (one per source rank: [flag | counts | ids]) -> each group's lookup
+    (none when this rank serves no unit), and whether some rank flagged an out-of-range id."""
     n_units, n_counted = len(routes.hotness), len(routes.counted)
     device = recv.device
     chunks = torch.split(recv, out_splits)
-    head = n_counted * b_local
-    # lengths [W, U, B_l]: ids per (source, unit, sample); id counts [W, U]; output rows [W, U]
+    head = 1 + n_counted * b_local
+    flags = torch.stack([c[0] for c in chunks])
     hot = torch.tensor(routes.hotness, dtype=torch.int64, device=device)
+    # lengths [W, U, B_l]: ids per (source, unit, sample); per (source, unit): ids, output rows
     lengths = hot.view(1, -1, 1).expand(world, n_units, b_local)
     if n_counted:
-        counts = torch.stack([c[:head].view(n_counted, b_local) for c in chunks])
         lengths = lengths.clone()
-        lengths[:, routes.counted] = counts
-    id_counts = lengths.sum(2)
-    compact = torch.tensor(routes.compact, dtype=torch.bool, device=device)
-    out_rows = torch.where(compact, (lengths > 0).sum(2), b_local)
-    id_list, row_list = torch.stack([id_counts, out_rows]).tolist()
+        lengths[:, routes.counted] = torch.stack(
+            [c[1:head].view(n_counted, b_local) for c in chunks]
+        )
+        compact = torch.tensor(routes.compact, dtype=torch.bool, device=device)
+        id_counts = lengths.sum(2)
+        out_rows = torch.where(compact, (lengths > 0).sum(2), b_local)
+        vals = torch.cat([id_counts.view(-1), out_rows.view(-1), flags.any().view(1).long()])
+        vals = vals.tolist()  # one read of every size
+        id_list = [vals[p * n_units : (p + 1) * n_units] for p in range(world)]
+        rows_at = world * n_units
+        row_list = [vals[rows_at + p * n_units : rows_at + (p + 1) * n_units] for p in range(world)]
+        flagged = bool(vals[-1])
+    else:  # every unit fixed-hotness: sizes known without reading anything
+        id_list = [[b_local * h for h in routes.hotness]] * world
+        row_list = [[b_local] * n_units] * world
+        flagged = bool(flags.any())
     bodies = [c[head:] for c in chunks]
     out = {}
     for key, (k0, k1) in routes.groups.items():
@@ -248,24 +322,29 @@ def _group_inputs(
                     for p, body in enumerate(bodies)
                 ]
             )
-        lens = lengths[:, k0:k1]
-        if any(routes.compact[k0:k1]):
-            lens = lens[(lens > 0) | ~compact[k0:k1].view(1, -1, 1)]
-        else:
-            lens = lens.reshape(-1)
         n = ids.numel()
-        bags = torch.repeat_interleave(
-            torch.arange(lens.numel(), device=device), lens, output_size=n
-        )
-        per_unit = id_counts[:, k0:k1].reshape(-1)  # ids per (source, unit)
-        base = routes.row_base[k0:k1]
+        lens = lengths[:, k0:k1].reshape(-1)  # per (source, unit, sample): its ids
+        compact = routes.compact[k0:k1]
+        if not any(compact):  # a bag for every (source, unit, sample)
+            slot_bag = torch.arange(lens.numel(), device=device)
+        else:  # compact units: bags only for the samples with ids
+            keep = lengths[:, k0:k1] > 0
+            if not all(compact):
+                fixed = torch.tensor([not c for c in compact], device=device)
+                keep = keep | fixed.view(1, -1, 1)
+            slot_bag = keep.view(-1).cumsum(0) - 1
+        bags = torch.repeat_interleave(slot_bag, lens, output_size=n)
+        per_unit = None
+        base, scales = routes.row_base[k0:k1], routes.scale[k0:k1]
+        if any(base) or any(s != 1.0 for s in scales):  # ids per (source, unit)
+            per_unit = torch.tensor([r[k0:k1] for r in id_list], device=device).view(-1)
         if any(base):
             starts = torch.tensor(base, dtype=torch.int64, device=device).repeat(world)
             ids = ids + torch.repeat_interleave(starts, per_unit, output_size=n)
         scale = None
-        if any(s != 1.0 for s in routes.scale[k0:k1]):
-            s = torch.tensor(routes.scale[k0:k1], dtype=torch.float32, device=device)
+        if any(s != 1.0 for s in scales):
+            s = torch.tensor(scales, dtype=torch.float32, device=device)
             scale = torch.repeat_interleave(s.repeat(world), per_unit, output_size=n)
         per_rank = [sum(row_list[p][k0:k1]) for p in range(world)]
-        out[key] = GroupInput(ids, bags, scale, lens.numel(), per_rank)
-    return out
+        out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank)
+    return out, flagged

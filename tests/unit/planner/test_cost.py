@@ -24,8 +24,9 @@ def test_cost_bytes_table_column_and_data_parallel():
     r0, r1 = cost.ranks
     # ids (int32 on the wire): a (rank 0) gets 4*2*4 = 32 from rank 1; b slices swap
     # 4*1*4 = 16 each way; c is replicated: each rank looks up its own samples, no ids move.
-    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (16, 32 + 16)
-    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (32 + 16, 16)
+    # Every chunk also carries its sender's bad-id flag, 4 bytes.
+    assert (r0.ids_sent_bytes, r0.ids_recv_bytes) == (16 + 4, 32 + 16 + 4)
+    assert (r1.ids_sent_bytes, r1.ids_recv_bytes) == (32 + 16 + 4, 16 + 4)
     # pooled outputs: 4 samples x width 4 x 4 bytes = 64 per shard to the other rank
     assert (r0.emb_sent_bytes, r0.emb_recv_bytes) == (128, 64)
     assert (r1.emb_sent_bytes, r1.emb_recv_bytes) == (64, 128)
@@ -41,7 +42,7 @@ def test_cost_bytes_table_column_and_data_parallel():
     assert r0.num_shards == 3 and r1.num_shards == 2
     assert cost.table_bytes == 160 + 192 + 48
     # seconds: bytes / bandwidth, one node
-    assert r0.input_dist_s == pytest.approx(48 / 300e9)
+    assert r0.input_dist_s == pytest.approx(52 / 300e9)
     assert r0.lookup_s == pytest.approx((16 * 4 + 8 * 4 + 12 * 4) * 4 / 2.98e12)
     assert r0.total_s == pytest.approx(
         r0.input_dist_s + r0.lookup_s + r0.output_dist_s + r0.backward_s
@@ -64,9 +65,9 @@ def test_cost_row_wise_uses_the_expected_share_and_one_count_exchange():
     topo = Topology(2, GIB)
     plan = plan_sharding(tables, topo, "row_wise", 8)
     r0, r1 = estimate_cost(plan, tables, topo, 8).ranks
-    # each shard holds half the rows: 4 lengths + 4*2*0.5 ids, 4 bytes each (int32), plus 1
-    # count (int64)
-    assert r0.ids_sent_bytes == r0.ids_recv_bytes == 16 + 16 + 8
+    # each shard holds half the rows: 4 lengths + 4*2*0.5 ids, 4 bytes each (int32), the
+    # bad-id flag (4), plus 1 count (int64)
+    assert r0.ids_sent_bytes == r0.ids_recv_bytes == 16 + 16 + 4 + 8
     # compact partial sums: of 4 bags, those with one of their 2 ids in the half, 1 - 0.5^2
     assert r0.emb_sent_bytes == r0.emb_recv_bytes == 4 * 0.75 * 4 * 4
     assert r0.lookups_per_step == r1.lookups_per_step == 8
@@ -87,11 +88,14 @@ def test_cost_splits_traffic_between_nodes():
     topo = Topology(4, GIB, ranks_per_node=2, intra_node_bw=100.0, inter_node_bw=10.0)
     plan = ShardingPlan(4, (TablePlan("a", "table_wise", (ShardSpec("a", 0, 0, 100, 0, 8),)),))
     ranks = estimate_cost(plan, tables, topo, 16).ranks
-    ids = 4 * 4  # B_l * hotness * 4 (int32) from every other rank to rank 0
+    # B_l * hotness * 4 (int32) and the bad-id flag from every other rank to rank 0; every
+    # rank also sends its flag (4 bytes) to the others
+    ids, flag = 4 * 4 + 4, 4
     assert ranks[0].ids_recv_bytes == 3 * ids
     assert ranks[0].input_dist_s == pytest.approx(max(ids / 100.0, 2 * ids / 10.0))
-    assert ranks[1].input_dist_s == pytest.approx(ids / 100.0)  # same node as rank 0
-    assert ranks[2].input_dist_s == pytest.approx(ids / 10.0)  # other node
+    # rank 1, same node as rank 0: its ids there, flags to the other node's two ranks
+    assert ranks[1].input_dist_s == pytest.approx(max(ids / 100.0, 2 * flag / 10.0))
+    assert ranks[2].input_dist_s == pytest.approx((ids + flag) / 10.0)  # other node
 
 
 def test_ids_cross_as_int64_only_for_tables_past_int32():
@@ -104,7 +108,8 @@ def test_ids_cross_as_int64_only_for_tables_past_int32():
             2, tuple(TablePlan(t.name, "table_wise", s) for t, s in zip(tables, specs))
         )
         r0 = estimate_cost(plan, tables, topo, 8).ranks[0]
-        assert r0.ids_sent_bytes == len(tables) * 4 * per_id  # B_l = 4 ids per table to rank 1
+        # B_l = 4 ids per table to rank 1, and the bad-id flag
+        assert r0.ids_sent_bytes == (len(tables) * 4 + 1) * per_id
 
 
 def test_cost_memory_matches_the_planner_budget_check():
