@@ -15,23 +15,23 @@ class _PairwiseDots(torch.autograd.Function):
 
     Autograd through `bmm(x, x^T)[:, rows, cols]` costs two bmms, a full-size add and an
     accumulating index_put (sort-based on CUDA). The Gram matrix is symmetric, so here the
-    backward scatters the pair gradients into both triangles with plain copies and does one
-    bmm: grad_x = (G + G^T) x. Mathematically equal; floating-point sums may round apart.
+    backward puts each pair's gradient in both triangles (one gather from the pair gradients
+    and a zero column: `spread` [F*F] names the pair of every (i, j), P for the diagonal) and
+    does one bmm: grad_x = (G + G^T) x. Mathematically equal; floating-point sums may round
+    apart.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, flat: torch.Tensor, flat_t: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, flat: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
         b, f, _ = x.shape
-        ctx.save_for_backward(x, flat, flat_t)
+        ctx.save_for_backward(x, spread)
         return torch.bmm(x, x.transpose(1, 2)).view(b, f * f).index_select(1, flat)
 
     @staticmethod
     def backward(ctx, grad_BP: torch.Tensor):  # noqa: ANN205
-        x, flat, flat_t = ctx.saved_tensors
+        x, spread = ctx.saved_tensors
         b, f, _ = x.shape
-        g = grad_BP.new_zeros(b, f * f)
-        g.index_copy_(1, flat, grad_BP)
-        g.index_copy_(1, flat_t, grad_BP)  # disjoint from `flat`: the diagonal stays 0
+        g = torch.nn.functional.pad(grad_BP, (0, 1)).index_select(1, spread)
         return torch.bmm(g.view(b, f, f), x), None, None
 
 
@@ -48,9 +48,12 @@ class DotInteraction(nn.Module):
         super().__init__()
         f = num_tables + 1
         rows, cols = torch.tril_indices(f, f, offset=-1)
-        self.register_buffer("flat", rows * f + cols, persistent=False)
-        self.register_buffer("flat_t", cols * f + rows, persistent=False)
         self.num_pairs = rows.numel()
+        spread = torch.full((f * f,), self.num_pairs)  # the zero column: the diagonal
+        spread[rows * f + cols] = torch.arange(self.num_pairs)
+        spread[cols * f + rows] = torch.arange(self.num_pairs)
+        self.register_buffer("flat", rows * f + cols, persistent=False)
+        self.register_buffer("spread", spread, persistent=False)
 
     def output_dim(self, dim: int) -> int:
         return dim + self.num_pairs
@@ -62,7 +65,7 @@ class DotInteraction(nn.Module):
         else:
             dtype = torch.promote_types(bottom.dtype, pooled.dtype)
         x_BFD = torch.cat([bottom.unsqueeze(1).to(dtype), pooled.to(dtype)], dim=1)
-        dots_BP = _PairwiseDots.apply(x_BFD, self.flat, self.flat_t)
+        dots_BP = _PairwiseDots.apply(x_BFD, self.flat, self.spread)
         return torch.cat([bottom.to(dtype), dots_BP], dim=1)
 
 

@@ -47,6 +47,21 @@ def test_nan_dense_feature_raises_at_once_on_a_cpu_process():
     assert t.step == 1  # the bad batch was not trained on
 
 
+def test_finite_values_whose_sum_overflows_pass_the_check():
+    """The CPU check sums first (a NaN or inf shows in the sum); a finite batch whose sum
+    overflows to inf takes the full check, which finds nothing to report."""
+    from hybridrec.distributed import DistEnv
+    from hybridrec.train.dense_check import DenseChecker
+
+    check = DenseChecker(DistEnv())
+    big = torch.full((8, 3), 3e38)
+    assert not torch.isfinite(big.sum()) and check(big, 0) is big
+    bad = big.clone()
+    bad[6, 2] = math.nan
+    with pytest.raises(NonFiniteInputError, match="dense feature 2 is nan at sample 6 "):
+        check(bad, 0)
+
+
 def test_deferred_check_reads_bad_values_as_zero_and_raises_before_the_loss_watch(tmp_path):
     """As on CUDA or several ranks: no sync in the step; the bad value is read as 0 (the step
     equals one on the zeroed batch) and the next check (a save here) raises the input error,

@@ -28,11 +28,16 @@ TABLES = [
     TableConfig("follows", 100, 4, hotness=2, jagged=True, storage="rw"),  # shares rw's rows
 ]
 PINS = {"tw": "table_wise", "rw": "row_wise", "rw_list": "row_wise", "cw": "column_wise"}
+# every unit of a group takes 2 ids per sample (group_inputs' broadcast path), mean and sum
+FIXED = [
+    TableConfig(f"t{i}", 10 + 7 * i, 4, hotness=2, pooling=Pooling(p))
+    for i, p in enumerate(["mean", "sum", "mean", "sum", "mean"])
+]
 
 
-def _ids(g: torch.Generator, b: int) -> torch.Tensor:
+def _ids(g: torch.Generator, b: int, tables) -> torch.Tensor:
     cols = []
-    for t in TABLES:
+    for t in tables:
         x = torch.randint(0, t.num_rows, (b, t.hotness), generator=g)
         if t.jagged:  # random lengths, some bags empty, padding at the end of a bag
             n = torch.randint(0, t.hotness + 1, (b, 1), generator=g)
@@ -75,13 +80,14 @@ def _expected(layouts, ids, b_local, q):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_routing_gives_each_group_its_units_ids_in_send_order(world):
-    plan = plan_sharding(TABLES, Topology(world, 1 << 30), "table_wise", 12 * world, pins=PINS)
-    layouts = [ShardedLayout.build(TABLES, plan, r) for r in range(world)]
+@pytest.mark.parametrize("tables,pins", [(TABLES, PINS), (FIXED, {})], ids=["mixed", "fixed"])
+def test_routing_gives_each_group_its_units_ids_in_send_order(world, tables, pins):
+    plan = plan_sharding(tables, Topology(world, 1 << 30), "table_wise", 12 * world, pins=pins)
+    layouts = [ShardedLayout.build(tables, plan, r) for r in range(world)]
     routes = [build_routes(lay, torch.device("cpu")) for lay in layouts]
     g = torch.Generator().manual_seed(world)
     b_local = 12
-    ids = [_ids(g, b_local) for _ in range(world)]
+    ids = [_ids(g, b_local, tables) for _ in range(world)]
     flags = [r == world - 1 for r in range(world)]
     packed = [pack(ids[r], routes[r], flags[r]) for r in range(world)]
     for q in range(world):

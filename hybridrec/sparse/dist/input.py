@@ -323,6 +323,10 @@ def group_inputs(
                 ]
             )
         n = ids.numel()
+        hot = set(routes.hotness[k0:k1])
+        if 0 not in hot and len(hot) == 1:  # fixed hotness h everywhere: all by broadcasting
+            out[key] = _fixed_group(ids, hot.pop(), routes, k0, k1, world, b_local)
+            continue
         lens = lengths[:, k0:k1].reshape(-1)  # per (source, unit, sample): its ids
         compact = routes.compact[k0:k1]
         if not any(compact):  # a bag for every (source, unit, sample)
@@ -348,3 +352,24 @@ def group_inputs(
         per_rank = [sum(row_list[p][k0:k1]) for p in range(world)]
         out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank)
     return out, flagged
+
+
+def _fixed_group(
+    ids: torch.Tensor, hot: int, routes: Routes, k0: int, k1: int, world: int, b_local: int
+) -> GroupInput:
+    """group_inputs for a group whose units all take h ids per sample: ids [W, U, B_l * h]."""
+    device = ids.device
+    n_units = k1 - k0
+    base, scales = routes.row_base[k0:k1], routes.scale[k0:k1]
+    if any(base):
+        starts = torch.tensor(base, dtype=torch.int64, device=device)
+        ids = (ids.view(world, n_units, -1) + starts.view(1, -1, 1)).view(-1)
+    num_bags = world * n_units * b_local
+    bags = torch.arange(num_bags, device=device)
+    if hot > 1:
+        bags = bags.repeat_interleave(hot)
+    scale = None
+    if any(s != 1.0 for s in scales):
+        s = torch.tensor(scales, dtype=torch.float32, device=device).view(1, -1, 1)
+        scale = s.expand(world, n_units, b_local * hot).reshape(-1)
+    return GroupInput(ids, bags, scale, num_bags, [n_units * b_local] * world)
