@@ -7,6 +7,7 @@
 - cpu_rows: the torch path's dedupe (one sort, a CSR sum) and row write-back (`apply_delta`)
 - native: the CPU's C kernels (hashing dedupe, in-place row updates), built once per machine
 - host_copy: row copies between pinned host memory and the device (UVA kernel)
+- pages: transparent huge pages for large CPU tables (rows read at random)
 - _common: the triton import, per-mode jitting, argument checks, the one rounding to bf16/fp16
 
 Imports nothing else of hybridrec: embedding storage (hybridrec.sparse) and the row

@@ -28,6 +28,7 @@ from torch import nn
 from hybridrec import timing
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.lookup import pool
+from hybridrec.kernels.pages import huge_pages
 from hybridrec.kernels.segment import (
     Segments,
     dedupe,
@@ -166,11 +167,15 @@ class FusedEmbedding(nn.Module):
         """The rows and their optimizer state, as device buffers (see HostCachedEmbedding for
         host-resident storage)."""
         weight = torch.empty(self.num_rows, self.width, dtype=dtype)  # one host copy, not two
+        if device.type == "cpu":  # rows read at random: huge pages spare TLB misses
+            huge_pages(weight)
         for (t, i, s), a, b in zip(shards, self.offsets_list, self.offsets_list[1:], strict=False):
             init_shard(t, i, s, seed, dtype, out=weight[a:b])
         self.register_buffer("weight", weight.to(device))
         for name, shape in self.state_shapes.items():
-            self.register_buffer(f"state_{name}", torch.zeros(shape, device=device))
+            state = torch.empty(shape, device=device)
+            huge_pages(state)  # (a no-op off the CPU)
+            self.register_buffer(f"state_{name}", state.zero_())
 
     @property
     def num_rows(self) -> int:

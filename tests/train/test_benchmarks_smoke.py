@@ -122,3 +122,17 @@ def test_sparse_update_benchmark_reports_every_path_and_shape(tmp_path):
             assert f"| {shape}" in text and f"| {name}" in text
     assert "| former / hybridrec |" in text and "| plain / hybridrec |" in text
     assert "Load average (1, 5, 15 min) before:" in text and "- Git: " in text
+
+
+def test_huge_pages_benchmark_compares_both_kinds_of_pages(tmp_path):
+    from benchmarks import huge_pages
+
+    out = tmp_path / "pages.md"
+    args = ["--sizes=300000,400000", "--batch-size=512", "--steps=2", "--batches=2"]
+    rc = huge_pages.main([*args, "--evict-mb=1", f"--out={out}"])
+    if rc == 2:
+        pytest.skip("transparent huge pages or the C kernels are not available here")
+    text = out.read_text()
+    for phase in ("lookup", "dedupe", "sgd update", "all three"):
+        assert f"| {phase} " in text
+    assert "transparent huge pages: " in text and "- Git: " in text
