@@ -245,9 +245,9 @@ class ShardedEmbeddingCollection(EmbeddingModule):
 
     def _input_dist(self, ids: torch.Tensor, error: IdOutOfRangeError | None) -> Routed:
         """The input dist of checked ids; raises, on every rank, if any rank found a bad one."""
-        routed = input_dist(
-            ids, self.layout, self.routes, self.group, self.stats, flag=error is not None
-        )
+        at_once = self.checker is not None and not self.checker.deferred(ids)
+        flag = (error is not None) if at_once else None  # deferred: no flag to read
+        routed = input_dist(ids, self.layout, self.routes, self.group, self.stats, flag=flag)
         if error is not None:
             raise error
         if routed.flagged:

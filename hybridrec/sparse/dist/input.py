@@ -260,12 +260,13 @@ def input_dist(
     routes: Routes,
     group: dist.ProcessGroup,
     stats: CommStats | None,
-    flag: bool = False,
+    flag: bool | None = None,
 ) -> Routed:
     """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0) -> this step's
-    Routed: the group lookups over the global batch."""
+    Routed: the group lookups over the global batch. `flag` None: ids are not checked at
+    once here (a deferred check, on CUDA): every flag is 0 and none is read (no host sync)."""
     b_local, world = ids.shape[0], layout.world
-    packed = pack(ids, routes, flag)
+    packed = pack(ids, routes, bool(flag))
     in_splits = packed.in_splits
     if layout.has_counted:
         sizes = torch.tensor(in_splits, dtype=torch.int64, device=ids.device)
@@ -275,15 +276,23 @@ def input_dist(
         out_splits = [1 + b_local * sum(routes.hotness)] * world
     send = torch.cat(packed.chunks) if packed.chunks else ids.new_empty(0)
     recv = all_to_all(send.to(layout.id_dtype), out_splits, in_splits, group, stats, "input_dist")
-    groups, flagged = group_inputs(recv.long(), out_splits, b_local, world, routes)
+    groups, flagged = group_inputs(
+        recv.long(), out_splits, b_local, world, routes, read_flags=flag is not None
+    )
     return Routed(groups, packed.recv_rows, packed.kept, flagged)
 
 
 def group_inputs(
-    recv: torch.Tensor, out_splits: list[int], b_local: int, world: int, routes: Routes
+    recv: torch.Tensor,
+    out_splits: list[int],
+    b_local: int,
+    world: int,
+    routes: Routes,
+    read_flags: bool = True,
 ) -> tuple[dict[str, GroupInput], bool]:
     """The received chunks (one per source rank: [flag | counts | ids]) -> each group's lookup
-    (none when this rank serves no unit), and whether some rank flagged an out-of-range id."""
+    (none when this rank serves no unit), and whether some rank flagged an out-of-range id
+    (False without `read_flags`: fixed-hotness plans then read nothing from the device)."""
     n_units, n_counted = len(routes.hotness), len(routes.counted)
     device = recv.device
     chunks = torch.split(recv, out_splits)
@@ -309,7 +318,7 @@ def group_inputs(
     else:  # every unit fixed-hotness: sizes known without reading anything
         id_list = [[b_local * h for h in routes.hotness]] * world
         row_list = [[b_local] * n_units] * world
-        flagged = bool(flags.any())
+        flagged = read_flags and bool(flags.any())
     bodies = [c[head:] for c in chunks]
     out = {}
     for key, (k0, k1) in routes.groups.items():
