@@ -229,11 +229,6 @@ class ShardedLayout:
         return {k: self.local_units[ks[0]].shard.width for k, ks in self.group_units.items()}
 
     @cached_property
-    def width_on(self) -> list[int]:
-        """Per rank, the summed width of its units: its share of each sample's output."""
-        return [sum(u.shard.width for u in units) for units in self.units_on]
-
-    @cached_property
     def id_dtype(self) -> torch.dtype:
         """Ids cross the input dist as int32 where every table's ids fit (half the bytes)."""
         return torch.int32 if id_wire_bytes(self.tables) == 4 else torch.int64
