@@ -9,10 +9,11 @@ q (row-wise: its ids inside the unit's row range, shifted to the shard; jagged: 
 then every unit's ids in q's unit order (a fixed-hotness unit: all its B_l * h ids). With
 counted units, a small all-to-all of the payload sizes goes first.
 
-Routing without a loop over units: the counted features' ids all go through one bucketize
-over their *id groups* (row ranges: a row-wise shard, or the whole table of a jagged feature,
+Routing without a loop over units: the counted features' ids all go through one search over
+their *id groups* (row ranges: a row-wise shard, or the whole table of a jagged feature,
 which its column units share), one stable sort by id group (each group's ids stay in sample
-order) and one bincount (the counts).
+order), and the (group, sample) pairs of the sorted ids give the counts and each group's
+samples (`bucket`).
 
 Lookups in send order: the receiver numbers a group's bags (source rank p, unit k of the
 group, sample b), the order the ids arrive in, so a group's rows are the received ids with
@@ -229,7 +230,7 @@ class Packed:
 def pack(ids: torch.Tensor, routes: Routes, flag: bool = False) -> Packed:
     """ids [B_l, H] (checked; `flag`: some were out of range, now 0) -> the send side."""
     b_local = ids.shape[0]
-    routed = bucket(ids, routes)
+    bucketed = bucket(ids, routes)
     chunks, in_splits, recv_rows, kept = [], [], [], {}
     position = 0  # of the unit in the list of every rank's units (the output dist's order)
     flag_t = ids.new_full((1,), int(flag))
@@ -240,11 +241,11 @@ def pack(ids: torch.Tensor, routes: Routes, flag: bool = False) -> Packed:
                 body.append(ids[:, a:b].reshape(-1))
                 rows_q.append(b_local)
             else:
-                head.append(routed.counts[g])
-                body.append(routed.ids[g])
+                head.append(bucketed.counts[g])
+                body.append(bucketed.ids[g])
                 if routes.compact_group[g]:
-                    kept[position] = routed.samples[g]
-                    rows_q.append(routed.samples[g].numel())
+                    kept[position] = bucketed.samples[g]
+                    rows_q.append(bucketed.samples[g].numel())
                 else:
                     rows_q.append(b_local)
             position += 1
@@ -298,9 +299,9 @@ def group_inputs(
     chunks = torch.split(recv, out_splits)
     head = 1 + n_counted * b_local
     flags = torch.stack([c[0] for c in chunks])
-    hot = torch.tensor(routes.hotness, dtype=torch.int64, device=device)
+    hotness = torch.tensor(routes.hotness, dtype=torch.int64, device=device)
     # lengths [W, U, B_l]: ids per (source, unit, sample); per (source, unit): ids, output rows
-    lengths = hot.view(1, -1, 1).expand(world, n_units, b_local)
+    lengths = hotness.view(1, -1, 1).expand(world, n_units, b_local)
     if n_counted:
         lengths = lengths.clone()
         lengths[:, routes.counted] = torch.stack(
@@ -332,18 +333,18 @@ def group_inputs(
                 ]
             )
         n = ids.numel()
-        hot = set(routes.hotness[k0:k1])
-        if 0 not in hot and len(hot) == 1:  # fixed hotness h everywhere: all by broadcasting
-            out[key] = _fixed_group(ids, hot.pop(), routes, k0, k1, world, b_local)
+        hots = set(routes.hotness[k0:k1])
+        if 0 not in hots and len(hots) == 1:  # fixed hotness h everywhere: all by broadcasting
+            out[key] = _fixed_group(ids, hots.pop(), routes, k0, k1, world, b_local)
             continue
         lens = lengths[:, k0:k1].reshape(-1)  # per (source, unit, sample): its ids
-        compact = routes.compact[k0:k1]
-        if not any(compact):  # a bag for every (source, unit, sample)
+        compact_k = routes.compact[k0:k1]
+        if not any(compact_k):  # a bag for every (source, unit, sample)
             slot_bag = torch.arange(lens.numel(), device=device)
         else:  # compact units: bags only for the samples with ids
             keep = lengths[:, k0:k1] > 0
-            if not all(compact):
-                fixed = torch.tensor([not c for c in compact], device=device)
+            if not all(compact_k):
+                fixed = torch.tensor([not c for c in compact_k], device=device)
                 keep = keep | fixed.view(1, -1, 1)
             slot_bag = keep.view(-1).cumsum(0) - 1
         bags = torch.repeat_interleave(slot_bag, lens, output_size=n)

@@ -15,7 +15,7 @@ of autograd's scheduling.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -71,37 +71,38 @@ class Exchange(torch.autograd.Function):
         return grad_send, None, None, None, None, None, None
 
 
+def _blocks(routed: Routed, world: int) -> Iterator[tuple[str, int, int]]:
+    """The send buffer's blocks in order, rank by rank and each rank's group by group:
+    (group key, first row in the group's output, rows)."""
+    starts = dict.fromkeys(routed.groups, 0)
+    for p in range(world):
+        for key, inp in routed.groups.items():
+            n = inp.per_rank[p]
+            yield key, starts[key], n
+            starts[key] += n
+
+
 def send_order(pooled: dict[str, torch.Tensor], routed: Routed, world: int) -> torch.Tensor:
     """The groups' pooled rows [n_g, w_g] (bags in (source rank, unit, sample) order) as the
-    flat send buffer, rank by rank, each rank's block group by group. One group: its output
-    as it is (a view, no copy either way)."""
-    keys = list(routed.groups)
-    if len(keys) == 1:
-        return pooled[keys[0]].reshape(-1)
-    parts = []
-    starts = dict.fromkeys(keys, 0)
-    for p in range(world):
-        for key in keys:
-            n = routed.groups[key].per_rank[p]
-            parts.append(pooled[key][starts[key] : starts[key] + n].reshape(-1))
-            starts[key] += n
-    return torch.cat(parts)
+    flat send buffer. One group: its output as it is (a view, no copy either way)."""
+    if len(routed.groups) == 1:
+        [key] = routed.groups
+        return pooled[key].reshape(-1)
+    return torch.cat([pooled[key][a : a + n].reshape(-1) for key, a, n in _blocks(routed, world)])
 
 
 def group_grads(
     grad: torch.Tensor, routed: Routed, widths: dict[str, int], world: int
 ) -> dict[str, torch.Tensor]:
     """The inverse of `send_order`: the flat gradient -> each group's [n_g, w_g]."""
-    keys = list(routed.groups)
-    if len(keys) == 1:
-        return {keys[0]: grad.view(-1, widths[keys[0]])}
-    pieces: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+    if len(routed.groups) == 1:
+        [key] = routed.groups
+        return {key: grad.view(-1, widths[key])}
+    pieces: dict[str, list[torch.Tensor]] = {key: [] for key in routed.groups}
     at = 0
-    for p in range(world):
-        for key in keys:
-            n = routed.groups[key].per_rank[p] * widths[key]
-            pieces[key].append(grad[at : at + n])
-            at += n
+    for key, _, n in _blocks(routed, world):
+        pieces[key].append(grad[at : at + n * widths[key]])
+        at += n * widths[key]
     return {key: torch.cat(ps).view(-1, widths[key]) for key, ps in pieces.items()}
 
 
