@@ -3,7 +3,8 @@ tables, data-parallel everything else), exactly equal to one process at any scal
 
 As a library (docs/library.md): declare `EmbeddingTables` (of `Table`s and the `Feature`s that
 look them up) in your own nn.Module, then `parallelize(model, ...)` shards them over the
-ranks; feed the model `KeyedIds`. As a trainer: `hybridrec-train` (README.md).
+ranks; feed the model `KeyedIds`; end with `shutdown()`. As a trainer: `hybridrec-train`
+(README.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "parallelize": "hybridrec.shard",
     "check_inputs": "hybridrec.shard",
+    "shutdown": "hybridrec.distributed.env",
     "EmbeddingTables": "hybridrec.model.tables",
     "Feature": "hybridrec.model.tables",
     "Pooled": "hybridrec.model.tables",

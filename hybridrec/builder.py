@@ -24,15 +24,13 @@ import logging
 import time
 
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridrec.config import TABLE_DTYPES, Config
-from hybridrec.distributed.comm import CommStats
+from hybridrec.distributed.comm import CommStats, all_gather_object
 from hybridrec.distributed.env import DistEnv
-from hybridrec.distributed.failure import exchange
 from hybridrec.kernels.dispatch import set_kernels
 from hybridrec.model import DLRM, DenseArch
 from hybridrec.optim import build_sparse_optimizer
@@ -163,9 +161,7 @@ def _flat(cfg: Config) -> dict[str, str]:
 def verify_same_everywhere(cfg: Config, plan: ShardingPlan, env: DistEnv) -> None:
     """All ranks must run the same config and plan; a mismatch is named at start, by key."""
     mine = (_flat(cfg), plan.fingerprint())
-    gathered: list = [None] * env.world_size
-    with exchange("config_check", env.group):
-        dist.all_gather_object(gathered, mine, group=env.group)
+    gathered = all_gather_object(mine, env.group, "config_check")
     ref_cfg, ref_plan = gathered[0]
     for rank, (other_cfg, other_plan) in enumerate(gathered):
         diffs = [

@@ -32,6 +32,7 @@ class MyModel(nn.Module):
 logging.basicConfig(level=logging.INFO)  # hybridrec logs the sharding plan on rank 0
 dist.init_process_group("gloo")
 rank, world, batch = dist.get_rank(), dist.get_world_size(), 512  # batch: global
+torch.manual_seed(0)  # the same dense weights on every rank and in every run
 model = hybridrec.parallelize(MyModel(), batch_size=batch, sparse_optimizer=RowWiseAdagrad(0.1))
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)  # each rank reads its own samples
@@ -47,4 +48,4 @@ for step in range(20):
     opt.zero_grad()
 if rank == 0:
     print(f"trained 20 steps on {world} ranks, last loss {loss.item():.4f}")
-dist.destroy_process_group()
+hybridrec.shutdown()  # every rank: wait for the others, then end the process group cleanly

@@ -39,7 +39,7 @@ from hybridrec.data.loader import (
     pinned,
     rank_span,
 )
-from hybridrec.distributed.failure import exchange
+from hybridrec.distributed.comm import broadcast
 from hybridrec.types import Batch
 
 OK, END, ERROR = 0, 1, 2
@@ -148,8 +148,7 @@ class BroadcastLoader:
         if status != "ok":
             code = END if status == "end" else ERROR
             header = self._header(code, step, (0, 0, 0), 0, 0)
-            with exchange("batch_broadcast", self.group):
-                dist.broadcast(header, self.src, group=self.group)
+            broadcast(header, self.src, self.group, "batch_broadcast")
             if status == "end":
                 raise StopIteration
             raise value  # type: ignore[misc]
@@ -157,9 +156,8 @@ class BroadcastLoader:
         shape = (batch.size, batch.dense.shape[1], batch.ids.shape[1])
         payload = host.to(self.device, non_blocking=True)
         header = self._header(OK, step, shape, id_bytes, payload.numel())
-        with exchange("batch_broadcast", self.group):
-            dist.broadcast(header, self.src, group=self.group)
-            dist.broadcast(payload, self.src, group=self.group)
+        broadcast(header, self.src, self.group, "batch_broadcast")
+        broadcast(payload, self.src, self.group, "batch_broadcast")
         self.position = step + 1
         if self.device.type == "cuda":  # rank 0's slice is on the GPU already
             return self._own(self._slice(unpack(payload, *shape, id_bytes)))
@@ -167,8 +165,7 @@ class BroadcastLoader:
 
     def _receive(self) -> Batch:
         header = torch.empty(HEADER, dtype=torch.int64, device=self.device)
-        with exchange("batch_broadcast", self.group):
-            dist.broadcast(header, self.src, group=self.group)
+        broadcast(header, self.src, self.group, "batch_broadcast")
         status, step, rows, dense_cols, id_cols, id_bytes, nbytes = header.tolist()
         if status == END:
             raise StopIteration
@@ -183,8 +180,7 @@ class BroadcastLoader:
                 f"expected {self.position}"
             )
         payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        with exchange("batch_broadcast", self.group):
-            dist.broadcast(payload, self.src, group=self.group)
+        broadcast(payload, self.src, self.group, "batch_broadcast")
         self.position = step + 1
         return self._own(self._slice(unpack(payload, rows, dense_cols, id_cols, id_bytes)))
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from hybridrec.distributed import failure
+from hybridrec.distributed.comm import release_held
 
 log = logging.getLogger(__name__)
+GLOO_WORKER = "pt_gloo_runloop"  # the name gloo's worker threads carry (ProcessGroupGloo)
 
 
 @dataclass(frozen=True)
@@ -139,9 +143,53 @@ def destroy_distributed(env: DistEnv, barrier: bool = True) -> None:
     barrier after a failed collective: a missing peer would hold it for another timeout."""
     if env.group is None or not dist.is_initialized():
         return
+    shutdown(barrier)
+
+
+def shutdown(barrier: bool = True) -> None:
+    """End this process's part in a distributed run, so that it exits cleanly: wait for
+    every rank (`barrier`; skipped after a failed collective, whose peer would never come),
+    let go of the tensors hybridrec kept for its recent collectives (hybridrec.distributed.
+    comm: gloo's worker threads must never be the ones to free them), then destroy the
+    default process group. Call it once, at the end, on every rank (`hybridrec.shutdown()`
+    in a script of your own, instead of dist.destroy_process_group()); a no-op without a
+    process group."""
+    if not dist.is_initialized():
+        return
     if barrier and not failure.failed():  # after a failed collective it would wait in vain
         try:
-            dist.barrier(group=env.group)
+            dist.barrier()
         except RuntimeError as e:  # a peer already failed: its own error says why
-            log.warning("rank %d: barrier before shutdown failed: %s", env.rank, e)
+            log.warning("rank %d: barrier before shutdown failed: %s", dist.get_rank(), e)
+    _wait_for_idle_gloo_workers()
+    release_held()
     dist.destroy_process_group()
+
+
+def _wait_for_idle_gloo_workers(timeout_s: float = 2.0) -> None:
+    """Until every gloo worker thread of this process sleeps (idle, its last collective's
+    bookkeeping done) twice in a row, or `timeout_s`: a worker that a busy machine had not
+    yet scheduled might otherwise free a tensor after `release_held` (see comm). Reads the
+    threads' states from /proc (Linux); elsewhere a short pause does the same job."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        time.sleep(0.05)
+        return
+    deadline, calm = time.monotonic() + timeout_s, 0
+    while calm < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the GIL is free meanwhile
+        calm = calm + 1 if all(state == "S" for state in _gloo_worker_states(tasks)) else 0
+
+
+def _gloo_worker_states(tasks: Path) -> list[str]:
+    """The scheduler states (R running, S sleeping, ...) of gloo's worker threads."""
+    states = []
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread just ended
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == GLOO_WORKER:
+            states.append(rest.split()[0])
+    return states

@@ -21,11 +21,10 @@ import math
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from hybridrec.distributed.comm import all_gather_rows
 from hybridrec.distributed.env import DistEnv
-from hybridrec.distributed.failure import exchange
 from hybridrec.train.metrics import eval_metrics
 from hybridrec.types import Batch
 
@@ -72,10 +71,8 @@ def evaluate(
         return {}
     local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
     if env.group is not None:
-        parts = [torch.empty_like(local) for _ in range(world)]
-        with exchange("eval_gather", env.group):
-            dist.all_gather(parts, local, group=env.group)
-        local = torch.cat(parts, dim=1)
+        # [3, W * n]: rank p's columns at block p
+        local = all_gather_rows(local.T.contiguous(), env.group, name="eval_gather").T
     local = local[:, local[2] > 0]
     metrics = eval_metrics(local[0], local[1], task)
     metrics["eval_samples"] = int(local.shape[1])

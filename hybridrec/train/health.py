@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hybridrec.distributed.comm import all_reduce
 from hybridrec.distributed.env import DistEnv
-from hybridrec.distributed.failure import exchange
 
 
 class NonFiniteLossError(RuntimeError):
@@ -36,17 +36,13 @@ class NonFiniteWatch:
     def all_finite(self, loss: torch.Tensor) -> bool:
         """Whether the loss is finite on every rank (a collective and a sync)."""
         ok = torch.isfinite(loss.detach()).to(torch.int64)
-        if self.env.group is not None:
-            with exchange("loss_finite", self.env.group):
-                dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.env.group)
+        all_reduce(ok, self.env.group, dist.ReduceOp.MIN, "loss_finite")
         return bool(ok.item())
 
     def check(self) -> None:
         """Raise if any step so far had a NaN or inf loss, naming the first such step."""
         first = self._first_bad.clone()
-        if self.env.group is not None:
-            with exchange("nonfinite_check", self.env.group):
-                dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.env.group)
+        all_reduce(first, self.env.group, dist.ReduceOp.MAX, "nonfinite_check")
         if int(first) >= 0:
             if self.inputs_checked:
                 why, data = " (its dense inputs were finite)", ""

@@ -4,7 +4,7 @@
 them into a gloo group through a file:// rendezvous in a temp dir, calls fn(env, *args) on
 every rank and returns the per-rank results. A rank that raises makes the whole call fail
 with that rank's traceback; a run that outlives `timeout` is killed and reported, never hung.
-A SIGABRT at interpreter exit, after a rank finished all its work, is tolerated (see spawn).
+A rank must exit 0: an abort at interpreter exit, even after all its work, is a failure.
 `fn` must be a module-level function (it is pickled into the child processes).
 `spawn_jobs(world_size, jobs)` runs several labelled jobs (fn, args) in one such spawn, one
 after the other with a barrier between them, as separate spawns would (a process start is
@@ -91,18 +91,14 @@ def spawn(
             raise AssertionError("\n".join(f"--- {e.stem}\n{e.read_text()}" for e in errors))
         if alive:
             raise TimeoutError(f"ranks {alive} still running after {timeout}s")
-        # gloo's worker threads can abort a process during interpreter shutdown, after all of
-        # its work (pytorch/pytorch#190489: "terminate called without an active exception"):
-        # a rank that finished everything, group teardown included, and then died of SIGABRT
-        # is not a failure of the code under test
-        finished = {r for r in range(world_size) if (Path(tmp) / f"done_{r}").exists()}
-        bad = [
-            (r, p.exitcode)
-            for r, p in enumerate(procs)
-            if p.exitcode != 0 and not (p.exitcode == -6 and r in finished)
-        ]
+        # a rank that finished everything must also exit 0 (no abort at interpreter exit)
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
         if bad:
-            raise AssertionError(f"ranks exited with errors (rank, exit code): {bad}")
+            finished = [r for r in range(world_size) if (Path(tmp) / f"done_{r}").exists()]
+            raise AssertionError(
+                f"ranks exited with errors (rank, exit code): {bad}; ranks {finished} had "
+                "finished their work"
+            )
         files = [Path(tmp) / f"result_{r}.pt" for r in range(world_size)]
         return [torch.load(f, weights_only=False) if f.exists() else None for f in files]
 

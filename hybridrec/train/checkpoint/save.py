@@ -22,12 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from hybridrec.distributed.comm import any_rank
+from hybridrec.distributed.comm import all_gather_object, any_rank
 from hybridrec.distributed.env import DistEnv
-from hybridrec.distributed.failure import exchange
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     FORMAT_VERSION,
@@ -67,10 +65,7 @@ def _on_main(action: Callable[[], object], env: DistEnv) -> str:
 def _gather(obj: Any, env: DistEnv) -> list[Any]:
     if env.group is None:
         return [obj]
-    out: list[Any] = [None] * env.world_size
-    with exchange("checkpoint_gather", env.group):
-        dist.all_gather_object(out, obj, group=env.group)
-    return out
+    return all_gather_object(obj, env.group, "checkpoint_gather")
 
 
 def save_checkpoint(
