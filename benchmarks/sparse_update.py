@@ -10,8 +10,8 @@ holding every table; `rowwise2` is rank 0 of a 2-way row-wise split (the first h
 table's rows, and the global batch's ids that fall in it). Paths, given the pooled gradient:
 - `former`: cpu_rows.dedupe_reference (sorted unique + index_add_ of the [N, D] per-id
   gradients) + optim.sparse.reference_update (index_add_ / index_copy_ per tensor);
-- `torch`: hybridrec's torch path: kernels.segment.dedupe (one stable sort, a CSR sum) + the
-  optimizer's update with torch ops (hybridrec.kernels.native disabled);
+- `torch`: hybridrec's torch path: kernels.segment.dedupe (one stable sort, index_add_ in id
+  order) + the optimizer's update with torch ops (hybridrec.kernels.native disabled);
 - `hybridrec`: what training runs on the CPU: the native kernels (kernels.native: a hashing
   dedupe, then one pass over each touched row per optimizer);
 - `plain`: one nn.EmbeddingBag(sparse=True) per table, pooled.backward(grad) (graph kept) +

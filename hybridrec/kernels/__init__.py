@@ -4,7 +4,8 @@
 - lookup: pooled lookup (`pool`: the Triton kernel, or torch's embedding_bag / index_add_)
 - segment: gradient dedupe per distinct row (`dedupe`, the sync-free `segment_grads_padded`)
 - row_update: SGD / row-wise Adagrad / Adam / Adagrad kernels on the touched rows
-- cpu_rows: the torch path's dedupe (one sort, a CSR sum) and row write-back (`apply_delta`)
+- cpu_rows: the torch path's dedupe (one sort, index_add_ in id order) and row write-back
+  (`apply_delta`)
 - native: the CPU's C kernels (hashing dedupe, in-place row updates), built once per machine
 - host_copy: row copies between pinned host memory and the device (UVA kernel)
 - pages: transparent huge pages for large CPU tables (rows read at random)

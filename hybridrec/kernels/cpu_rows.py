@@ -2,12 +2,13 @@
 
 `dedupe_sorted(rows, bags, scale, grad_pooled)` -> (unique rows [U] ascending, grads [U, D]
 fp32), each row's gradient the sum of grad_pooled[bags[i]] * scale[i] over its ids i in id
-order. One stable sort of the rows gives the segments; a CSR matrix [U, B] (row u's ids in id
-order, values 1) times grad_pooled sums each segment without building the [N, D] per-id
-gradients. With a pooling scale the per-id products are formed first (as the reference does)
-and a CSR matrix over positions sums them, so the rounding is the reference's either way.
-`dedupe_reference` is the former path (sorted torch.unique + index_add_): same sums, same
-order, bit for bit; tests and benchmarks.sparse_update compare the two.
+order, starting from 0. One stable sort of the rows gives the segments; the per-id products
+are gathered in that order and `index_add_` adds them position by position, so every row is
+summed in id order by construction: the same bits on any CPU (a sparse-matrix product, used
+before, adds in an order that differs between CPUs), and the same bits as the native
+kernel's hashing dedupe (hybridrec.kernels.native), which sums in id order too.
+`dedupe_reference` is the plain form (torch.unique + index_add_ in input order) the tests
+compare it with.
 
 `gather_rows(src, rows)` and `copy_rows(dst, rows, src)`: src[rows], and dst[rows] = src for
 unique rows, moved as 16-byte words when the row layout allows (index ops cost per element).
@@ -19,40 +20,22 @@ Legend: N = ids, B = bags, D = width, U = distinct rows.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from hybridrec.kernels._common import round_to
 
 _WORD = torch.complex128  # 16 bytes: a pure data-movement view, never computed with
 _INT32_MAX = 2**31 - 1
-SORTED_MIN_IDS = 4096  # fewer ids: dedupe_reference (same sums) costs less than the CSR setup
-# the CSR matrix is internal to one call, never handed out: its beta notice tells users nothing
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
 def _segments(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(unique rows [U] ascending, crow [U + 1] segment offsets, perm [N]) of a stable sort."""
+    """(unique rows [U] ascending, counts [U], perm [N]) of a stable sort of `rows`."""
     keys = rows
-    if int(rows.max()) <= _INT32_MAX and int(rows.min()) >= 0:
+    if rows.numel() and int(rows.max()) <= _INT32_MAX and int(rows.min()) >= 0:
         keys = rows.to(torch.int32)  # the same stable order, a cheaper sort
     sorted_keys, perm = torch.sort(keys, stable=True)
     unique_keys, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    crow = counts.new_zeros(counts.numel() + 1)
-    torch.cumsum(counts, 0, out=crow[1:])
-    return unique_keys.to(torch.int64), crow, perm
-
-
-def _csr_sum(crow: torch.Tensor, cols: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """[U, D]: row u = sum of dense[cols[j]] for j in crow[u]:crow[u + 1], in j order."""
-    ones = torch.ones(cols.numel(), dtype=dense.dtype)
-    size = (crow.numel() - 1, dense.shape[0])
-    a = torch.sparse_csr_tensor(crow, cols, ones, size=size, check_invariants=False)
-    # beta=0 into an uninitialised out: the result is written once (a @ dense zero-fills a
-    # temporary and copies it out), and out's prior contents are never read
-    out = torch.empty(size[0], dense.shape[1], dtype=dense.dtype)
-    return torch.addmm(out, a, dense, beta=0, out=out)
+    return unique_keys.to(torch.int64), counts, perm
 
 
 def dedupe_sorted(
@@ -62,22 +45,17 @@ def dedupe_sorted(
     grad_pooled: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(unique rows [U] ascending, grads [U, D] fp32): per-id gradients grad_pooled[bags[i]] *
-    scale[i] summed per distinct row in id order. rows, bags [N] int64; scale [N], a float or
-    None. Deterministic, equal bit for bit to `dedupe_reference` (which other devices and
-    calls of fewer than SORTED_MIN_IDS ids take)."""
-    n = rows.numel()
-    if n < max(SORTED_MIN_IDS, 1) or grad_pooled.shape[1] == 0 or rows.device.type != "cpu":
-        return dedupe_reference(rows, bags, scale, grad_pooled)
-    unique_rows, crow, perm = _segments(rows)
-    grad = grad_pooled.float().contiguous()
-    if scale is None or (not isinstance(scale, torch.Tensor) and scale == 1.0):
-        return unique_rows, _csr_sum(crow, bags.index_select(0, perm), grad)
-    per_id = grad.index_select(0, bags.index_select(0, perm))
+    scale[i] summed per distinct row in id order from 0 (module docstring). rows, bags [N]
+    int64; scale [N], a float or None. Deterministic on every CPU and thread count."""
+    unique_rows, counts, perm = _segments(rows)
+    per_id = grad_pooled.float().index_select(0, bags.index_select(0, perm))
     if isinstance(scale, torch.Tensor):
         per_id = per_id * scale.index_select(0, perm).unsqueeze(1)
-    else:
+    elif scale is not None and scale != 1.0:
         per_id = per_id * scale
-    return unique_rows, _csr_sum(crow, torch.arange(n), per_id)
+    segment = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    grads = torch.zeros(unique_rows.numel(), grad_pooled.shape[1], device=per_id.device)
+    return unique_rows, grads.index_add_(0, segment, per_id)
 
 
 def dedupe_reference(

@@ -1,8 +1,9 @@
 """Gradient dedupe: per-id gradients grad_pooled[bags[i]] * scale[i], summed per distinct row.
 
 `dedupe` is what the embedding groups call: `segment_grads` where Triton runs, else
-`cpu_rows.dedupe_sorted` (one stable sort, a CSR sum); `dedupe_any_order` may return the rows
-unsorted, which lets the CPU hash them instead (`native.dedupe_hashed`, the same sums).
+`cpu_rows.dedupe_sorted` (one stable sort, index_add_ in id order); `dedupe_any_order` may
+return the rows unsorted, which lets the CPU hash them instead (`native.dedupe_hashed`, the
+same sums).
 The kernels: ids sorted by row (stable), one segment per distinct row. Each program takes a
 fixed tile of SEGMENT_TILE sorted ids and sums the segments in it with a segmented scan (no
 atomics: deterministic, and every program does the same work however skewed the ids are);
@@ -318,10 +319,15 @@ def dedupe(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-id gradients summed per distinct row: (unique rows [U] sorted, grads [U, D] fp32).
 
-    With Triton: a sort and one segment-sum kernel (deterministic, no atomics); else
-    hybridrec.kernels.cpu_rows.dedupe_sorted (one sort, a CSR sum)."""
+    With Triton: a sort and one segment-sum kernel (deterministic, no atomics); on the CPU
+    the native hashing dedupe, its rows then sorted (the same sums, in id order); else
+    hybridrec.kernels.cpu_rows.dedupe_sorted (one sort, index_add_ in id order)."""
     if available(grad_pooled):
         return segment_grads(grad_pooled, rows, bags, scale_tensor(scale, rows))
+    if grad_pooled.device.type == "cpu" and native.usable(rows, bags):
+        unique_rows, grads = native.dedupe_hashed(rows, bags, scale, grad_pooled)
+        unique_rows, order = unique_rows.sort()
+        return unique_rows, grads.index_select(0, order)
     return dedupe_sorted(rows, bags, scale, grad_pooled)
 
 
