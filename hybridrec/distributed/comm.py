@@ -4,7 +4,7 @@ models or tables. Shapes are per rank; W = world size.
 - all_to_all: x [sum(in_splits), *] -> y [sum(out_splits), *]; row block q of x goes to rank
   q, row block p of y came from rank p. Uses all_to_all_single (gloo rejects list-form
   all_to_all with unequal sizes). Its mirror (the backward of an exchange) is the same call
-  with the splits swapped; hybridrec.sparse.dist.output wraps both directions, and the other
+  with the splits swapped; hybridrec.sparse.exchange.output wraps both directions, and the other
   backward collectives, in one autograd Function so their order is fixed on every rank.
 - all_gather_rows / all_reduce_sum: replicated tables' row gradients, sparse or dense.
 - ScaleGrad: identity forward, gradient times a constant (the 1/W of the gradient-scaling

@@ -299,7 +299,7 @@ class FusedEmbedding(nn.Module):
         with gradients [U, D]; with
         `count` (a device tensor), only the first count rows are real (padded inputs).
         `row_sq`: for some shards, mean(g^2) over each row's full width (column shards of
-        one table share it, see hybridrec.sparse.dist.row_stats); other rows use their own."""
+        one table share it, see hybridrec.sparse.exchange.row_stats); other rows use their own."""
         assert self.optimizer is not None
         self.step_count += 1
         row_sq_mean = None

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from hybridrec.sparse.bags import pooling_scale
-from hybridrec.sparse.dist.input import Routed
-from hybridrec.sparse.dist.row_stats import RowStats
+from hybridrec.sparse.exchange.input import Routed
+from hybridrec.sparse.exchange.row_stats import RowStats
 from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.sparse.layout import ShardedLayout

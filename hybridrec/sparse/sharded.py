@@ -4,10 +4,10 @@
                                                    ([B_l, sum_t D_t] when widths differ)
 
 One step, each stage in its own module: check ids (hybridrec.sparse.ids) -> input dist
-(sparse.dist.input) -> one fused lookup per width group (sparse.local, sparse.fused) -> output
-dist and reassembly (sparse.dist.output); replicated tables pool locally (sparse.dist.
+(sparse.exchange.input) -> one fused lookup per width group (sparse.local, sparse.fused) -> output
+dist and reassembly (sparse.exchange.output); replicated tables pool locally (sparse.exchange.
 replicated). Backward mirrors it inside the output dist's autograd node, in a fixed order on
-every rank: all-to-all in reverse, row statistics of column shards (sparse.dist.row_stats),
+every rank: all-to-all in reverse, row statistics of column shards (sparse.exchange.row_stats),
 replicated tables' sync; then each group updates its rows with the whole global batch's
 gradients. The output is scaled by 1/W in backward (gradient-scaling rule: docs/architecture.md).
 
@@ -30,10 +30,10 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
 from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
-from hybridrec.sparse.dist.input import Routed, build_routes, input_dist
-from hybridrec.sparse.dist.output import output_dist, reassemble
-from hybridrec.sparse.dist.replicated import ReplicaInputs, replicated_lookup, sync_replicas
-from hybridrec.sparse.dist.row_stats import RowStats, share_row_stats
+from hybridrec.sparse.exchange.input import Routed, build_routes, input_dist
+from hybridrec.sparse.exchange.output import output_dist, reassemble
+from hybridrec.sparse.exchange.replicated import ReplicaInputs, replicated_lookup, sync_replicas
+from hybridrec.sparse.exchange.row_stats import RowStats, share_row_stats
 from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError

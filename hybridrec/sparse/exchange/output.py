@@ -1,5 +1,5 @@
 """Output dist: each local group's pooled rows, already in send order (bags numbered by
-source rank, unit and sample: hybridrec.sparse.dist.input), go back to the ranks whose samples
+source rank, unit and sample: hybridrec.sparse.exchange.input), go back to the ranks whose samples
 they are, and each rank rebuilds its tables (table-wise: the unit as is; column-wise: slices
 concatenated in column order; row-wise: the compact partial sums added, in shard order, at
 the samples they belong to; replicated tables: looked up locally; jagged means: divided by
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
-from hybridrec.sparse.dist.input import Routed
+from hybridrec.sparse.exchange.input import Routed
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import ShardingType
 

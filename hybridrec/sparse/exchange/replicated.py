@@ -16,9 +16,9 @@ from torch import nn
 
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, all_gather_rows, all_reduce_sum
-from hybridrec.sparse.costs import replica_sync
 from hybridrec.kernels.segment import dedupe
 from hybridrec.sparse.bags import bag_ids, pooling_scale
+from hybridrec.sparse.costs import replica_sync
 from hybridrec.sparse.fused import LookupInput
 from hybridrec.sparse.layout import ShardedLayout
 

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.segment import dedupe
-from hybridrec.sparse.dist.input import Routed
-from hybridrec.sparse.dist.output import group_grads
+from hybridrec.sparse.exchange.input import Routed
+from hybridrec.sparse.exchange.output import group_grads
 from hybridrec.sparse.layout import ShardedLayout
 
 
