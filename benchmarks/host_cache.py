@@ -123,7 +123,7 @@ class BatchStream:
 def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -> dict:  # noqa: ANN001
     reset_device(env.device)
     trainer = Trainer(cfg, env)
-    emb = trainer.model.embeddings
+    emb = trainer.embeddings[0]
     cached = emb.prefetches  # host-resident tables
     if cached and not args.cold:
         trainer.warm_start_caches()  # as training does: the data's hottest rows first

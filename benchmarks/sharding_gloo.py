@@ -57,7 +57,6 @@ from hybridrec.distributed.comm import CommStats
 from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
-from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import ShardingPlan, ShardingType
 from tests.distributed.harness import spawn
@@ -129,9 +128,8 @@ def measure(env: DistEnv, cfg: Config, steps: int, warmup: int) -> dict:
     """Time Trainer.train_step on this rank; count bytes per exchange over the timed steps."""
     trainer = Trainer(cfg, env)
     stats = CommStats()
-    emb = trainer.model.embeddings
-    if isinstance(emb, ShardedEmbeddingCollection):
-        emb.stats = stats  # Trainer builds the model without one; build_model(cfg, env, stats)
+    emb = trainer.embeddings[0]
+    emb.stats = stats  # Trainer builds the model without one; builder.build(cfg, env, stats)
     batches = [trainer.train_batch(s) for s in range(warmup + steps)]
     barrier = (lambda: dist.barrier(group=env.group)) if env.group is not None else None
     losses: list[torch.Tensor] = []

@@ -35,7 +35,7 @@ from benchmarks.common import (
     sync,
     time_steps,
 )
-from hybridrec.builder import compile_dense
+from hybridrec.builder import compile_model
 from hybridrec.config import Config
 from hybridrec.data import build_source
 from hybridrec.distributed import DistEnv, resolve_device
@@ -104,7 +104,8 @@ def run_dense_only(cfg: Config, batches: list[Batch], device: torch.device, args
     that take a gradient: the floor for any step that runs it after the lookup."""
     reset_device(device)
     torch.manual_seed(cfg.seed)
-    dense = compile_dense(DenseArch(cfg.model).to(device), cfg.train.compile, device)
+    dense = DenseArch(cfg.model).to(device)
+    compile_model(dense, cfg.train.compile, device)
     opt = build_dense_optimizer(dense.parameters(), cfg.optim.dense, device)
     tables = len(cfg.model.num_embeddings_per_feature)
     shape = (args.batch_size, tables, cfg.model.embedding_dim)
@@ -141,9 +142,9 @@ def run_hybridrec(
     reset_device(device)
     trainer = Trainer(cfg, DistEnv(device=device))
     if per_table:  # the lookup's older layout: per-table outputs stacked (and cat'ed back)
-        trainer.model.embeddings.sample_major = None
+        trainer.embeddings[0].sample_major = None
     if fp32_handoff:  # pooled embeddings in fp32 even under autocast (the dense part casts)
-        trainer.model.embeddings.autocast_output = False
+        trainer.embeddings[0].autocast_output = False
 
     def step(i: int) -> None:
         if i == args.warmup:

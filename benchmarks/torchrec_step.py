@@ -65,6 +65,7 @@ from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.local import full_shard
+from hybridrec.train.checkpoint.format import dense_module, dense_state
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 
@@ -152,8 +153,7 @@ class TorchRecSystems:
         self.tables = cfg.model.tables()
         self.keys = [f"f{i}" for i in range(len(self.tables))]
         self.env, self.cfg, self.mode = env, cfg, mode
-        source = trainer.model.dense
-        source = getattr(source, "module", source)
+        source = dense_module(trainer.model)  # DLRM: the dense arch and its tables
         world = env.world_size
 
         # TorchRec's DLRM; its ranks' pooled gradients scaled by 1/W as hybridrec's
@@ -280,7 +280,7 @@ def _copy_rows(sharded_ebc: nn.Module, tables: list, seed: int) -> None:
 def _plain(cfg: Config, trainer: Trainer, env: DistEnv):  # noqa: ANN202
     """Plain PyTorch's step (one process), from hybridrec's initial weights."""
     model = PlainDLRM(cfg)
-    model.dense.load_state_dict(trainer.model.dense.state_dict(), strict=False)
+    model.dense.load_state_dict(dense_state(trainer.model), strict=False)
     with torch.no_grad():
         for i, (t, bag) in enumerate(zip(cfg.model.tables(), model.bags, strict=True)):
             init_shard(t, i, full_shard(t), cfg.seed, torch.float32, out=bag.weight.data)

@@ -7,23 +7,31 @@
     loss.backward()                                   # embedding rows are updated here
     opt.step(); opt.zero_grad()
 
-Every `EmbeddingTables` declared in the module tree (hybridrec.model.tables) is planned in one
-plan over all their tables (named "<module path>.<table>", features likewise), and each gets
-this rank's shards: a ShardedEmbeddingCollection over its features, exchanging over `group`.
-With no process group (or sharding="none") every table lives in this process: the single-
-process reference, built by the same code. On more than one rank the model is wrapped in
-DistributedDataParallel, told to leave the embedding storage alone (its rows are buffers
-updated in the backward, already exact on every rank); the rest averages its gradients.
-Each rank feeds its own batch_size / W samples; losses are means over them, as in the
-gradient-scaling rule of hybridrec.builder, so a run equals the one-process run on the
-global batch.
+The one way any model is sharded: the trainer's built-in models (hybridrec.builder) and the
+user's alike. Every `EmbeddingTables` declared in the module tree (hybridrec.model.tables) is
+planned in one plan over all their tables (named "<namespace>.<table>", features likewise),
+and each gets this rank's shards: a ShardedEmbeddingCollection over its features, exchanging
+over `group`. With no process group (or sharding="none") every table lives in this process:
+the single-process reference, built by the same code. On more than one rank the model is
+wrapped in DistributedDataParallel, told to leave the embedding storage alone (its rows are
+buffers updated in the backward, already exact on every rank) and the non-persistent buffers
+(derived constants, such as an interaction's index tensors); the rest averages its gradients.
+A model with no trainable parameter outside its tables (matrix factorisation) is not wrapped:
+there is nothing to average.
+
+Gradient-scaling convention (the one place it is written down): every rank's loss is the mean
+over its local batch of B/W samples. DDP averages dense gradients over the W ranks, which gives
+the gradient of the mean loss over the global batch B. Embedding gradients are averaged by no
+collective, so the sharded collection multiplies them by 1/W where they leave the model
+(hybridrec.distributed.comm.ScaleGrad). Both then equal the single-process reference's
+gradients on the same global batch, so a run equals the one-process run on the global batch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import Mapping
 
 import torch
@@ -31,8 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridrec.distributed.comm import world_size
-from hybridrec.model.local import qualify
+from hybridrec.distributed.comm import CommStats, all_gather_object, world_size
 from hybridrec.model.tables import EmbeddingTables, declared_tables
 from hybridrec.planner import (
     CachePolicy,
@@ -40,11 +47,16 @@ from hybridrec.planner import (
     Topology,
     estimate_cost,
     format_plan,
+    host_memory,
+    human_bytes,
     plan_sharding,
+    rank_memory,
 )
 from hybridrec.planner.types import NO_OPTIMIZER_STATE
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.sparse.fused import RowOptimizer
+from hybridrec.sparse.host import check_host_memory
+from hybridrec.sparse.layout import whole_values
 from hybridrec.sparse.local import HostOptions
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan, TableConfig, storage_tables
@@ -52,17 +64,12 @@ from hybridrec.types import ShardingPlan, TableConfig, storage_tables
 log = logging.getLogger("hybridrec")
 
 
-def qualified(path: str, tables: EmbeddingTables) -> list[TableConfig]:
-    """A declaration's features, named "<path>.<feature>" looking up "<path>.<table>"."""
-    return [
-        dataclasses.replace(f, name=qualify(path, f.name), storage=qualify(path, f.table_name))
-        for f in tables.features
-    ]
-
-
-def _seed(seed: int, path: str) -> int:
-    """Each declaration's initial rows from its own seed (two of the same shapes differ)."""
-    digest = hashlib.sha256(f"{seed}/{path}".encode()).digest()
+def _seed(seed: int, namespace: str) -> int:
+    """Each declaration's initial rows from its own seed (two of the same shapes differ); a
+    declaration with plain names (namespace "", as DLRM's) takes `seed` itself."""
+    if not namespace:
+        return seed
+    digest = hashlib.sha256(f"{seed}/{namespace}".encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
 
@@ -76,32 +83,55 @@ def parallelize(
     pins: Mapping[str, str] | None = None,
     device: torch.device | str = "cpu",
     hbm_gb: float = 16.0,
+    host_gb: float | None = None,
     cache: CachePolicy | None = None,
+    data_parallel_max_bytes: int = 1 << 20,
     seed: int = 0,
     check_ids: bool = True,
     dtype: torch.dtype = torch.float32,
     host: HostOptions | None = None,
+    comm_dtype: torch.dtype = torch.float32,
+    autocast: torch.dtype | None = None,
+    equal_batches: bool = False,
+    stats: CommStats | None = None,
 ) -> nn.Module:
     """Give every EmbeddingTables of `model` its shards on this rank; returns the model to
-    train (DDP-wrapped on several ranks). Collective over `group` (None: the default group
-    when torch.distributed is initialised, else one process).
+    train (DDP-wrapped on several ranks when it has dense parameters). Collective over
+    `group` (None: the default group when torch.distributed is initialised, else one
+    process).
 
     `batch_size`: the global batch (the planner sizes exchanges by it). `sharding`: a planner
     mode (auto, table_wise, column_wise, row_wise, data_parallel, host) or "none" (one
     process); `pins` fixes some tables' modes by qualified name ("users.user": "row_wise").
-    `hbm_gb`: each rank's device budget for embeddings; `cache`: host tables' device caches.
-    Raises ValueError (one line) for a model with no EmbeddingTables, or a plan that cannot be
-    made."""
+    `hbm_gb`: each rank's device budget for embeddings; `host_gb`: its host budget for
+    host-resident tables (None: the free host memory); `cache`: host tables' device caches;
+    `data_parallel_max_bytes`: auto replicates tables up to this size. `dtype`: the rows'
+    storage dtype; `comm_dtype`: pooled embeddings in the all-to-alls (fp32 exact; bf16/fp16
+    halve the bytes). `autocast`: the autocast dtype the forward runs under, if any (only
+    for the bytes the printed plan counts). `equal_batches`: you promise that every rank feeds
+    as many samples at every step; otherwise each step first shares the ranks' batch sizes (a
+    small all-gather), so that a last, uneven evaluation batch works and an uneven training
+    batch is one clear error on every rank. `stats`: counts the bytes each exchange moves.
+    Raises ValueError (one line) for a model with no EmbeddingTables, a model parallelized
+    already, or a plan that cannot be made or does not fit."""
     declared = declared_tables(model)
     if not declared:
         raise ValueError(
             f"{type(model).__name__} declares no EmbeddingTables: nothing to shard (declare "
             "hybridrec.EmbeddingTables in the model, as docs/library.md shows)"
         )
+    done = [path or "the model" for path, t in declared if t.storage is not None]
+    if done:
+        raise ValueError(
+            f"{type(model).__name__} is parallelized already (EmbeddingTables {done[0]} has its "
+            "rows): call hybridrec.parallelize once per model; a second call would "
+            "re-initialise the trained rows"
+        )
     if group is None and dist.is_available() and dist.is_initialized():
         group = dist.group.WORLD
     world = world_size(group)
-    features = [qualified(path, t) for path, t in declared]
+    rank = dist.get_rank(group) if group is not None else 0
+    features = [t.qualified(path) for path, t in declared]
     every = [f for fs in features for f in fs]
     device = torch.device(device)
     mode = sharding
@@ -122,14 +152,28 @@ def parallelize(
         batch_size,
         footprint,
         weight_bytes=dtype.itemsize,
+        data_parallel_max_bytes=data_parallel_max_bytes,
         cache=cache,
         pins=pins,
     )
-    rank = dist.get_rank(group) if group is not None else 0
+    if world > 1:
+        _same_plan_everywhere(plan, group, rank)
+    _check_memory(plan, every, batch_size, footprint, dtype, host_gb, device, rank)
     if rank == 0:
-        cost = estimate_cost(plan, every, topology, batch_size, footprint, dtype.itemsize)
-        log.info("sharding plan (%s, %d ranks):\n%s", mode, world, format_plan(plan, cost, every))
+        tables = [t for _, t in declared]
+        wire = wire_dtype(plan, tables, comm_dtype, autocast, device).itemsize
+        cost = estimate_cost(plan, every, topology, batch_size, footprint, dtype.itemsize, wire)
+        table = format_plan(plan, cost, every)
+        log.info("sharding plan (%s, %d ranks):\n%s", sharding, world, table)
+        if autocast is not None and wire == autocast.itemsize != comm_dtype.itemsize:
+            log.info(
+                "output dist in %s both ways: exact, as the model declares (EmbeddingTables "
+                "autocast_output: it casts the pooled embeddings first), half the bytes of fp32",
+                str(autocast).removeprefix("torch."),
+            )
+    start = time.perf_counter()
     by_table = {tp.table: tp for tp in plan.tables}
+    storages = []
     for (path, tables), fs in zip(declared, features, strict=True):
         own = ShardingPlan(world, tuple(by_table[t.name] for t in storage_tables(fs)))
         storage = ShardedEmbeddingCollection(
@@ -137,21 +181,140 @@ def parallelize(
             own,
             group,
             sparse_optimizer,
-            seed=_seed(seed, path),
+            seed=_seed(seed, tables.prefix(path)),
             device=device,
             check_ids=check_ids,
+            stats=stats,
             dtype=dtype,
             host=host,
+            comm_dtype=comm_dtype,
+            autocast_output=tables.autocast_output,
+            equal_batches=equal_batches,
         )
         tables.attach(storage, own)
+        storages.append(storage)
     model.to(device)
+    if rank == 0:
+        _log_built(storages, device, start)
     if world == 1:
         return model
-    storage = tuple(qualify(path, "storage.") for path, _ in declared)
-    ignore = [name for name, _ in model.named_buffers() if name.startswith(storage)]
+    if not any(p.requires_grad for p in model.parameters()):
+        log.info("no dense parameters to average: the model is not wrapped in DDP")
+        return model
+    storage_prefixes = tuple(f"{path}.storage." if path else "storage." for path, _ in declared)
+    ignore = [n for n, _ in model.named_buffers() if n.startswith(storage_prefixes)]
+    ignore += _non_persistent_buffers(model)
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def wire_dtype(
+    plan: ShardingPlan,
+    tables: list[EmbeddingTables],
+    comm_dtype: torch.dtype,
+    autocast: torch.dtype | None,
+    device: torch.device,
+) -> torch.dtype:
+    """The dtype pooled embeddings cross the network in: the autocast dtype when the output
+    dist hands them over in it exactly (ShardedEmbeddingCollection.handoff_dtype: several
+    ranks, CUDA autocast, every declaration's `autocast_output`, no table split by rows),
+    else `comm_dtype`. What the printed plan counts."""
+    handoff = all(t.autocast_output for t in tables) and whole_values(plan)
+    if plan.world_size > 1 and handoff and autocast is not None and device.type == "cuda":
+        return autocast
+    return comm_dtype
+
+
+def _non_persistent_buffers(model: nn.Module) -> list[str]:
+    """Buffers a state dict leaves out: derived constants, nothing for DDP to broadcast."""
+    out = []
+    for name, module in model.named_modules():
+        for b in module._non_persistent_buffers_set:
+            out.append(f"{name}.{b}" if name else b)
+    return out
+
+
+def _same_plan_everywhere(plan: ShardingPlan, group: dist.ProcessGroup, rank: int) -> None:
+    """Every rank must have planned the same: a difference is named at start, not a hang."""
+    fingerprints = all_gather_object(plan.fingerprint(), group, "plan_check")
+    other = next((r for r, f in enumerate(fingerprints) if f != fingerprints[0]), None)
+    if other is not None:
+        raise ValueError(
+            f"rank {other} computed a different sharding plan than rank 0 (fingerprints "
+            f"{fingerprints[other]} and {fingerprints[0]}); every rank must declare the same "
+            "tables and pass the same parallelize arguments (and run the same versions)"
+        )
+
+
+def _check_memory(
+    plan: ShardingPlan,
+    features: list[TableConfig],
+    batch_size: int,
+    footprint: OptimizerFootprint,
+    dtype: torch.dtype,
+    host_gb: float | None,
+    device: torch.device,
+    rank: int,
+) -> None:
+    """Before allocating: this rank's host-resident tables must fit in host memory (`host_gb`,
+    else what is free), and its planned device memory in the GPU."""
+    wb = dtype.itemsize
+    host_need = host_memory(plan, footprint, wb)[rank]
+    if host_need:
+        names = sorted(
+            {tp.table for tp in plan.tables for s in tp.shards if s.on_host and s.rank == rank}
+        )
+        budget = None if host_gb is None else int(host_gb * 2**30)
+        what = f"rank {rank}'s host-resident tables ({', '.join(names)})"
+        check_host_memory(host_need, budget, what)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        need = rank_memory(plan, features, batch_size, footprint, wb)[rank].total
+        if need > total:
+            raise ValueError(
+                f"rank {rank}: the plan puts {need / 2**30:.2f} GiB of embeddings, caches and "
+                f"buffers on {device}, which has {total / 2**30:.2f} GiB; lower sharding.hbm_gb "
+                "(the planner then moves tables to host memory with sharding=auto), "
+                "sharding.cache_fraction or sharding.cache_gb"
+            )
+
+
+def _log_built(
+    storages: list[ShardedEmbeddingCollection], device: torch.device, start: float
+) -> None:
+    """One line at start: the embedding storage just initialised, where, how long (the 1TB
+    model's host tables take a while; say what is happening)."""
+    on_device = sum(b.numel() * b.element_size() for m in storages for b in m.buffers())
+    on_host = 0  # host-resident tables and their optimizer state (plain attributes)
+    for m in storages:
+        for group in m.host_groups():
+            for t in (group.weight, *group.state().values()):
+                on_host += t.numel() * t.element_size()
+    where = f"{human_bytes(on_device)} on {device}"
+    if on_host:
+        where += f", {human_bytes(on_host)} in host memory"
+    log.info(
+        "embeddings initialised on this rank: %s, in %.1f s", where, time.perf_counter() - start
+    )
+
+
+def plan_of(model: nn.Module) -> ShardingPlan:
+    """The plan a parallelized model's tables follow (every declaration's, in module order)."""
+    declared = declared_tables(_inner(model))
+    plans = [t.plan for _, t in declared]
+    if not declared or any(p is None for p in plans):
+        raise ValueError("the model is not parallelized: call hybridrec.parallelize first")
+    return ShardingPlan(plans[0].world_size, tuple(tp for p in plans for tp in p.tables))
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def declarations(model: nn.Module) -> list[EmbeddingTables]:
+    """A (parallelized) model's EmbeddingTables, in module order, inside DDP or not."""
+    return [t for _, t in declared_tables(_inner(model))]
 
 
 def check_inputs(model: nn.Module) -> None:
@@ -160,6 +323,5 @@ def check_inputs(model: nn.Module) -> None:
     it (no host sync per step): a bad id reads row 0 until this call raises, naming the
     feature, the id and the sample. Collective on several ranks: call it at the same point on
     every rank, e.g. when you log."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    for m in embedding_modules(inner):
+    for m in embedding_modules(model):
         m.check_inputs()

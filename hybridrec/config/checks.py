@@ -278,11 +278,6 @@ def _check(c: Config, world_size: int) -> None:
         from hybridrec.model.registry import check_model_config  # imports the user's class
 
         check_model_config(m)
-        if c.sharding.comm_dtype != "fp32":
-            raise ValueError(
-                f"sharding.comm_dtype={c.sharding.comm_dtype} applies to model.arch=dlrm and "
-                "dcnv2; a model class exchanges fp32 pooled embeddings: drop it"
-            )
     else:
         if m.args:
             raise ValueError(

@@ -1,9 +1,8 @@
-"""DLRM models, the built-in model classes (two_tower, wide_deep) and scoring exports. Never
-imports torch.distributed: distribution is hybridrec.builder's and hybridrec.shard's job."""
+"""The built-in models (DLRM / DCNv2, two_tower, wide_deep), their declared tables, and scoring
+exports. Never imports torch.distributed: distribution is hybridrec.shard's job."""
 
 from hybridrec.model.dlrm import DLRM, DenseArch
 from hybridrec.model.inference import (
-    InferenceDLRM,
     InferenceModel,
     PredictInputError,
     load_export,
@@ -19,7 +18,6 @@ __all__ = [
     "PredictInputError",
     "DenseArch",
     "DotInteraction",
-    "InferenceDLRM",
     "InferenceModel",
     "LowRankCrossNet",
     "load_export",

@@ -1,13 +1,15 @@
-"""DLRM and DLRM-DCNv2: a dense part (MLPs + interaction) over an embedding collection.
+"""DLRM and DLRM-DCNv2: a dense part (MLPs + interaction) over the model's embedding tables.
 
     dense [B, F_dense] --bottom MLP--> [B, D] --+
                                                 +--interaction--> top MLP --> logit [B]
-    ids [B, H] --embedding collection--> [B, T, D]
+    ids (KeyedIds) --embeddings--> [B, T, D]
 
-The model holds two children: `embeddings` (any module with forward(ids [B, H]) -> [B, T, D],
-or [B, sum_t D_t] for tables of different widths (dcnv2 only),
-that updates its rows in the backward: the local EmbeddingCollection or a sharded one) and
-`dense` (DenseArch, everything else; the only part data-parallel training wraps in DDP).
+`DLRM` is the dense part (`DenseArch`: bottom MLP, interaction, top MLP) plus the tables it
+declares (`embeddings`, an EmbeddingTables over the model config's features), built and
+sharded like any model: hybridrec.parallelize gives the tables their rows. The tables keep
+their plain names (cat_0, ...; namespace "") and the dense part its keys (bottom.0.weight,
+...), as checkpoints and exports have always named them. dlrm declares `autocast_output`:
+its dot interaction casts the pooled vectors to the autocast dtype before any other use.
 This module never imports torch.distributed.
 """
 
@@ -19,6 +21,8 @@ from torch import nn
 from hybridrec.config import ModelConfig
 from hybridrec.model.interaction import DotInteraction, LowRankCrossNet
 from hybridrec.model.mlp import MLP
+from hybridrec.model.tables import EmbeddingTables
+from hybridrec.types import KeyedIds
 
 
 class DenseArch(nn.Module):
@@ -52,15 +56,17 @@ class DenseArch(nn.Module):
         return self.top(x).squeeze(1)
 
 
-class DLRM(nn.Module):
-    """The full model; `embeddings` is injected so sharded/host versions can replace it."""
+class DLRM(DenseArch):
+    """The full model: DenseArch over `embeddings`, the model config's tables.
 
-    def __init__(self, dense: DenseArch, embeddings: nn.Module) -> None:
-        super().__init__()
-        self.embeddings = embeddings
-        self.dense = dense
+    forward(dense [B, F] float, ids: KeyedIds of the config's features) -> raw outputs [B]
+    fp32 (logits when binary)."""
 
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """dense [B, F] float, ids [B, H] int64 -> raw outputs [B] fp32 (logits when binary)."""
-        pooled = self.embeddings(ids)
-        return self.dense(dense, pooled).float()
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.embeddings = EmbeddingTables.of(
+            config.tables(), namespace="", autocast_output=config.arch == "dlrm"
+        )
+
+    def forward(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(dense, self.embeddings(ids).tensor).float()

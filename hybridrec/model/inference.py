@@ -6,16 +6,15 @@
 `predict` gives what model.task (in the exported config) predicts: click probabilities
 (sigmoid of the output) for binary, the raw output for regression (hybridrec.model.task).
 
-One `nn.EmbeddingBag` per table (each feature pooled by sum or mean, as trained) in front of
-the trained dense part (`DenseArch`; for a model class, the class itself with plain bags
-attached: hybridrec.model.local): the function the trainer computes, without its sharding,
-fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B, num_dense_features]
-float (log-transformed as the data pipeline does), ids [B, H] int64, H = the sum of the
-features' hotness, each feature's ids in its columns (a list feature's padded with -1 past
-its length). Move it with `.to(device)`; it is an ordinary module. `predict` checks its
+The model class the config names, its tables as plain `nn.EmbeddingBag`s (each feature pooled by
+sum or mean, as trained: hybridrec.model.local): the function the trainer computes, without its
+sharding, fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B,
+num_dense_features] float (log-transformed as the data pipeline does), ids [B, H] int64, H = the
+sum of the features' hotness, each feature's ids in its columns (a list feature's padded with -1
+past its length). Move it with `.to(device)`; it is an ordinary module. `predict` checks its
 inputs first (shapes, dtypes, finite dense values, each table's id range) and raises
-PredictInputError, one line naming the table or feature, the value and its row; `forward`
-does not check (it stays traceable).
+PredictInputError, one line naming the table or feature, the value and its row; `forward` does
+not check (it stays traceable).
 
 Loading reads data only: the file's tensors, and its model config as settings (the fields
 of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported or
@@ -33,12 +32,11 @@ import torch
 from torch import nn
 
 from hybridrec.config import ARCHS, ModelConfig
-from hybridrec.model.dlrm import DenseArch
-from hybridrec.model.local import LocalTables, attach_local, pool
+from hybridrec.model.local import LocalTables, attach_local
 from hybridrec.model.registry import MODELS, import_class, make_model
 from hybridrec.model.task import task_of
 from hybridrec.safeload import load_tensors
-from hybridrec.types import TASKS, KeyedIds, hot_offsets, storage_tables
+from hybridrec.types import TASKS, KeyedIds, hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
 
@@ -111,34 +109,10 @@ class Scorer(nn.Module):
                 )
 
 
-class InferenceDLRM(Scorer):
-    """DLRM for scoring: per-table EmbeddingBags + the dense part; raw outputs [B] fp32."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
-        self.one_width = len({t.dim for t in self.tables}) == 1  # else [B, sum D], as trained
-        self.embeddings = nn.ModuleDict(  # one per table (features may share one)
-            {
-                t.name: nn.EmbeddingBag(t.num_rows, t.dim, mode=t.pooling.value)
-                for t in storage_tables(self.tables)
-            }
-        )
-        self.dense = DenseArch(cfg)
-
-    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        o = self.offsets
-        pooled = [
-            pool(self.embeddings[t.table_name].weight, ids[:, o[i] : o[i + 1]], t)
-            for i, t in enumerate(self.tables)
-        ]
-        x = torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
-        return self.dense(dense, x).float()
-
-
 class InferenceModel(Scorer):
-    """A model class's model (model.arch two_tower | wide_deep, or model._target_) for
-    scoring: the class built from the config, its EmbeddingTables given plain EmbeddingBags
-    (hybridrec.model.local). `net` is the module; `weights` its tables by qualified name."""
+    """The config's model (any model.arch, or model._target_) for scoring: the class built
+    from the config, its EmbeddingTables given plain EmbeddingBags (hybridrec.model.local).
+    `net` is the module; `weights` its tables by qualified name."""
 
     def __init__(self, cfg: ModelConfig, cls: type[nn.Module]) -> None:
         super().__init__(cfg)
@@ -198,10 +172,10 @@ def model_config(path: Path, text: object, trust_import: bool = False) -> ModelC
 def load_export(
     path: str | Path, cfg: ModelConfig | None = None, trust_import: bool = False
 ) -> Scorer:
-    """The model in a hybridrec-export file: InferenceDLRM for dlrm and dcnv2, InferenceModel
-    for a model class. `cfg`: the model config, needed only for files written before exports
-    carried it; shapes are checked either way. `trust_import`: build a `model._target_` class,
-    which imports it (runs its module's code); refused otherwise."""
+    """The model in a hybridrec-export file (an InferenceModel). `cfg`: the model config, needed
+    only for files written before exports carried it; shapes are checked either way.
+    `trust_import`: build a `model._target_` class, which imports it (runs its module's code);
+    refused otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such exported model (write one with hybridrec-export)")
@@ -219,14 +193,9 @@ def load_export(
         raise ValueError(
             f"model._target_={cfg._target_}: building it imports it; pass trust_import=True"
         )
-    model: Scorer
-    if not cfg.built_by_class():
-        model = InferenceDLRM(cfg)
-        params = model.state_dict()
-    else:
-        cls = import_class(cfg._target_) if cfg._target_ else MODELS[cfg.arch]
-        model = InferenceModel(cfg, cls)
-        params = model.expected()
+    cls = import_class(cfg._target_) if cfg._target_ else MODELS[cfg.arch]
+    model = InferenceModel(cfg, cls)
+    params = model.expected()
     weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
     expected = {k: list(v.shape) for k, v in params.items()}
     diffs = [
@@ -236,13 +205,10 @@ def load_export(
     ]
     if diffs:
         raise ValueError(f"{path} does not fit model {cfg.name}:\n  " + "\n  ".join(diffs))
-    if isinstance(model, InferenceDLRM):
-        model.load_state_dict(weights, strict=True)
-    else:
-        unexpected = sorted(set(weights) - set(params))
-        if unexpected:
-            raise ValueError(f"{path} does not fit model {cfg.name}: unexpected {unexpected}")
-        with torch.no_grad():
-            for k, v in params.items():
-                v.copy_(weights[k])
+    unexpected = sorted(set(weights) - set(params))
+    if unexpected:
+        raise ValueError(f"{path} does not fit model {cfg.name}: unexpected {unexpected}")
+    with torch.no_grad():
+        for k, v in params.items():
+            v.copy_(weights[k])
     return model.eval()

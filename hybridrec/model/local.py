@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hybridrec.model.tables import declared_tables
+from hybridrec.model.tables import declared_tables, qualify
 from hybridrec.types import Pooling, TableConfig, hot_offsets, storage_tables
 
 
@@ -60,18 +60,13 @@ class LocalTables(nn.Module):
         return torch.stack(pooled, dim=1) if self.one_width else torch.cat(pooled, dim=1)
 
 
-def qualify(path: str, name: str) -> str:
-    """A declaration's table or feature as plans, checkpoints and exports name it."""
-    return f"{path}.{name}" if path else name
-
-
 def attach_local(model: nn.Module) -> dict[str, nn.Parameter]:
     """Attach LocalTables to every EmbeddingTables of `model`; returns each table's weight by
-    qualified name ("<module path>.<table>")."""
+    qualified name ("<namespace>.<table>", hybridrec.model.tables)."""
     weights = {}
     for path, tables in declared_tables(model):
         storage = LocalTables(tables.features)
         tables.attach(storage)
         for name, bag in storage.bags.items():
-            weights[qualify(path, name)] = bag.weight
+            weights[qualify(tables.prefix(path), name)] = bag.weight
     return weights

@@ -1,17 +1,20 @@
 """Models by config: a built-in one by name (`model.arch`), or the user's by import path
 (`model._target_=my_pkg.MyModel`, Hydra's convention), with keyword arguments `model.args`.
+`build_model(m)` is the one way a config becomes a model (no rows yet: hybridrec.parallelize,
+or hybridrec.model.local for scoring, gives them); every model declares its tables with
+EmbeddingTables, so every model is sharded the same way.
 
 The contract of a model class (docs/library.md, "Models by config"):
 - `__init__(**model.args)`; a parameter named `features` also receives the dataset's sparse
   features (a tuple of TableConfig: name, table_name, num_rows, dim, hotness, pooling,
-  jagged), `num_dense_features` the number of dense inputs, `task` model.task.
+  jagged), `num_dense_features` the number of dense inputs, `task` model.task, `config` the
+  whole model config (the built-in DLRM reads its keys from it).
 - It declares `EmbeddingTables` whose features are named as the dataset's, with the same ids
   per sample and list flag, and tables at least as long as the dataset's.
 - `forward(dense [B, num_dense_features] float, ids: KeyedIds) -> outputs [B]`.
 - Its loss is model.task's (hybridrec.model.task); a class attribute `task` ("binary" or
   "regression") states the one it needs, refused when the dataset's differs.
-Every mismatch is one line naming the model, feature and what to do. dlrm and dcnv2 are
-built from the config's keys by hybridrec.builder; this module builds the others.
+Every mismatch is one line naming the model, feature and what to do.
 """
 
 from __future__ import annotations
@@ -23,12 +26,19 @@ from collections.abc import Sequence
 from torch import nn
 
 from hybridrec.config import ModelConfig
+from hybridrec.model.dlrm import DLRM
 from hybridrec.model.tables import declared_tables
 from hybridrec.model.zoo import TwoTower, WideDeep
 from hybridrec.types import TableConfig
 
-MODELS: dict[str, type[nn.Module]] = {"two_tower": TwoTower, "wide_deep": WideDeep}
-PROVIDED = ("features", "num_dense_features", "task")  # filled in by name, not from model.args
+MODELS: dict[str, type[nn.Module]] = {
+    "dlrm": DLRM,
+    "dcnv2": DLRM,  # the same class: model.arch picks the interaction
+    "two_tower": TwoTower,
+    "wide_deep": WideDeep,
+}
+# filled in by name, not from model.args
+PROVIDED = ("features", "num_dense_features", "task", "config")
 
 
 def model_name(m: ModelConfig) -> str:
@@ -59,8 +69,13 @@ def model_class(m: ModelConfig) -> type[nn.Module]:
     if m._target_:
         return import_class(m._target_)
     if m.arch not in MODELS:
-        raise ValueError(f"model.arch={m.arch} is built by hybridrec.builder, not a model class")
+        raise ValueError(f"model.arch={m.arch!r} is not one of: {', '.join(MODELS)}")
     return MODELS[m.arch]
+
+
+def build_model(m: ModelConfig) -> nn.Module:
+    """The model `m` names, its declared features checked against the data (no rows yet)."""
+    return make_model(m, model_class(m))
 
 
 def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
@@ -72,7 +87,12 @@ def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
         raise ValueError(
             f"model.args.{given[0]}: {model_name(m)} gets {given[0]} from the dataset; drop it"
         )
-    provided = {"features": m.tables(), "num_dense_features": m.num_dense_features, "task": m.task}
+    provided = {
+        "features": m.tables(),
+        "num_dense_features": m.num_dense_features,
+        "task": m.task,
+        "config": m,
+    }
     kwargs = {k: v for k, v in provided.items() if k in params}
     kwargs.update(m.args)
     try:

@@ -18,12 +18,20 @@ An `EmbeddingTables` declares tables (name, rows, width) and the features that l
 itself: `hybridrec.parallelize(model, ...)` plans every declaration in the module tree, on one
 process or many, and attaches each its storage (`attach`), an embedding module with the
 contract of hybridrec.sparse.api (rows updated by the sparse optimizer in the backward). The
-rest of the model stays plain PyTorch. This module never imports torch.distributed.
+rest of the model stays plain PyTorch. Every model hybridrec trains, built-in or the user's,
+declares its tables this way. This module never imports torch.distributed.
+
+Plans, checkpoints and exports name a declaration's tables and features "<namespace>.<name>":
+the namespace is the module path ("users.user") unless given (`namespace=""`: plain names, as
+DLRM's tables have always been named). `autocast_output=True` declares that the model casts
+the pooled output to the autocast dtype before any other use (DLRM's dot interaction does):
+under autocast the storage may then hand it over in that dtype, half the bytes, the same bits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +101,17 @@ class EmbeddingTables(nn.Module):
     order) -> Pooled. Raises ValueError at construction for a declaration that cannot work:
     no tables, a feature naming no declared table, repeated names, bad sizes."""
 
-    def __init__(self, tables: Sequence[Table], features: Sequence[Feature] | None = None):
+    def __init__(
+        self,
+        tables: Sequence[Table],
+        features: Sequence[Feature] | None = None,
+        *,
+        namespace: str | None = None,
+        autocast_output: bool = False,
+    ):
         super().__init__()
+        self.namespace = namespace
+        self.autocast_output = autocast_output
         tables = list(tables)
         if not tables:
             raise ValueError("EmbeddingTables needs at least one Table")
@@ -140,16 +157,72 @@ class EmbeddingTables(nn.Module):
         self.features = tuple(configs)  # one TableConfig per feature (hybridrec.types)
         self.storage: nn.Module | None = None
         self.plan: ShardingPlan | None = None  # how `storage` is sharded, once attached
+        # the storage call, when it must differ from calling it (a plain function, never a
+        # module: it would be registered twice)
+        self._lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        features: Sequence[TableConfig],
+        *,
+        namespace: str | None = None,
+        autocast_output: bool = False,
+    ) -> EmbeddingTables:
+        """A declaration of `features` (TableConfig per feature, as a dataset or
+        ModelConfig.tables() gives them; features sharing a table name it once)."""
+        tables: dict[str, Table] = {}
+        for f in features:
+            tables.setdefault(f.table_name, Table(f.table_name, f.num_rows, f.dim))
+        return cls(
+            list(tables.values()),
+            [
+                Feature(f.name, f.table_name, f.hotness, f.pooling.value, f.jagged, f.mean_ids)
+                for f in features
+            ],
+            namespace=namespace,
+            autocast_output=autocast_output,
+        )
 
     @property
     def feature_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.features)
+
+    def qualified(self, path: str) -> list[TableConfig]:
+        """Its features as plans, checkpoints and exports name them, declared at module path
+        `path`: "<namespace>.<feature>" looking up "<namespace>.<table>" (module docstring)."""
+        ns = self.prefix(path)
+        return [
+            dataclasses.replace(f, name=qualify(ns, f.name), storage=qualify(ns, f.table_name))
+            for f in self.features
+        ]
+
+    def prefix(self, path: str) -> str:
+        """The namespace of its names when declared at module path `path`."""
+        return path if self.namespace is None else self.namespace
+
+    def select(self, ids: KeyedIds) -> torch.Tensor:
+        """The columns of a batch's ids [B, H] that these features read, in their order
+        ([B, sum of their hotness]); ValueError naming a missing or mis-sized feature."""
+        return ids.select(self.feature_names, [f.hotness for f in self.features])
 
     def attach(self, storage: nn.Module, plan: ShardingPlan | None = None) -> None:
         """Give the declaration its rows: an embedding module over `self.features` (in order,
         names as given, or qualified by the caller) with forward(ids [B, H]) -> pooled, and
         the plan it follows."""
         self.storage, self.plan = storage, plan
+        self._lookup = None
+
+    def keep_lookup_eager(self) -> None:
+        """Under torch.compile of the model, call the storage eagerly (a graph break): its
+        backward updates rows and runs collectives, nothing a graph can hold."""
+        storage = self.storage
+        assert storage is not None, "attach storage first"
+
+        def lookup(cols: torch.Tensor) -> torch.Tensor:
+            return storage(cols)
+
+        self._lookup = torch.compiler.disable(lookup)
 
     def forward(self, ids: KeyedIds | torch.Tensor) -> Pooled:
         if self.storage is None:
@@ -158,7 +231,7 @@ class EmbeddingTables(nn.Module):
                 "first (it plans and builds them, on one process or many)"
             )
         if isinstance(ids, KeyedIds):
-            cols = ids.select(self.feature_names, [f.hotness for f in self.features])
+            cols = self.select(ids)
         else:
             want = sum(f.hotness for f in self.features)
             if ids.dim() != 2 or ids.shape[1] != want:
@@ -167,10 +240,22 @@ class EmbeddingTables(nn.Module):
                     f"ids [B, {want}] of exactly these features; got {list(ids.shape)}"
                 )
             cols = ids
-        return Pooled(self.storage(cols), self.feature_names, [f.dim for f in self.features])
+        pooled = (self._lookup or self.storage)(cols)
+        return Pooled(pooled, self.feature_names, [f.dim for f in self.features])
+
+
+def qualify(namespace: str, name: str) -> str:
+    """A declaration's table or feature as plans, checkpoints and exports name it."""
+    return f"{namespace}.{name}" if namespace else name
 
 
 def declared_tables(model: nn.Module) -> list[tuple[str, EmbeddingTables]]:
     """Every EmbeddingTables in `model`, with its module path ("" for the model itself), in
     module order (the order every rank sees)."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, EmbeddingTables)]
+
+
+def declared_features(model: nn.Module) -> list[TableConfig]:
+    """Every declaration's features, qualified (EmbeddingTables.qualified), in module order:
+    what plans, checkpoints and exports name."""
+    return [f for path, t in declared_tables(model) for f in t.qualified(path)]

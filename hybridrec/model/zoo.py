@@ -19,14 +19,15 @@ Qualified table names (plans, checkpoints, exports): "users.<table>", "user_bias
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from hybridrec.model.mlp import MLP
-from hybridrec.model.tables import EmbeddingTables, Feature, Table
-from hybridrec.types import KeyedIds, TableConfig
+from hybridrec.model.tables import EmbeddingTables
+from hybridrec.types import KeyedIds, Pooling, TableConfig
 
 
 def mirror(
@@ -36,23 +37,9 @@ def mirror(
     the dataset's (or `dim` for all), pooling as the dataset's (or `pool` when `dim` is set)."""
     by_name = {f.name: f for f in features}
     chosen = [by_name[n] for n in names]
-    tables: dict[str, Table] = {}
-    for f in chosen:
-        tables.setdefault(f.table_name, Table(f.table_name, f.num_rows, dim or f.dim))
-    return EmbeddingTables(
-        list(tables.values()),
-        [
-            Feature(
-                f.name,
-                f.table_name,
-                f.hotness,
-                pool if dim is not None else f.pooling.value,
-                f.jagged,
-                f.mean_ids,
-            )
-            for f in chosen
-        ],
-    )
+    if dim is not None:
+        chosen = [dataclasses.replace(f, dim=dim, pooling=Pooling(pool)) for f in chosen]
+    return EmbeddingTables.of(chosen)
 
 
 def _feature_list(key: str, value: object, known: Sequence[str]) -> list[str]:

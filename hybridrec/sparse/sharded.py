@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrec import timing
-from hybridrec.distributed.comm import CommStats, ScaleGrad, any_rank, world_size
+from hybridrec.distributed.comm import CommStats, ScaleGrad, all_gather_rows, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
 from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
 from hybridrec.sparse.exchange.input import Routed, build_routes, input_dist
@@ -77,8 +77,15 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         dtype: torch.dtype = torch.float32,
         host: HostOptions | None = None,
         comm_dtype: torch.dtype = torch.float32,
+        autocast_output: bool = False,
+        equal_batches: bool = False,
     ) -> None:
+        """`autocast_output`: the model casts the pooled output to the autocast dtype before
+        any other use (EmbeddingTables' declaration), so it may arrive in it (handoff_dtype).
+        `equal_batches`: every rank feeds as many samples at every step (the trainer's loader
+        pads to it), so no step shares its batch sizes first (see forward)."""
         super().__init__()
+        self.equal_batches = equal_batches
         self.tables = list(tables)
         self.group, self.stats = group, stats
         # pooled embeddings and their gradients travel in this dtype (fp32: exact; bf16 or
@@ -111,7 +118,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             offsets = [start[f] for f in range(len(self.tables))]
             self.sample_major = sample_major_layout(self.tables, offsets, self.device)
         self.prefetches = self.layout.has_host
-        self.autocast_output = False  # set for DLRM by hybridrec.builder
+        self.autocast_output = autocast_output
         self._staged: Staged | None = None
 
     # -- the interface the trainer and checkpoints use (hybridrec.sparse.api) ---------------
@@ -259,10 +266,11 @@ class ShardedEmbeddingCollection(EmbeddingModule):
 
     def handoff_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype when the pooled embeddings go to the dense part in it: under
-        autocast, with `autocast_output` (DLRM: the dot interaction casts them first) and
-        whole values on the wire (no row-wise partial sums still to add). The output dist
-        then carries that dtype both ways, exactly; the 1/W scale is applied in fp32 after
-        the backward exchange instead of before it: the same products. None: fp32."""
+        autocast, with `autocast_output` (declared by the model: DLRM's dot interaction casts
+        them first) and whole values on the wire (no row-wise partial sums still to add). The
+        output dist then carries that dtype both ways, exactly; the 1/W scale is applied in
+        fp32 after the backward exchange instead of before it: the same products. None:
+        fp32."""
         if (
             self.autocast_output
             and self.layout.whole_values
@@ -274,7 +282,32 @@ class ShardedEmbeddingCollection(EmbeddingModule):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]) fp32 (or the hand-off
-        dtype; jagged tables' columns padded with PAD_ID)."""
+        dtype; jagged tables' columns padded with PAD_ID). Without `equal_batches`, several
+        ranks first share their B_l (a small all-gather): in training they must be equal
+        (every rank raises, naming them), under no_grad any sizes work (padded, then cut)."""
+        if self.world > 1 and not self.equal_batches and self._staged is None:
+            sizes = self._batch_sizes(ids.shape[0])
+            if len(set(sizes)) > 1:
+                if torch.is_grad_enabled():
+                    raise ValueError(
+                        f"rank {self.rank}: the ranks' batches differ in size in training "
+                        f"({', '.join(f'rank {r}: {n}' for r, n in enumerate(sizes))}); the "
+                        "gradient is a mean over equal slices of the global batch: give every "
+                        "rank the same number of samples (drop a last partial batch, or split "
+                        "it evenly); evaluation under torch.no_grad() takes any sizes"
+                    )
+                padded = ids.new_zeros(max(sizes), ids.shape[1])  # id 0: in every table
+                padded[: ids.shape[0]] = ids
+                return self._pooled(padded)[: ids.shape[0]]
+        return self._pooled(ids)
+
+    def _batch_sizes(self, n: int) -> list[int]:
+        """Every rank's B_l (a collective; reads them on the host)."""
+        local = torch.tensor([n], dtype=torch.int64, device=self.device)
+        return all_gather_rows(local, self.group, name="batch_sizes").tolist()
+
+    def _pooled(self, ids: torch.Tensor) -> torch.Tensor:
+        """forward, once every rank holds as many samples (see forward)."""
         staged, self._staged = self._staged, None
         error = None
         if staged is not None:

@@ -21,7 +21,6 @@ import math
 from collections.abc import Callable, Iterator
 
 import torch
-from torch import nn
 
 from hybridrec.distributed.comm import all_gather_rows
 from hybridrec.distributed.env import DistEnv
@@ -31,7 +30,7 @@ from hybridrec.types import Batch
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     loader: Iterator[Batch],
     env: DistEnv,
     batch_size: int,
@@ -44,8 +43,8 @@ def evaluate(
     check_dense: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """model.task `task`'s metrics over `batches` global batches of `batch_size` (None: the
-    whole split of `split_rows` rows, or the loader's end); {} when the loader yields nothing."""
-    model.eval()
+    whole split of `split_rows` rows, or the loader's end); {} when the loader yields nothing.
+    `score(dense [b, F], ids [b, H]) -> outputs [b]`: the model's forward, in eval mode."""
     world = env.world_size
     local_batch = -(-batch_size // world)
     first = env.rank * local_batch + torch.arange(local_batch, device=env.device)
@@ -61,7 +60,7 @@ def evaluate(
             with autocast:
                 for lo in range(0, batch.size, chunk or batch.size):
                     hi = lo + (chunk or batch.size)
-                    logits.append(model(dense[lo:hi], batch.ids[lo:hi]).float())
+                    logits.append(score(dense[lo:hi], batch.ids[lo:hi]).float())
             labels.append(batch.labels)
             real.append(in_batch & (first + step * batch_size < limit))
     finally:

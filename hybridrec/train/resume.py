@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridrec.builder import model_features
 from hybridrec.config import Config
-from hybridrec.custom import LibraryModel, stored_tables
 from hybridrec.distributed.env import DistEnv
+from hybridrec.model.tables import declared_features
 from hybridrec.train.checkpoint import (
     CorruptCheckpointError,
     TrainState,
@@ -32,6 +33,7 @@ from hybridrec.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from hybridrec.train.checkpoint.format import dense_module
 from hybridrec.types import ShardingPlan
 
 log = logging.getLogger("hybridrec")
@@ -58,7 +60,7 @@ def check_resume(cfg: Config) -> None:
     tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
     path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
     if path is not None:
-        check_matches(path, stored_tables(cfg), cfg.optim.sparse.name, cfg.optim.dense.name)
+        check_matches(path, model_features(cfg), cfg.optim.sparse.name, cfg.optim.dense.name)
 
 
 class Checkpointer:
@@ -74,7 +76,7 @@ class Checkpointer:
     ) -> None:
         self.cfg, self.env, self.model, self.dense_opt, self.plan = cfg, env, model, dense_opt, plan
         self.resume_from = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
-        self.tables = model.tables if isinstance(model, LibraryModel) else list(cfg.model.tables())
+        self.tables = declared_features(dense_module(model))  # as checkpoints name them
         self.signature = model_signature(
             self.tables, model, cfg.optim.sparse.name, cfg.optim.dense.name
         )

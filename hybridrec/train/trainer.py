@@ -27,9 +27,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from hybridrec import timing
-from hybridrec.builder import build_model, compile_dense
+from hybridrec.builder import build
 from hybridrec.config import Config
-from hybridrec.custom import LibraryModel, build_library_model
 from hybridrec.data import build_loader, build_source
 from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed import failure
@@ -37,11 +36,11 @@ from hybridrec.distributed.comm import all_reduce_sum, any_rank
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import task_of
 from hybridrec.optim import LRSchedule, build_dense_optimizer
-from hybridrec.sparse.api import embedding_modules
+from hybridrec.shard import declarations
+from hybridrec.sparse.api import EmbeddingModule, IdCounts, embedding_modules
 from hybridrec.timing import PhaseTimer
 from hybridrec.train import console
 from hybridrec.train.checkpoint import CheckpointError, check_writable, checkpoint_step
-from hybridrec.train.checkpoint.format import dense_module
 from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_names
 from hybridrec.train.evaluator import evaluate
 from hybridrec.train.health import NonFiniteWatch
@@ -51,7 +50,7 @@ from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.train.resume import Checkpointer, check_resume
-from hybridrec.types import Batch
+from hybridrec.types import Batch, KeyedIds
 
 log = logging.getLogger("hybridrec")
 
@@ -68,20 +67,13 @@ class Trainer:
         elif env.is_main and not cfg.eval.only:
             warn_many_epochs(cfg.train.steps, self.source, cfg.train.batch_size)
         check_resume(cfg)  # a checkpoint of another model is refused before any allocation
-        if cfg.model.built_by_class():  # a model class (hybridrec.custom); compile does not apply
-            self.model, self.plan = build_library_model(cfg, env)
-            if cfg.train.compile in ("dense", "graphs") and env.is_main:
-                log.warning(
-                    "train.compile=%s compiles DLRM's dense part; a model class runs eager",
-                    cfg.train.compile,
-                )
-        else:
-            self.model, self.plan = build_model(cfg, env)
-            self.model.dense = compile_dense(self.model.dense, cfg.train.compile, env.device)
-        self.dense_opt = build_dense_optimizer(
-            dense_module(self.model).parameters(), cfg.optim.dense, env.device
-        )
+        self.model, self.plan = build(cfg, env)  # any model, sharded by hybridrec.parallelize
+        self.dense_opt = build_dense_optimizer(self.model.parameters(), cfg.optim.dense, env.device)
         self.schedule = LRSchedule(cfg.optim.schedule, cfg.optim.dense.lr, cfg.optim.sparse.lr)
+        # the batch's id columns are the dataset's features, in order; each declaration of
+        # tables reads its own features from them by name
+        self.features = cfg.model.tables()
+        self.tables = {id(t.storage): t for t in declarations(self.model)}
         self.embeddings = embedding_modules(self.model)
         opts = [opt for m in self.embeddings for opt in m.sparse_optimizers()]
         self._sparse_opts = list({id(o): o for o in opts}.values())  # each shared one once
@@ -119,11 +111,28 @@ class Trainer:
             else {}
         )
 
+    def keyed(self, ids: torch.Tensor) -> KeyedIds:
+        """A batch's ids [B, H] by feature: the dataset's features, in order."""
+        return KeyedIds(ids, [f.name for f in self.features], [f.hotness for f in self.features])
+
+    def score(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The model's raw outputs [B] fp32 for dense [B, F] and ids [B, H] (its forward)."""
+        return self.model(dense, self.keyed(ids)).float()
+
+    def module_ids(self, module: EmbeddingModule, ids: torch.Tensor) -> torch.Tensor:
+        """The columns of a batch's ids [B, H] that embedding `module` looks up."""
+        return self.tables[id(module)].select(self.keyed(ids))
+
+    def module_counts(self, module: EmbeddingModule, counts: IdCounts) -> IdCounts:
+        """The data's id counts by the dataset's feature index, as `module` indexes them."""
+        index = {f.name: i for i, f in enumerate(self.features)}
+        where = [index[name] for name in self.tables[id(module)].feature_names]
+        return lambda f: counts(where[f])
+
     def warm_start_caches(self) -> int:
         """Fill host caches from the data's id counts; returns the rows loaded here."""
         counts = getattr(self.source, "id_counts", None)  # file and synthetic sources have them
-        remap = self.model.module_counts if isinstance(self.model, LibraryModel) else None
-        return warm_start(self.embeddings, counts, self.cfg.train.batch_size, remap)
+        return warm_start(self.embeddings, counts, self.cfg.train.batch_size, self.module_counts)
 
     # -- data -------------------------------------------------------------------------------
     def loader(self, split: str = "train", start_step: int = 0):  # noqa: ANN201
@@ -150,8 +159,7 @@ class Trainer:
     # -- steps ----------------------------------------------------------------------------
     def pipeline(self, batches: Iterator[Batch]) -> TrainPipeline:
         """Look-ahead over `batches` for this model's embedding modules (see TrainPipeline)."""
-        select = self.model.module_ids if isinstance(self.model, LibraryModel) else None
-        return TrainPipeline(batches, self.env.device, self.embeddings, select)
+        return TrainPipeline(batches, self.env.device, self.embeddings, self.module_ids)
 
     def train_batches(
         self, batches: Sequence[Batch], look_ahead: bool = True
@@ -180,8 +188,9 @@ class Trainer:
             dense = batch.dense
             if self.dense_checks:
                 dense = self.dense_checks["train"](dense, self.step, self.env.rank * batch.size)
-            with timing.phase("forward"), self.autocast:
-                logits = self.model(dense, batch.ids)
+            # DDP's own forward collective (its bucket rebuild, in step 2) is named too
+            with timing.phase("forward"), self.autocast, self._ddp_exchange("DDP forward"):
+                logits = self.score(dense, batch.ids)
             loss = self.loss(logits, batch.labels)
             if pipeline is not None:
                 pipeline.prefetch_next()
@@ -196,7 +205,7 @@ class Trainer:
                     self.skipped,
                 )
                 return loss.detach()
-            with timing.phase("backward"), self._ddp_exchange():
+            with timing.phase("backward"), self._ddp_exchange("dense_grads (DDP all-reduce)"):
                 loss.backward()  # also applies the sparse optimizer to the touched embedding rows
             with timing.phase("dense_optimizer"):
                 self.dense_opt.step()
@@ -204,12 +213,13 @@ class Trainer:
             self.step += 1
             return loss.detach()
 
-    def _ddp_exchange(self) -> contextlib.AbstractContextManager:
-        """The backward's own collectives are named where they run; what fails outside them
-        is DDP's gradient all-reduce (it runs inside the autograd engine, unwrapped)."""
+    def _ddp_exchange(self, name: str) -> contextlib.AbstractContextManager:
+        """The model's own collectives are named where they run; what fails outside them is
+        DDP's (its gradient all-reduce inside the autograd engine, its bucket rebuild at the
+        start of the second forward): named `name`."""
         if self.env.group is None:
             return contextlib.nullcontext()
-        return failure.exchange("dense_grads (DDP all-reduce)", self.env.group)
+        return failure.exchange(name, self.env.group)
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank (a collective: every rank calls it)."""
@@ -241,8 +251,9 @@ class Trainer:
         or the whole split (None, or `whole`); the same on every rank and for any world size
         (hybridrec.train.evaluator)."""
         with timing.active(self.timer), failure.at(f"evaluation after step {self.step}"):
+            self.model.eval()
             return evaluate(
-                self.model,
+                self.score,
                 self.loader(split),
                 self.env,
                 self.cfg.eval.batch_size,

@@ -21,7 +21,7 @@ import torch
 from hybridrec.data import build_source
 from hybridrec.data.loader import SliceLoader
 from hybridrec.distributed import DistEnv, init_distributed
-from hybridrec.model import InferenceDLRM, load_export
+from hybridrec.model import DLRM, InferenceModel, load_export
 from hybridrec.train.evaluator import evaluate
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
@@ -57,7 +57,7 @@ class FloatLabels:
     """An in-memory source: EVAL_ROWS samples with real-valued labels in its eval split (a
     last batch wraps around to the start, as file sources do)."""
 
-    def __init__(self, model: InferenceDLRM, rows: int = EVAL_ROWS) -> None:
+    def __init__(self, model: InferenceModel, rows: int = EVAL_ROWS) -> None:
         g = torch.Generator().manual_seed(11)
         self.rows = rows
         self.dense = torch.randn(rows, model.cfg.num_dense_features, generator=g)
@@ -73,9 +73,9 @@ class FloatLabels:
         return Batch(self.dense[idx], self.ids[idx], self.labels[idx])
 
 
-def _model(path: str) -> InferenceDLRM:
+def _model(path: str) -> InferenceModel:
     torch.manual_seed(5)
-    return InferenceDLRM(_cfg(path, "none", "sgd", 1).model)
+    return InferenceModel(_cfg(path, "none", "sgd", 1).model, DLRM)
 
 
 def _eval_metrics(env: DistEnv, path: str) -> dict[str, float]:
@@ -152,6 +152,6 @@ def test_a_regression_run_logs_its_metrics_stops_at_its_target_and_exports_raw_o
     batch = trainer.train_batch(3)
     trainer.model.eval()
     with torch.no_grad():
-        want = trainer.model(batch.dense, batch.ids)
+        want = trainer.score(batch.dense, batch.ids)
     torch.testing.assert_close(model.predict(batch.dense, batch.ids), want, rtol=1e-5, atol=1e-6)
     assert not torch.equal(model.predict(batch.dense, batch.ids), torch.sigmoid(want))

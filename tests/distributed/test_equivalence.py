@@ -23,9 +23,10 @@ import functools
 import pytest
 import torch
 
+from hybridrec.builder import model_features
 from hybridrec.config import Config
-from hybridrec.custom import stored_tables
 from hybridrec.distributed import DistEnv, init_distributed
+from hybridrec.train.checkpoint.format import dense_state
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import storage_tables
 from tests.configs import make_config
@@ -82,12 +83,10 @@ def snapshot(trainer: Trainer) -> dict:
     """Copies of this rank's shards (spec, weight, state) and dense weights, and the plan."""
     shards = [
         (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-        for spec, w, st in trainer.model.embeddings.shard_views()
+        for m in trainer.embeddings
+        for spec, w, st in m.shard_views()
     ]
-    dense = {
-        k.removeprefix("module."): v.detach().clone()
-        for k, v in trainer.model.dense.state_dict().items()
-    }
+    dense = {k: v.detach().clone() for k, v in dense_state(trainer.model).items()}
     return {"shards": shards, "dense": dense, "plan": trainer.plan}
 
 
@@ -97,7 +96,7 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
 
 def assemble(cfg: Config, results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
     """Full tables (weight and state) rebuilt from every rank's shards; replicas must agree."""
-    tables = {t.name: t for t in storage_tables(stored_tables(cfg))}
+    tables = {t.name: t for t in storage_tables(model_features(cfg))}
     full: dict[str, dict[str, torch.Tensor]] = {}
     seen: dict[str, torch.Tensor] = {}
     for res in results:

@@ -31,7 +31,7 @@ def _train(env: DistEnv, mode: str, sparse: str, handoff: bool) -> dict:
     cfg = make_cfg(mode, sparse, env.world_size)
     trainer = Trainer(cfg, env)
     trainer.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
-    emb = trainer.model.embeddings
+    emb = trainer.embeddings[0]
     emb.autocast_output, emb.stats = handoff, CommStats()
     with trainer.autocast:
         wire = emb.handoff_dtype(torch.device("cpu"))
@@ -96,19 +96,20 @@ def test_bf16_handoff_trains_bit_for_bit_at_half_the_bytes(runs, mode, sparse, w
 def test_the_plan_table_counts_the_bf16_wire_where_it_will_be_used():
     """On CUDA under bf16 autocast a DLRM plan without row splits exchanges bf16: the plan
     table's output-dist bytes halve; on the CPU, for DCNv2 or with row splits they do not."""
-    from hybridrec.builder import bf16_wire, make_plan, plan_report
+    from hybridrec.builder import make_plan
+    from hybridrec.model.registry import build_model
+    from hybridrec.shard import declarations, wire_dtype
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
+    bf16, fp32 = torch.bfloat16, torch.float32
+
+    def wire(cfg, device, autocast=bf16):
+        tables = declarations(build_model(cfg.model))
+        return wire_dtype(make_plan(cfg, 2), tables, fp32, autocast, device)
+
     cfg = make_cfg("table_wise", "sgd", 2)
-    plan = make_plan(cfg, 2)
-    assert bf16_wire(cfg, plan, cuda) and not bf16_wire(cfg, plan, cpu)
-    assert plan_report(cfg, plan, cuda) != plan_report(cfg, plan, cpu)
-    cfg.sharding.comm_dtype = "bf16"  # the lossy option counts the same bytes
-    assert plan_report(cfg, plan, cpu) == plan_report(cfg, make_plan(cfg, 2), cuda)
-    cfg = make_cfg("row_wise", "sgd", 2)
-    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
-    cfg = make_cfg("table_wise", "sgd", 2)
-    cfg.train.autocast = "none"
-    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
-    cfg.train.autocast, cfg.model.arch = "bf16", "dcnv2"
-    assert not bf16_wire(cfg, make_plan(cfg, 2), cuda)
+    assert wire(cfg, cuda) == bf16 and wire(cfg, cpu) == fp32
+    assert wire(cfg, cuda, autocast=None) == fp32
+    assert wire(make_cfg("row_wise", "sgd", 2), cuda) == fp32  # partial sums stay fp32
+    cfg.model.arch = "dcnv2"
+    assert wire(cfg, cuda) == fp32

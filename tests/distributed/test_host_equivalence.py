@@ -51,7 +51,7 @@ def collect(
         first = batches[0].to(env.device)
         logits = trainer.model(first.dense, first.ids)
     losses = [trainer.global_mean(v) for v in trainer.train_batches(batches, prefetch)]
-    emb = trainer.model.embeddings
+    emb = trainer.embeddings[0]
     stats = emb.cache_stats()
     return {
         "logits": logits,

@@ -139,7 +139,33 @@ def train(group, sharding: str, pins, sparse: str) -> dict:
 
 
 def run_cases(env, cases):
-    return [train(env.group, *case) for case in cases]
+    return {"cases": [train(env.group, *case) for case in cases], "uneven": uneven(env.group)}
+
+
+def uneven(group) -> dict:
+    """A global batch of 23 split unevenly over the ranks (the last partial batch of an
+    epoch): evaluation under no_grad scores each rank's samples as one process would; a
+    training step on such a split is refused on every rank."""
+    torch.manual_seed(0)
+    model = hybridrec.parallelize(
+        TwoSided(), batch_size=B, sparse_optimizer=SparseSGD(0.1), group=group,
+        sharding="row_wise", seed=11,
+    )  # fmt: skip
+    world = dist.get_world_size(group) if group is not None else 1
+    rank = dist.get_rank(group) if group is not None else 0
+    dense, ids, labels = batches()[0]
+    cuts = [round(23 * r / world) for r in range(world + 1)]  # e.g. 12 / 11
+    part = slice(cuts[rank], cuts[rank + 1])
+    keyed = KeyedIds(ids[part], *zip(*FEATURES, strict=True))
+    with torch.no_grad():
+        scores = model(dense[part], keyed)
+    refused = None
+    if world > 1:
+        try:
+            model(dense[part], keyed).sum().backward()
+        except ValueError as e:
+            refused = str(e)
+    return {"scores": scores, "refused": refused}
 
 
 def full_tables(results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
@@ -169,10 +195,14 @@ def reference(sparse: str) -> dict:
 def test_user_model_matches_one_process(world):
     results = spawn(world, run_cases, CASES)
     tol = {"rtol": 1e-4, "atol": 1e-5}
+    want = uneven(None)["scores"]
+    torch.testing.assert_close(torch.cat([r["uneven"]["scores"] for r in results]), want, **tol)
+    for r in results if world > 1 else []:
+        assert "the ranks' batches differ in size in training" in r["uneven"]["refused"]
     for k, (sharding, pins, sparse) in enumerate(CASES):
         label = f"W={world} {sharding} {pins or ''} {sparse}"
         ref = reference(sparse)
-        per_rank = [r[k] for r in results]
+        per_rank = [r["cases"][k] for r in results]
         torch.testing.assert_close(
             torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), **tol
         )

@@ -22,7 +22,7 @@ def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefe
     cfg = host_cfg(mode, sparse, 1)
     cfg.model.pooling = pooling
     trainer = Trainer(cfg, env)
-    emb = trainer.model.embeddings
+    emb = trainer.embeddings[0]
     assert emb.sample_major is not None  # this plan qualifies
     if not fast:
         emb.sample_major = None  # the general path: input dist, per-unit lookups, output dist
@@ -75,7 +75,7 @@ def _layouts(env: DistEnv) -> dict:
 
     out = {}
     for mode in ("table_wise", "data_parallel", "auto"):
-        emb = Trainer(make_cfg(mode, "sgd", env.world_size), env).model.embeddings
+        emb = Trainer(make_cfg(mode, "sgd", env.world_size), env).embeddings[0]
         out[mode] = emb.sample_major is not None
     return out
 

@@ -122,12 +122,12 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
                     trainer.train_step(pipe.next(), pipe if prefetch else None)
-                    for g in trainer.model.embeddings.host_groups():
+                    for g in trainer.embeddings[0].host_groups():
                         g._wait()  # the background admission's sync lands in this step
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             counts.append((sum(on_main), len(on_main)))
-        stats = trainer.model.embeddings.cache_stats()
+        stats = trainer.embeddings[0].cache_stats()
     finally:
         destroy_distributed(env)
     assert stats.rows_written > 0  # it evicted dirty rows: the costly path ran

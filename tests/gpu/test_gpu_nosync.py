@@ -64,11 +64,11 @@ def test_bf16_pooled_handoff_trains_bit_for_bit(compile_mode):
         cfg = make_cfg("none", "rowwise_adagrad", 1)
         cfg.device, cfg.train.kernels, cfg.train.compile = "cuda", "triton", compile_mode
         trainer = Trainer(cfg, DistEnv(device=torch.device("cuda")))
-        trainer.model.embeddings.autocast_output = handoff
+        trainer.embeddings[0].autocast_output = handoff
         losses = [trainer.train_step(trainer.train_batch(s)) for s in range(4)]
-        views = trainer.model.embeddings.shard_views()
+        views = trainer.embeddings[0].shard_views()
         state = [t.clone() for _, w, st in views for t in (w, *st.values())]
-        dense = [p.detach().clone() for p in trainer.model.dense.parameters()]
+        dense = [p.detach().clone() for p in trainer.model.parameters()]
         results[handoff] = (torch.stack(losses), state + dense)
     assert torch.equal(results[True][0], results[False][0])
     for a, b in zip(results[True][1], results[False][1], strict=True):

@@ -25,7 +25,7 @@ def _train(cfg, env):
     losses = [trainer.global_mean(trainer.train_step(trainer.train_batch(s))) for s in range(STEPS)]
     shards = [
         (spec, w.cpu(), {k: v.cpu() for k, v in st.items()})
-        for spec, w, st in trainer.model.embeddings.shard_views()
+        for spec, w, st in trainer.embeddings[0].shard_views()
     ]
     return losses, shards
 

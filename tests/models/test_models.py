@@ -1,4 +1,4 @@
-"""Models by config (hybridrec.model.registry, hybridrec.custom): built-in two_tower and
+"""Models by config (hybridrec.model.registry, hybridrec.builder): built-in two_tower and
 wide_deep and a user's class by `model._target_` train through the trainer and the CLI,
 export and score like the trainer's model, and every mismatch is one clear line."""
 
@@ -40,7 +40,7 @@ def _train_and_export(tmp_path, *overrides):
     batch = trainer.train_batch(7)
     trainer.model.eval()
     with torch.no_grad():
-        want = trainer.model(batch.dense, batch.ids)
+        want = trainer.score(batch.dense, batch.ids)
     return out, batch, want
 
 
@@ -63,7 +63,7 @@ def test_two_tower_export_scores_like_the_trainer(tmp_path):
     trainer.restore()
     trainer.model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(trainer.model(batch.dense, batch.ids), want, rtol=0, atol=0)
+        torch.testing.assert_close(trainer.score(batch.dense, batch.ids), want, rtol=0, atol=0)
 
 
 def test_wide_deep_export_scores_like_the_trainer(tmp_path):
@@ -130,10 +130,6 @@ def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path, capsy
             r"the user tower is 16 wide and the item tower 32; the dot product needs one width",
         ),
         (("+model.args.dim=3",), r"model.args \['dim'\] are keyword arguments of a model class"),
-        (
-            (*USER, "sharding=row_wise", "sharding.comm_dtype=bf16"),
-            r"sharding.comm_dtype=bf16 applies to model.arch=dlrm and dcnv2",
-        ),
         (
             ("model.arch=wide_deep", "sharding=auto", "+sharding.tables.deep.cat_0=row_wise"),
             r"is pinned as 'sharding.tables={deep.cat_0: row_wise}'",

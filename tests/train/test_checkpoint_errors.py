@@ -96,7 +96,7 @@ def test_checkpoint_of_another_model_lists_differences(tmp_path, monkeypatch):
         raise AssertionError("the model was built before the checkpoint was checked")
 
     with monkeypatch.context() as m:  # other tables: refused from the manifest, nothing built
-        m.setattr(trainer_module, "build_model", never)
+        m.setattr(trainer_module, "build", never)
         with pytest.raises(
             CheckpointError,
             match=r"different model: table cat_4: checkpoint 20000x8, model 999x8; pick the model "
@@ -169,13 +169,13 @@ def test_nonfinite_loss_error_names_the_step(tmp_path):
 def test_nonfinite_skip_policy_drops_the_update(tmp_path):
     t = _trainer(tmp_path, check_ids=False)
     t.cfg.train.nonfinite = "skip"
-    before = [w.clone() for _, w, _ in t.model.embeddings.shard_views()]
-    dense_before = [p.clone() for p in t.model.dense.parameters()]
+    before = [w.clone() for _, w, _ in t.embeddings[0].shard_views()]
+    dense_before = [p.clone() for p in t.model.parameters()]
     t.train_step(_nan_batch(t))
     assert t.skipped == 1
-    for b, (_, w, _) in zip(before, t.model.embeddings.shard_views()):
+    for b, (_, w, _) in zip(before, t.embeddings[0].shard_views()):
         assert torch.equal(b, w)
-    for b, p in zip(dense_before, t.model.dense.parameters()):
+    for b, p in zip(dense_before, t.model.parameters()):
         assert torch.equal(b, p)
     t.check_finite()  # nothing poisoned
 

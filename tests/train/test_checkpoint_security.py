@@ -24,7 +24,7 @@ from hybridrec.model import load_export
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint import CheckpointError, export_checkpoint, read_manifest
 from hybridrec.train.checkpoint.convert import main as convert_main
-from hybridrec.train.checkpoint.format import sha256, shard_views, unwrap
+from hybridrec.train.checkpoint.format import dense_state, sha256, shard_views
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.distributed.test_equivalence import make_cfg
@@ -190,7 +190,7 @@ def _restored(ck_dir):
     t = Trainer(_cfg(ck_dir), init_distributed("cpu"))
     t.restore()
     weights = [w.clone() for _, w, _ in shard_views(embedding_modules(t.model))]
-    state = unwrap(t.model.dense).state_dict(), t.dense_opt.state_dict(), torch.get_rng_state()
+    state = dense_state(t.model), t.dense_opt.state_dict(), torch.get_rng_state()
     return t.step, weights, *state
 
 

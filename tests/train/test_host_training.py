@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from hybridrec.builder import check_memory, make_plan
+from hybridrec.builder import build
 from hybridrec.distributed import DistEnv
 from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
 from hybridrec.train.trainer import Trainer
@@ -29,7 +28,7 @@ def _fit_both(env, tmp_path):
         _cfg(*common, "sharding=host", "sharding.cache_fraction=0.01"), env, tmp_path / "host"
     )
     got = trainer.fit()
-    host = [isinstance(g, HostCachedEmbedding) for g in trainer.model.embeddings.groups.values()]
+    host = [isinstance(g, HostCachedEmbedding) for g in trainer.embeddings[0].groups.values()]
     return ref, got, any(host)
 
 
@@ -77,9 +76,8 @@ def test_cli_prints_the_host_placement(tmp_path):
 
 def test_not_enough_host_memory_is_refused_before_allocating():
     cfg = _cfg("sharding=host", "sharding.host_gb=0.0001")
-    env = DistEnv(0, 1, 0, torch.device("cpu"), None)
     with pytest.raises(HostMemoryError) as info:
-        check_memory(cfg, make_plan(cfg, 1), env)
+        build(cfg, DistEnv())  # one process: no group needed
     msg = str(info.value)
     assert "rank 0's host-resident tables (cat_0, cat_1" in msg
     assert "sharding.host_gb is 0.00 GiB (107,374 bytes)" in msg
@@ -95,7 +93,7 @@ def _warm(env, tmp_path):
     )
     trainer = Trainer(cfg, env, tmp_path / "run")
     trainer.warm_start_caches()
-    emb = trainer.model.embeddings
+    emb = trainer.embeddings[0]
     # table 2's hottest id: which group and row it is in, and whether it is cached
     hottest = int(trainer.source.id_counts(2).argmax())
     key, pos = emb.layout.locate(2)

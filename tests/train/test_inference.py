@@ -12,7 +12,7 @@ import torch
 
 from hybridrec.config import ModelConfig
 from hybridrec.distributed import init_distributed
-from hybridrec.model import InferenceDLRM, PredictInputError, load_export
+from hybridrec.model import DLRM, InferenceModel, PredictInputError, load_export
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
@@ -34,11 +34,11 @@ def test_exported_model_scores_like_the_trainer(tmp_path, pooling, capsys):
     assert export_main([str(tmp_path / "ck"), str(out)]) == 0
     assert "hybridrec.model.load_export" in capsys.readouterr().out
     model = load_export(out)
-    assert isinstance(model, InferenceDLRM) and model.cfg == cfg.model
+    assert isinstance(model, InferenceModel) and model.cfg == cfg.model
     batch = trainer.train_batch(9)
     trainer.model.eval()
     with torch.no_grad():
-        want = trainer.model(batch.dense, batch.ids)
+        want = trainer.score(batch.dense, batch.ids)
     torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-5, atol=1e-6)
     p = model.predict(batch.dense, batch.ids)
     assert p.shape == (batch.size,) and ((p > 0) & (p < 1)).all()
@@ -67,7 +67,7 @@ def test_old_exports_need_the_config_and_shapes_are_checked(tmp_path):
 
 def test_inference_model_exports_with_torch_export_and_tracing():
     """What the module docstring promises: an ordinary module for serving toolchains."""
-    model = InferenceDLRM(make_cfg("none", "sgd", 1).model).eval()
+    model = InferenceModel(make_cfg("none", "sgd", 1).model, DLRM).eval()
     dense, ids = torch.randn(8, 13), torch.randint(0, 3, (8, 8))
     want = model(dense, ids)
     exported = torch.export.export(model, (dense, ids))
@@ -79,7 +79,7 @@ def test_inference_model_exports_with_torch_export_and_tracing():
 def exported(tmp_path):
     """load_export of a freshly initialised model (the checks do not need trained weights)."""
     cfg = make_cfg("none", "sgd", 1).model
-    state = dict(InferenceDLRM(cfg).state_dict())
+    state = {k: v.detach() for k, v in InferenceModel(cfg, DLRM).expected().items()}
     state["model_config"] = json.dumps(dataclasses.asdict(cfg))
     torch.save(state, tmp_path / "model.pt")
     return load_export(tmp_path / "model.pt")

@@ -179,9 +179,9 @@ def test_mlperf_dcnv2_preset_scaled_down_trains_on_the_cpu(tmp_path):
     d = trainer.dense_opt.defaults  # the settings MLPerf's compliance checker requires
     assert (d["lr"], d["eps"], d["lr_decay"], d["weight_decay"]) == (0.004, 1e-8, 0, 0)
     assert d["initial_accumulator_value"] == 0
-    for spec, weight, state in trainer.model.embeddings.shard_views():
+    for spec, weight, state in trainer.embeddings[0].shard_views():
         assert state["sum"].shape == weight.shape, spec.table  # one sum per element
     touched = sum(
-        int((s["sum"] > 0).any(1).sum()) for _, _, s in trainer.model.embeddings.shard_views()
+        int((s["sum"] > 0).any(1).sum()) for _, _, s in trainer.embeddings[0].shard_views()
     )
     assert touched > 0 and 0 < result["eval"]["auc"] < 1

@@ -8,7 +8,9 @@ import torch
 from hybridrec.config import load_model_config
 from hybridrec.model import DLRM, DenseArch, DotInteraction, LowRankCrossNet
 from hybridrec.model.mlp import MLP
-from hybridrec.sparse import EmbeddingCollection
+from hybridrec.model.tables import declared_features
+from hybridrec.shard import parallelize
+from hybridrec.types import KeyedIds
 
 
 def test_dot_interaction_matches_pairwise_formula():
@@ -128,29 +130,39 @@ def test_each_arch_initialises_its_mlps_as_its_reference():
             assert torch.equal(got[k], v), (arch, k)
 
 
+def _dlrm(cfg) -> DLRM:
+    """DLRM with its tables in this process (rows not trained: no sparse optimizer)."""
+    return parallelize(DLRM(cfg), batch_size=7, sparse_optimizer=None, sharding="none")
+
+
 def test_dlrm_and_dcnv2_forward_shapes_and_grads():
     for arch in ("dlrm", "dcnv2"):
         cfg = load_model_config("dlrm_tiny")
         cfg.arch = arch
-        emb = EmbeddingCollection(cfg.tables(), optimizer=None)
-        model = DLRM(DenseArch(cfg), emb)
+        model = _dlrm(cfg)
         dense = torch.randn(7, 13)
         ids = torch.stack([torch.randint(0, t.num_rows, (7,)) for t in cfg.tables()], dim=1)
-        logits = model(dense, ids)
+        names = [t.name for t in cfg.tables()]
+        logits = model(dense, KeyedIds(ids, names, [1] * len(names)))
         assert logits.shape == (7,)
+        torch.testing.assert_close(model(dense, ids), logits)  # all columns, in order: the same
         logits.sum().backward()
-        assert all(p.grad is not None for p in model.dense.parameters())
+        assert all(p.grad is not None for p in model.parameters())
 
 
-def test_dense_arch_has_no_embedding_parameters():
+def test_dlrm_declares_its_tables_with_their_plain_names():
     cfg = load_model_config("dlrm_tiny")
-    emb = EmbeddingCollection(cfg.tables(), optimizer=None)
-    model = DLRM(DenseArch(cfg), emb)
+    model = DLRM(cfg)
+    assert [f.name for f in declared_features(model)] == [t.name for t in cfg.tables()]
+    assert model.embeddings.autocast_output  # the dot interaction casts them first
+    model = _dlrm(cfg)
     # embedding weights are buffers: neither DDP nor the dense optimizer may see them
     assert list(model.embeddings.parameters()) == []
     assert sum(b.numel() for b in model.embeddings.buffers()) >= sum(
         t.num_rows * t.dim for t in cfg.tables()
     )
+    with pytest.raises(ValueError, match="parallelized already"):  # re-init would lose rows
+        parallelize(model, batch_size=7, sparse_optimizer=None, sharding="none")
 
 
 def test_the_benchmark_baselines_textbook_interaction_is_the_same_function():

@@ -92,7 +92,7 @@ def _syncing_ops(sparse: str, kernels: str, check_ids: bool = False) -> SyncReco
     cfg.train.kernels = kernels
     trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
     if check_ids:  # deferred, as on CUDA (on the CPU the checks raise at once: they sync)
-        trainer.model.embeddings.checker.defer = True
+        trainer.embeddings[0].checker.defer = True
         trainer.dense_checks["train"].defer = True
     batches = [trainer.train_batch(s) for s in range(3)]
     trainer.train_step(batches[0])  # warmup, as the GPU test

@@ -72,7 +72,7 @@ def test_trainer_scales_both_learning_rates(sparse):
         assert scheduled.lr == pytest.approx((base[0] * f, base[1] * f))
         for g in plain.dense_opt.param_groups:
             g["lr"] = base[0] * f
-        plain.model.embeddings.groups[next(iter(plain.model.embeddings.groups))].optimizer.lr = (
+        plain.embeddings[0].groups[next(iter(plain.embeddings[0].groups))].optimizer.lr = (
             base[1] * f
         )
         plain.train_step(batch)

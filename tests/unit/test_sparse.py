@@ -341,14 +341,14 @@ def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monke
     def run(autocast_output: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
         trainer.autocast = torch.autocast("cpu", dtype=torch.bfloat16)
-        trainer.model.embeddings.autocast_output = autocast_output
+        trainer.embeddings[0].autocast_output = autocast_output
         with trainer.autocast:
-            pooled = trainer.model.embeddings(trainer.train_batch(0).ids)
+            pooled = trainer.embeddings[0](trainer.train_batch(0).ids)
         assert pooled.dtype == (torch.bfloat16 if autocast_output else torch.float32)
         losses = [trainer.train_step(trainer.train_batch(s)) for s in range(3)]
-        views = trainer.model.embeddings.shard_views()
+        views = trainer.embeddings[0].shard_views()
         state = [t.clone() for _, w, st in views for t in (w, *st.values())]
-        return losses, state + [p.detach().clone() for p in trainer.model.dense.parameters()]
+        return losses, state + [p.detach().clone() for p in trainer.model.parameters()]
 
     try:
         ref_losses, ref_state = run(False)
@@ -391,7 +391,7 @@ def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
     cfg = make_cfg("none", "sgd", 1)
     cfg.checkpoint.dir = str(tmp_path)
     trainer = Trainer(cfg, init_distributed("cpu"))
-    trainer.model.embeddings.checker.defer = True
+    trainer.embeddings[0].checker.defer = True
     batch = trainer.train_batch(0)
     batch.ids[7, 3] = 10**6  # cat_2's column
     trainer.train_step(batch)  # no error yet: no sync in the step
@@ -401,16 +401,19 @@ def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
 
 
 def test_bf16_handoff_only_for_the_dot_interaction():
-    """DCNv2 uses the fp32 pooled embeddings in elementwise ops: no bf16 hand-off there."""
-    from hybridrec.builder import build_model
+    """DCNv2 uses the fp32 pooled embeddings in elementwise ops: no bf16 hand-off there. The
+    model declares it (EmbeddingTables(autocast_output=...)); nothing is set from outside."""
+    from hybridrec.builder import build
     from hybridrec.distributed import DistEnv
+    from hybridrec.sparse.api import embedding_modules
     from tests.distributed.test_equivalence import make_cfg
 
     cfg = make_cfg("none", "sgd", 1)
-    model, _ = build_model(cfg, DistEnv(device=torch.device("cpu")))
-    assert model.embeddings.autocast_output
+    model, _ = build(cfg, DistEnv(device=torch.device("cpu")))
+    assert model.embeddings.autocast_output and embedding_modules(model)[0].autocast_output
     cfg.model.arch = "dcnv2"
-    model, _ = build_model(cfg, DistEnv(device=torch.device("cpu")))
-    assert not model.embeddings.autocast_output
+    model, _ = build(cfg, DistEnv(device=torch.device("cpu")))
+    [storage] = embedding_modules(model)
+    assert not model.embeddings.autocast_output and not storage.autocast_output
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert model.embeddings(torch.zeros(2, 8, dtype=torch.int64)).dtype == torch.float32
+        assert storage(torch.zeros(2, 8, dtype=torch.int64)).dtype == torch.float32

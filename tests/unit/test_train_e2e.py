@@ -130,7 +130,7 @@ def test_low_precision_tables_train(tmp_path, table_dtype):
     )
     trainer = Trainer(cfg, init_distributed("cpu"), tmp_path)
     result = trainer.fit()
-    weights = [w for _, w, _ in trainer.model.embeddings.shard_views()]
+    weights = [w for _, w, _ in trainer.embeddings[0].shard_views()]
     assert all(
         w.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[table_dtype] for w in weights
     )

@@ -34,7 +34,7 @@ def _train(cfg) -> tuple[list[float], list[torch.Tensor]]:
     trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
     losses = [float(trainer.train_step(trainer.train_batch(s))) for s in range(STEPS)]
     state = [
-        t.clone() for _, w, st in trainer.model.embeddings.shard_views() for t in (w, *st.values())
+        t.clone() for _, w, st in trainer.embeddings[0].shard_views() for t in (w, *st.values())
     ]
     return losses, state
 

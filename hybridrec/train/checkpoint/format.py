@@ -8,7 +8,7 @@ One directory per checkpoint, `<checkpoint.dir>/step_<N>/`:
                          range, weight [rows, cols] and optimizer state (row-wise state
                          [rows], element-wise state [rows, cols], also for cols = 1)
     dense.pt             the dense state dict (`dense_state`: the model minus its embedding
-                         storage; DLRM's `dense` module), the dense optimizer's state dict, the
+                         storage), the dense optimizer's state dict, the
                          sparse optimizers' step count and RNG states
 
 Every file holds data only (tensors, numbers, strings, lists, dicts) and is loaded that way
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from hybridrec.custom import LibraryModel
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, ShardView
 from hybridrec.types import TableConfig, storage_tables
@@ -51,19 +51,10 @@ class CorruptCheckpointError(CheckpointError):
     with the model): an older checkpoint may still be intact."""
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The plain module inside DDP and/or torch.compile wrappers (or the module itself)."""
-    while True:
-        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
-        if not isinstance(inner, nn.Module):
-            return module
-        module = inner
-
-
 def dense_module(model: nn.Module) -> nn.Module:
-    """The plain module whose state is a model's dense state: DLRM's `dense` (its keys as
-    they have always been saved), a model class's own module (hybridrec.custom)."""
-    return model.inner if isinstance(model, LibraryModel) else unwrap(model.dense)
+    """The model's own module (inside DDP on several ranks): its state dict minus the
+    embedding storage is the dense state (DLRM's keys as they have always been saved)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def _storage_prefixes(module: nn.Module) -> tuple[str, ...]:
