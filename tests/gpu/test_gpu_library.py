@@ -9,10 +9,11 @@ every row and optimizer state within rtol 1e-4, atol 1e-5 (as tests/gpu/test_gpu
 a wrong or lost row update moves them by about the learning rate (0.01 to 0.5 here).
 
 Element-wise Adagrad at torch's default eps 1e-10 is the exception (docs/sharding.md):
-g / (sqrt(sum g^2) + eps) is about sign(g) x lr on an element's first update whatever |g|,
-so where round-off decides the sign of a near-zero gradient the two runs step 2 x lr apart;
-the weights then differ by up to that much, and the losses by more than round-off (3.0e-5
-on the H200). With eps 1e-3 the step is smooth in g and the runs agree like the others'.
+g / (sqrt(sum g^2) + eps) is about sign(g) x lr on an element's first update for any |g|
+well above eps, so where a gradient's terms cancel to round-off, round-off steers a step of
+a good part of lr and the runs step up to 2 x lr apart; the weights then differ by up to
+that much, and the losses by more than round-off (3.0e-5 on the H200). With eps 1e-3 such
+gradients step next to nothing and the runs agree like the others'.
 Both bounds are pinned here; the kernels themselves are checked against torch.optim.Adagrad
 in tests/gpu/test_gpu_adagrad.py.
 """

@@ -2,11 +2,11 @@
 (docs/sharding.md), reproduced on the CPU: the library model (tests/gpu/library_model.py)
 trained twice, the second time with every logit's gradient scaled by 1 + 1e-6 x noise (what
 summing in another order does, a little exaggerated). An element's first step is
-lr x g / (|g| + eps): about sign(g) x lr at eps 1e-10 however small g is, so where a
-gradient is near zero the noise flips the step and the two runs' weights end up to 2 x lr
-apart, and the runs drift further as those rows feed later gradients (after 24 steps a few
-hundred weights differ by over 1e-3, up to 2 x lr); at eps 1e-3 the step is smooth in g and
-the weights stay within 1e-7.
+lr x g / (|g| + eps): about sign(g) x lr for any |g| well above eps, so where a gradient's
+terms nearly cancel, to about the noise, the noise steers a step of a good part of lr at eps
+1e-10. The two runs' weights end up to 2 x lr apart, and drift further as those rows feed
+later gradients (after 24 steps a few hundred weights differ by over 1e-3); at eps 1e-3 such
+gradients step next to nothing and the weights stay within 1e-7.
 """
 
 from __future__ import annotations
