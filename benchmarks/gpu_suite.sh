@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_suite.sh all        every check below in order, within 9 minutes on
 #                                           one H100 or H200 (one device-tool call)
 #   bash benchmarks/gpu_suite.sh SECTION [ARGS]   one section; ARGS go to its command:
-#     env          versions, GPU, memory, commit
+#     env          versions, GPU, memory, commit (COMMIT=... names it where there is no .git)
 #     tests        pytest -n 8 --timeout 150 on the GPU tests and the CUDA-parametrised ones
 #                  (ARGS: test paths instead, e.g. tests/gpu/test_gpu_host.py)
 #     probe        the library model on CUDA vs the CPU: max relative loss difference per
@@ -22,9 +22,10 @@
 # host_cache_kaggle_<card>.md, host_cache_1tb_<card>.md (<card>: h100, h200, ... from
 # nvidia-smi; CARD=... overrides); one section alone writes <section>.log and its report.
 # Copy the reports to benchmarks/results/ and commit them with the numbers in the notes.
-# Each section runs under its own timeout; in `all` also within SUITE_S seconds (default
-# 530) in total: a section gets at most its own limit and never the time the sections
-# after it need at least, so a hung section cannot starve the rest.
+# Each section runs under its own timeout; in `all` also within SUITE_S seconds in total
+# (default 520: with the last section's 10 s kill grace, within 9 minutes). A section gets
+# at most its own limit and never the time the sections after it need at least, so a hung
+# section cannot starve the rest.
 # DRY_RUN=1 prints each section's commands and limits instead of running them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ if [ -d .whl ] && [ "$DRY_RUN" != 1 ]; then
   python3 -c "import xdist" 2>/dev/null || wheels+=(.whl/pytest_xdist-*.whl .whl/execnet-*.whl)
   python3 -c "import pytest_timeout" 2>/dev/null || wheels+=(.whl/pytest_timeout-*.whl)
   present=()
-  for w in "${wheels[@]}"; do [ -f "$w" ] && present+=("$w"); done
+  for w in ${wheels[@]+"${wheels[@]}"}; do [ -f "$w" ] && present+=("$w"); done
   if [ ${#present[@]} -gt 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site "${present[@]}" || echo "gpu_suite: installing ${present[*]} failed"
@@ -78,7 +79,8 @@ import torch
 print('cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
   x nproc
   x free -g
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git here)')"
+  # COMMIT=...: where the copy on this machine has no .git
+  echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git)')}"
 }
 
 sec_tests() {
@@ -94,7 +96,8 @@ sec_tests() {
     echo "gpu_suite: pytest-timeout missing: only the section's timeout bounds a test"
   fi
   # shellcheck disable=SC2086  # GPU_TESTS: paths split on whitespace
-  if [ $# -gt 0 ]; then x python3 -m pytest "$@" "${flags[@]}"; else x python3 -m pytest $GPU_TESTS "${flags[@]}"; fi
+  if [ $# -eq 0 ]; then set -- $GPU_TESTS; fi
+  x python3 -m pytest "$@" "${flags[@]}"
 }
 
 sec_probe() {
@@ -176,7 +179,7 @@ run() {
   shift 3
   {
     echo "== $name: limit ${limit}s, $(date -u '+%F %T UTC')"
-    timeout -k 10 "$limit" bash -c 'sec_'"${name//-/_}"' "$@"' _ "$@"
+    timeout -k 10 "$limit" bash -c 'sec_'"${name//-/_}"' "$@"' _ "$@" </dev/null
   } 2>&1 | tee -a "$log"
   return "${PIPESTATUS[0]}"
 }
@@ -191,7 +194,8 @@ if [ "$section" != all ]; then
   esac
   if [ "$section" != env ]; then  # what ran it, at the top of its log
     { x nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-      x python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+      x python3 -c "import torch, triton; print('torch', torch.__version__, 'triton',
+triton.__version__)"
     } 2>&1 | tee -a "$OUT/$section.log"
   fi
   run "$section" "${SECTION_S:-590}" "$OUT/$section.log" "$@"
@@ -201,12 +205,12 @@ fi
 # all: name, its own limit, the least it needs (s), its log
 export IN_ALL=1
 PLAN="env 20 5 suite.log
-tests 210 100 tests.log
+tests 200 100 tests.log
 probe 90 30 probe.log
 step 100 60 step.log
 host-kaggle 100 60 host.log
-host-1tb 200 100 host.log"
-budget=${SUITE_S:-530}
+host-1tb 200 90 host.log"
+budget=${SUITE_S:-520}
 status=0
 summary=()
 while read -r name own least log; do

@@ -56,11 +56,11 @@ def test_all_runs_every_section_in_order_into_at_most_8_files(tmp_path):
 
 def test_a_section_gets_no_more_than_the_time_left(tmp_path):
     """SUITE_S bounds the whole run: a section never takes what those after it need at least
-    (250 s from probe on); one that cannot have its own least is skipped, saying so."""
+    (240 s from probe on); one that cannot have its own least is skipped, saying so."""
     run = _suite(tmp_path, "all", SUITE_S="400")
     assert run.returncode == 0
-    assert "== tests: limit 150s" in run.stdout and "== host-1tb: limit 200s" in run.stdout
-    run = _suite(tmp_path, "all", SUITE_S="340")
+    assert "== tests: limit 160s" in run.stdout and "== host-1tb: limit 200s" in run.stdout
+    run = _suite(tmp_path, "all", SUITE_S="330")
     assert run.returncode == 1
     assert "tests: skipped, 90s left for it (needs 100s)" in run.stdout
     assert "== probe: limit 90s" in run.stdout and "host-1tb: exit 0" in run.stdout
