@@ -26,10 +26,14 @@ the data's id counts as in training (`--cold`: start empty):
   thread, only moving rows on the group's background thread);
 - naive: one nn.EmbeddingBag(sparse=True) per table on the CPU with torch SparseAdam, dense
   part on the device (what a PyTorch user does when tables do not fit): few steps, it is slow.
-Prints samples/s and the ratio to the all-on-device row (or to the first host row), two ways:
-the median step when each step is waited for, and `pipelined`, the same number of steps run
-as the trainer runs them (no wait between steps, so the host queues the next step's work
-while the device runs this one's): total time / steps, the throughput training gets.
+Prints samples/s and the ratio to the all-on-device row (or to the first host row), two ways,
+over the same steps: waited, each step timed alone with a sync after it (the median and the
+mean), and `pipelined`, steps run as the trainer runs them (no wait between steps, so the
+host queues the next step's work while the device runs this one's): total time / steps, the
+throughput training gets. The two alternate in blocks of `--block` steps, so both meet the
+same stretch of the cache's life: an eviction writes back the dirty rows of 1/64 of the cache
+at once, which on the 1TB model comes every ~12 steps, and a median leaves such steps out
+(so compare pipelined with the waited mean; docs/host-cache.md, Measuring).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from hybridrec.data import build_source
 from hybridrec.distributed import init_distributed
 from hybridrec.model import bce_loss
 from hybridrec.optim import build_dense_optimizer
-from hybridrec.sparse.host import HostCachedEmbedding
+from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
 
@@ -127,39 +131,73 @@ def run_hybridrec(cfg: Config, env, stream: BatchStream, args, prefetch: bool) -
     cached = emb.prefetches  # host-resident tables
     if cached and not args.cold:
         trainer.warm_start_caches()  # as training does: the data's hottest rows first
-
+    groups = emb.host_groups() if cached else []
     pipe = trainer.pipeline(stream(i) for i in itertools.count())
 
-    def step(i: int, wait: bool = True) -> None:
-        if cached and i == args.warmup:
-            emb.cache_stats()  # count the timed steps only
+    def step(wait: bool) -> None:
         trainer.train_step(pipe.next(), pipe if prefetch else None)
         if wait:
             sync(env.device)
 
-    times = time_steps(step, args.steps, args.warmup, before=lambda: sync(env.device))
-    # the same number of steps again as training runs them: no sync between steps, so the
-    # host queues the next step's work while the device still runs this one's
-    first = args.warmup + args.steps
-    sync(env.device)
-    start = time.perf_counter()
-    for i in range(first, first + args.steps):
-        step(i, wait=False)
-    sync(env.device)
+    def evictions() -> int:
+        return sum(g.evictions for g in groups)
+
+    for _ in range(args.warmup):
+        step(True)
+    if cached:
+        emb.cache_stats()  # count the timed steps only (waits for the prefetch in flight)
+    # Both ways, in alternating blocks of args.block steps, so that they meet the same
+    # stretch of the cache's life: an eviction frees 1/64 of the cache and writes back its
+    # dirty rows at once, every step on Kaggle but every ~12 on the 1TB model, and write-backs
+    # start late (docs/host-cache.md, Measuring). waited: each step timed alone, a sync after
+    # it; pipelined: as training runs, no sync between steps (the host queues the next step's
+    # work while the device runs this one's), timed per block.
+    waited: list[float] = []
+    pipelined = 0.0
+    stats = {"waited": CacheStats(), "pipelined": CacheStats()}
+    selections = {"waited": 0, "pipelined": 0}
+    done = {"waited": 0, "pipelined": 0}
+    while min(done.values()) < args.steps:
+        for way in ("waited", "pipelined"):
+            n = min(args.block, args.steps - done[way])
+            before = evictions()
+            sync(env.device)
+            if way == "waited":
+                for _ in range(n):
+                    start = time.perf_counter()
+                    step(True)
+                    waited.append(time.perf_counter() - start)
+            elif n:
+                start = time.perf_counter()
+                for _ in range(n):
+                    step(False)
+                sync(env.device)
+                pipelined += time.perf_counter() - start
+            if cached:  # after the timed region: it waits for the prefetch in flight
+                stats[way].add(emb.cache_stats())
+                selections[way] += evictions() - before
+            done[way] += n
     out = {
-        "ms": 1e3 * median(times),
-        "ms_pipelined": 1e3 * (time.perf_counter() - start) / args.steps,
+        "ms": 1e3 * median(waited),
+        "ms_mean": 1e3 * sum(waited) / len(waited),
+        "ms_pipelined": 1e3 * pipelined / args.steps,
         "peak": peak_memory(env.device, 2**30),
         "emb": _embedding_gib(emb),
     }
     if cached:
-        st = emb.cache_stats()
-        steps = 2 * args.steps
+        total = CacheStats()
+        for st in stats.values():
+            total.add(st)
+        per_way = "; ".join(
+            f"{way}: out {st.rows_written / args.steps:,.0f} rows/step, "
+            f"{selections[way] / args.steps:.2f} evictions/step, "
+            f"wait {1e3 * st.wait_s / args.steps:.2f} ms/step"
+            for way, st in stats.items()
+        )
         out["cache"] = (
-            f"hit {st.hits / max(1, st.rows_requested):.3f}, "
-            f"in {st.rows_loaded / steps:,.0f} / out {st.rows_written / steps:,.0f} rows/step, "
-            f"{st.bytes_moved / max(st.transfer_s, 1e-9) / 1e9:.1f} GB/s, "
-            f"wait {1e3 * st.wait_s / steps:.2f} ms/step"
+            f"hit {total.hits / max(1, total.rows_requested):.3f}, "
+            f"in {total.rows_loaded / (2 * args.steps):,.0f} rows/step, "
+            f"{total.bytes_moved / max(total.transfer_s, 1e-9) / 1e9:.1f} GB/s; {per_way}"
         )
     return out
 
@@ -198,7 +236,14 @@ def run_naive(cfg: Config, stream: BatchStream, device: torch.device, args) -> d
 
     times = time_steps(step, args.naive_steps, 1, before=lambda: sync(device))
     ms = 1e3 * median(times)  # it syncs every step anyway (the gradients go to the CPU)
-    return {"ms": ms, "ms_pipelined": ms, "peak": peak_memory(device, 2**30), "emb": "0 (CPU)"}
+    mean = 1e3 * sum(times) / len(times)
+    return {
+        "ms": ms,
+        "ms_mean": mean,
+        "ms_pipelined": mean,
+        "peak": peak_memory(device, 2**30),
+        "emb": "0 (CPU)",
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -210,7 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-gb", type=float, default=None, help="overrides --cache-fraction")
     p.add_argument("--hbm-gb", type=float, default=16.0, help="device budget for embeddings")
     p.add_argument("--optimizers", default="sgd,rowwise_adagrad")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="timed steps each way")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=10,
+        help="the timed steps alternate between waited and pipelined blocks of this many",
+    )
     p.add_argument("--warmup", type=int, default=200, help="steps before timing (cache fill)")
     p.add_argument("--batches", type=int, default=0, help="distinct batches, cycled (0: new)")
     p.add_argument("--compile", default="auto", help="train.compile: auto | dense | none")
@@ -254,12 +305,13 @@ def main(argv: list[str] | None = None) -> None:
         ratio_p = ref[1] / res["ms_pipelined"]
         cache = res.get("cache", "")
         rows.append(
-            [name, f"{res['ms']:.2f}", f"{sps:,.0f}", f"{ratio:.2f}"]
+            [name, f"{res['ms']:.2f}", f"{res['ms_mean']:.2f}", f"{sps:,.0f}", f"{ratio:.2f}"]
             + [f"{res['ms_pipelined']:.2f}", f"{sps_p:,.0f}", f"{ratio_p:.2f}"]
             + [res["peak"], res["emb"], cache]
         )
         print(
-            f"{name:44s} {res['ms']:9.2f} ms {sps:14,.0f} samples/s  x{ratio:.2f}  "
+            f"{name:44s} {res['ms']:9.2f} ms (mean {res['ms_mean']:.2f}) {sps:14,.0f} samples/s "
+            f"x{ratio:.2f}  "
             f"pipelined {res['ms_pipelined']:.2f} ms {sps_p:,.0f} samples/s x{ratio_p:.2f}  "
             f"peak {res['peak']} GiB  embeddings {res['emb']} GiB  {cache}",
             flush=True,
@@ -298,19 +350,27 @@ def write_report(args: argparse.Namespace, rows: list[list[str]]) -> None:
         if args.batches
         else "a new synthetic batch every step"
     )
-    headers = ["run", "ms/step", "samples/s", "vs first row"]
+    headers = ["run", "ms/step", "mean ms/step", "samples/s", "vs first row"]
     headers += ["pipelined ms/step", "pipelined samples/s", "pipelined vs first row"]
     table = markdown_table([*headers, "peak GiB", "embeddings GiB", "cache"], rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         "# Host-memory tables with a device cache\n\n"
         f"Command: `{command_line()}`\n\n- Hardware: {hardware()}\n"
-        f"- Model `{args.model}`, global batch {args.batch_size}, {stream_kind}, median of "
-        f"{args.steps} steps after {args.warmup} warmup steps, each step waited for "
-        "(ms/step), then the same number of steps run as training runs them, with no wait "
-        "between steps (pipelined: total time / steps), host caches "
+        f"- Model `{args.model}`, global batch {args.batch_size}, {stream_kind}, host caches "
         f"{'started empty' if args.cold else 'warm-started from the id counts'}; "
         f"{size}, hbm_gb={args.hbm_gb}, train.compile={args.compile}.\n"
+        f"- {args.steps} steps each way after {args.warmup} warmup steps, in alternating "
+        f"blocks of {args.block} (waited, pipelined, waited, ...), so both ways meet the same "
+        "stretch of the cache's life. Waited: each step alone, a sync after it; ms/step is "
+        "their median, mean ms/step their mean. Pipelined: as training runs, no sync between "
+        "steps (the host queues the next step while the device runs this one); total time / "
+        "steps, to be read beside the waited mean: an eviction writes back the dirty rows of "
+        "1/64 of the cache at once (every step on Kaggle with 5%, every ~12 on the 1TB "
+        "model), and a median leaves such steps out.\n"
+        "- cache: hit rate and rows loaded over both ways; per way the rows written back, "
+        "the evictions (victim selections) and the time lookups waited for host memory, "
+        "per step.\n"
         "- peak GiB: the device's peak allocation (dense part and activations included); "
         "embeddings GiB: what the embedding side holds on the device (tables or cache rows, "
         "optimizer state, slot maps).\n\n"
