@@ -11,8 +11,9 @@ Two streamed passes over the inputs (hybridrec.data.tabular.scan), in file order
 2. encode every row (hybridrec.data.tabular.encode) into per-split parts, then assemble.
 Memory: one batch of `batch_rows` rows plus the vocabularies and a count per table row.
 A run whose inputs, spec and options match the directory's fingerprint does nothing; another
-dataset there needs `overwrite`. A failed run leaves no .work/ behind (nor an output
-directory it created).
+dataset there needs `overwrite`. The dataset is built beside the output and swapped in when
+complete (hybridrec.data.preprocess.output): a run that fails or is interrupted leaves the
+output as it was and nothing else behind.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from hybridrec.data.manifest import FORMAT, MANIFEST, VERSION, Manifest, SourceFile
+from hybridrec.data.preprocess.options import UsageError
+from hybridrec.data.preprocess.output import building, check_output, clear_partial
 from hybridrec.data.spec import DatasetSpec
 from hybridrec.data.tabular import columns
 from hybridrec.data.tabular.encode import check_shared_values, feature_line, make_features
 from hybridrec.data.tabular.scan import Splitter, Table, open_table
-from hybridrec.data.tabular.write import ARRAY_NAMES, Moments, SplitParts, write_counts
+from hybridrec.data.tabular.write import Moments, SplitParts, write_counts
 
 __all__ = ["TableReport", "preprocess_table"]
 
@@ -70,32 +73,28 @@ def preprocess_table(
     """Build (or confirm) the dataset in `output`; see the module docstring."""
     t0 = time.perf_counter()
     if block_rows < 1 or batch_rows < 1:
-        raise ValueError(f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}")
+        raise UsageError(
+            f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}"
+        )
     table = open_table(inputs, spec)
     output = Path(output)
+    check_output(output)
     fp = _fingerprint(table, spec, block_rows, checksums)
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
         if old.fingerprint == fp:
             return TableReport(old, up_to_date=True)
         if not overwrite:
-            raise ValueError(
+            raise UsageError(
                 f"{output} already holds a dataset built from other inputs, spec or options "
                 f"(fingerprint {old.fingerprint}, now {fp}); pass --overwrite to replace it"
             )
-        for name in [MANIFEST, *(f"{a}.npy" for a in ARRAY_NAMES)]:
-            (output / name).unlink(missing_ok=True)
-        shutil.rmtree(output / "counts", ignore_errors=True)
-    created = not output.exists()
-    work = output / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        report = _build(table, spec, output, work, fp, block_rows, checksums, batch_rows)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if created and output.exists() and not any(output.iterdir()):
-            output.rmdir()
+    with building(output) as partial:  # swapped in when complete; removed on any failure
+        clear_partial(partial)  # what an interrupted run left
+        work = partial / ".work"
+        work.mkdir()
+        report = _build(table, spec, partial, work, fp, block_rows, checksums, batch_rows)
+        shutil.rmtree(work)
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 
+from hybridrec.data.preprocess.options import UsageError
 from hybridrec.data.spec import DatasetSpec, SplitSpec
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
@@ -50,7 +51,7 @@ def file_format(path: Path) -> str:
         suffixes.pop()
     fmt = _FORMATS.get(suffixes[-1] if suffixes else "")
     if fmt is None:
-        raise ValueError(
+        raise UsageError(
             f"input {path}: cannot tell its format from the name; name Parquet files "
             "*.parquet, CSV files *.csv, TSV files *.tsv"
         )
@@ -71,16 +72,16 @@ def input_format(inputs: list[Path], forced: str | None = None) -> str:
                 and _visible(f)
             ]
             if not files:
-                raise ValueError(f"input directory {p} holds no data files")
+                raise UsageError(f"input directory {p} holds no data files")
         elif p.is_file():
             files = [p]
         else:
-            raise ValueError(f"input {p} does not exist")
+            raise UsageError(f"input {p} does not exist")
         for f in files:
             found.setdefault(forced or file_format(f), f)
     if len(found) > 1:
         kinds = ", ".join(f"{k} ({v})" for k, v in found.items())
-        raise ValueError(f"the inputs mix formats: {kinds}; give files of one format")
+        raise UsageError(f"the inputs mix formats: {kinds}; give files of one format")
     return next(iter(found))
 
 
@@ -152,13 +153,13 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
     naming the column, the spec key and the available columns)."""
     paths = [Path(p) for p in inputs]
     if not paths:
-        raise ValueError("no input files given")
+        raise UsageError("no input files given")
     inp = spec.input
     fmt = input_format(paths, inp.format if inp else None)
     bad_rows = None
     if fmt == "parquet":
         if inp is not None:
-            raise ValueError(
+            raise UsageError(
                 f"the spec's input section applies to CSV/TSV inputs, but {paths[0]} is "
                 "Parquet; remove input from the spec"
             )
@@ -191,7 +192,7 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
         names = d.schema.names
         for key, column in _column_keys(spec):
             if column not in names:
-                raise ValueError(
+                raise UsageError(
                     f"{p}: column {column!r} (spec {key}) is not in the data; its columns: "
                     f"{', '.join(names)}"
                 )
