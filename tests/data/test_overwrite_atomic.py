@@ -126,9 +126,7 @@ def test_ctrl_c_and_a_full_disk_keep_the_previous_dataset(built, capsys, monkeyp
 
     monkeypatch.setattr(SplitParts, "add", full)
     err = _fails(capsys, other, 1)
-    assert err.startswith(
-        f"no space left on the device of {tmp_path} ("
-    ) and err.endswith(
+    assert err.startswith(f"no space left on the device of {tmp_path} (") and err.endswith(
         f" free) while writing the new dataset in {tmp_path / '.ds.partial'}; free space "
         f"there, or give an --output on another disk; {tmp_path / 'ds'} was not changed"
     )
@@ -196,3 +194,30 @@ def test_criteo_failures_keep_the_previous_dataset(tmp_path, sample_tsv, capsys,
     assert preprocess_main(other) == 0
     assert "1 file(s) reused" in capsys.readouterr().out
     assert (out / "README").read_text() == "mine\n" and not (tmp_path / ".ds.partial").exists()
+
+
+def test_the_two_rename_swap_where_no_atomic_exchange_exists(built, monkeypatch):
+    """Without renameat2 (not Linux, or a filesystem without it) the swap is two renames:
+    the same result, and a failed second rename puts the previous dataset back."""
+    from hybridrec.data.preprocess import output as output_module
+
+    tmp_path, args, before = built
+    monkeypatch.setattr(output_module, "_exchange", lambda a, b: False)
+    cols = movies()
+    cols["rating"] = [5] * len(cols["rating"])
+    other = [*args, "--input", str(write_csv(tmp_path / "other.csv", cols)), "--overwrite"]
+    real_rename = os.rename
+
+    def failing(src, dst):
+        if Path(src).name == ".ds.partial" and Path(dst).name == "ds":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(output_module.os, "rename", failing)
+    assert preprocess_main(other) == 1
+    _unchanged(tmp_path, before)
+    monkeypatch.setattr(output_module.os, "rename", real_rename)
+    assert preprocess_main(other) == 0
+    assert open_dataset(tmp_path / "ds").labels.min() == 1.0
+    assert (tmp_path / "ds" / "README").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
