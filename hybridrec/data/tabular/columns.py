@@ -76,7 +76,10 @@ def to_float(col: pa.Array, what: str, file: str, row0: int) -> tuple[np.ndarray
         or pa.types.is_boolean(t)
         or pa.types.is_decimal(t)
     ):
-        raise ValueError(f"{what} is of type {t} in {file}, not numeric")
+        raise ValueError(
+            f"{what} is of type {t} in {file}, not numeric: it takes integers, floats, booleans "
+            "or decimals (CSV: numbers as text)"
+        )
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     values = pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
     return values, nulls

@@ -196,7 +196,44 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
                     f"{p}: column {column!r} (spec {key}) is not in the data; its columns: "
                     f"{', '.join(names)}"
                 )
+            _check_type(p, key, column, d.schema.field(column).type)
     return table
+
+
+SCALARS = "strings, integers, floats, booleans, decimals or dates"
+
+
+def _check_type(path: Path, key: str, column: str, t: pa.DataType) -> None:
+    """UsageError for a column type no spec key can take: nested values (a list of lists, a
+    struct, a map) anywhere, lists outside a sparse feature. Scalars of the wrong kind for
+    their key (text in a dense column) are reported per value, naming the row."""
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    what = f"{path}: column {column!r} (spec {key}) holds {t}"
+    if _is_list(t) and key.startswith("sparse["):
+        inner = t.value_type
+        inner = inner.value_type if pa.types.is_dictionary(inner) else inner
+        if pa.types.is_nested(inner):
+            raise UsageError(
+                f"{what}, lists of {'lists' if _is_list(inner) else inner}; a sparse feature "
+                f"takes one value (kind: single) or one flat list (kind: list) per row, of "
+                f"{SCALARS}: flatten the column, or give each inner list a column of its own"
+            )
+    elif pa.types.is_nested(t):
+        sparse = key.startswith("sparse[")
+        if sparse:
+            takes = f"{SCALARS} (kind: single) or lists of them (kind: list)"
+        else:
+            takes = "one number per row" if key.startswith(("dense[", "label.")) else "one value"
+        fix = (
+            "a list column can be a sparse feature (kind: list)"
+            if _is_list(t) and not sparse
+            else "move the field you need into a column of its own"
+        )
+        raise UsageError(f"{what}; {key.split('.')[0]} takes {takes}: {fix}")
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def _column_keys(spec: DatasetSpec) -> list[tuple[str, str]]:
