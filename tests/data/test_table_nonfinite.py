@@ -103,3 +103,24 @@ def test_nan_and_infinite_labels_are_refused_naming_the_rows(tmp_path):
         "label column 'score' holds NaN at t row 21; a binary label is 0 or 1: give a rule "
         "(label.rule: {op: '>=', value: 4}) or task: regression"
     )
+
+
+def test_a_nan_category_is_a_null_too(tmp_path):
+    """A float column used as a sparse feature: NaN is the null id, in a single feature and
+    inside a list, as None is (it was counted as a vocabulary value, then encoded as out of
+    vocabulary: NaN != NaN)."""
+    d = spec_dict()
+    d["sparse"][2] = {"name": "zip", "column": "zip", "encoding": "vocabulary"}
+    d["sparse"][3] = {"name": "genres", "column": "genres", "kind": "list"}
+    datasets = []
+    for name, missing in (("nan", float("nan")), ("null", None)):
+        cols = movies()
+        cols["zip"] = [missing if i % 4 == 0 else float(i % 3) for i in range(len(cols["zip"]))]
+        cols["genres"] = [[1.5, missing, 2.5][: i % 4] for i in range(len(cols["zip"]))]
+        src = write_parquet(tmp_path / f"{name}.parquet", cols)
+        report = preprocess_table(parse_spec(d), [src], tmp_path / name)
+        datasets.append((report.lines, open_dataset(tmp_path / name)))
+    (lines_nan, a), (lines_null, b) = datasets
+    np.testing.assert_array_equal(a.categorical, b.categorical)
+    assert lines_nan == lines_null and "10 nulls" in lines_nan[4]
+    assert a.manifest.features[2]["num_embeddings"] == 2 + 3  # 0.0, 1.0, 2.0: no NaN row

@@ -12,9 +12,10 @@ counted). Rules (docs/data-spec.md):
   negatives to 0, as for Criteo); an infinity, or a value whose stored float32 would not be
   finite, is an error naming the rows. No stored value is ever NaN or inf.
 - bags: `Bags(values, offsets)`, the non-null values of a feature flattened in row order
-  (a single feature: one value per row, nulls included). List columns (Arrow lists) or
-  strings split at the delimiter (empty parts dropped); a null list is an empty bag. A list
-  column declared `kind: single`, or a numeric column declared `kind: list`, is an error.
+  (a single feature: one value per row, nulls included; a float NaN is a null). List
+  columns (Arrow lists) or strings split at the delimiter (empty parts dropped); a null list
+  is an empty bag. A list column declared `kind: single`, or a numeric column declared
+  `kind: list`, is an error.
 """
 
 from __future__ import annotations
@@ -219,6 +220,7 @@ def bags(col: pa.Array, spec: SparseSpec, i: int, file: str, row0: int) -> Bags:
                 f"{key} holds lists ({t}) in {file} but the spec declares kind: single; use "
                 "kind: list"
             )
+        col = _nan_to_null(col)
         return Bags(col, np.arange(n + 1, dtype=np.int64), _nulls(col))
     if is_text(t):
         col = pc.split_pattern(col, spec.delimiter)
@@ -242,11 +244,22 @@ def bags(col: pa.Array, spec: SparseSpec, i: int, file: str, row0: int) -> Bags:
             flat = flat.filter(keep)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Bags(flat, offsets, null_rows)
+    return Bags(_nan_to_null(flat), offsets, null_rows)
 
 
 def _nulls(col: pa.Array) -> np.ndarray:
     return col.is_null().to_numpy(zero_copy_only=False)
+
+
+def _nan_to_null(values: pa.Array) -> pa.Array:
+    """A float NaN category is a null (a missing value, as in a dense column): it gets the
+    null id. As a value it could not even be looked up (NaN != NaN)."""
+    if not pa.types.is_floating(values.type):
+        return values
+    nan = pc.is_nan(values)
+    if not pc.any(nan).as_py():
+        return values
+    return pc.if_else(nan, pa.scalar(None, values.type), values)
 
 
 def pad(ids: np.ndarray, offsets: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
