@@ -28,7 +28,8 @@ from pathlib import Path
 from hybridrec.data.manifest import MANIFEST
 from hybridrec.data.preprocess.options import UsageError
 
-# the dataset's own entries in its directory (anything else there is the user's and stays)
+# the dataset's own entries in its directory, with any `<array>.npy.tmp` an older version left
+# (anything else there is the user's and stays)
 DATASET_ENTRIES = frozenset(
     {MANIFEST, f"{MANIFEST}.tmp", "labels.npy", "dense.npy", "categorical.npy", "counts", ".work"}
 )
@@ -133,7 +134,7 @@ def swap_in(partial: Path, output: Path) -> None:
     moved: list[str] = []
     try:
         for entry in output.iterdir():  # the user's own files stay with the dataset
-            if entry.name not in DATASET_ENTRIES:
+            if entry.name not in DATASET_ENTRIES and not entry.name.endswith(".npy.tmp"):
                 os.rename(entry, partial / entry.name)
                 moved.append(entry.name)
         os.chmod(partial, stat.S_IMODE(output.stat().st_mode))
