@@ -46,8 +46,7 @@ def test_device_cuda_without_cuda_is_a_config_error(tmp_path):
     for extra in ((), ("launcher.nproc_per_node=2", "sharding=table_wise")):
         out = run_cli("device=cuda", *extra, f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
         assert out.returncode == 2 and out.stderr == (
-            "hybridrec-train: device=cuda but CUDA is not available here; use device=cpu or "
-            "auto\n"
+            "hybridrec-train: device=cuda but CUDA is not available here; use device=cpu or auto\n"
         )
 
 
