@@ -23,7 +23,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.config import CONF_DIR, Config, check_override_keys, register_schema, validate
-from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
+from hybridrec.distributed.env import (
+    destroy_distributed,
+    init_distributed,
+    launched_by_torchrun,
+    resolve_device,
+)
 from hybridrec.train.exits import (
     FAILED_EXIT,
     PREEMPTED_EXIT,
@@ -138,6 +143,8 @@ def main(raw: DictConfig) -> float | None:
         cfg, launch = _validated(raw)
         if launch:
             check_launch(cfg)
+        else:  # device=cuda without CUDA is the config's error too (exit 2), found before it runs
+            resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
     except ValueError as e:  # the config: nothing ran
         fail(str(e), USAGE_EXIT)
     try:

@@ -15,8 +15,12 @@ the rest val + test, a note says so); with several, to days (--holdout-days last
 
 What it does, the output format, the memory bound and how reruns resume: docs/preprocessing.md
 ("Preprocessing raw Criteo files"); the contract is hybridrec.data.preprocess's docstring.
-Exit status 0 on success (a summary on stdout), 1 with a one-line error naming the file and
-line (or option) on bad input.
+Exit status 0 on success (a summary on stdout); otherwise one line
+`hybridrec-preprocess: error: <message>` and 2 when the command is wrong (an option, the
+spec, an input that does not exist, an output holding another dataset without --overwrite:
+nothing was read), 1 for an error while running (a bad row naming its file and line, a full
+disk naming the directory), 130 on Ctrl-C. A failed or interrupted run leaves --output as it
+was (hybridrec.data.preprocess.output).
 """
 
 from __future__ import annotations
@@ -24,9 +28,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
-from hybridrec.data.preprocess import MLPERF_CAP, PreprocessOptions, list_inputs, preprocess
+from hybridrec.data.preprocess import (
+    MLPERF_CAP,
+    PreprocessOptions,
+    UsageError,
+    list_inputs,
+    preprocess,
+)
+from hybridrec.data.preprocess.output import DiskFullError
+
+USAGE_EXIT, FAILED_EXIT = 2, 1  # as hybridrec-train (hybridrec.train.exits)
 
 log = logging.getLogger("hybridrec")
 
@@ -108,9 +122,13 @@ def _table(args: argparse.Namespace) -> int:
     given = [k for k in CRITEO_ONLY if getattr(args, k) != p.get_default(k)]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        raise ValueError(f"{flag} applies to raw Criteo files; with --spec the spec sets it")
+        raise UsageError(f"{flag} applies to raw Criteo files; with --spec the spec sets it")
+    try:
+        spec = load_spec(args.spec)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     report = preprocess_table(
-        load_spec(args.spec),
+        spec,
         args.input,
         args.output,
         block_rows=args.block_rows,
@@ -159,43 +177,56 @@ def summarise_counts(values: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.spec is not None:
-        try:
-            return _table(args)
-        except ValueError as e:
-            print(f"hybridrec-preprocess: error: {e}", file=sys.stderr)
-            return 1
-        except OSError as e:
-            print(f"hybridrec-preprocess: error: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+    term = signal.signal(signal.SIGTERM, _interrupted)  # as Ctrl-C: clean up, say so
     try:
-        options = PreprocessOptions(
-            encoding=args.encoding,
-            hash_cap=args.hash_cap,
-            min_count=args.min_count,
-            split=args.split or _default_split(args.input, args.train_fraction),
-            holdout_days=args.holdout_days,
-            train_fraction=args.train_fraction,
-            block_rows=args.block_rows,
-            checksums=args.checksums,
-            on_error=args.on_error,
-            chunk_bytes=args.chunk_mb << 20,
-        )
-        report = preprocess(
-            args.input,
-            args.output,
-            options,
-            workers=args.workers,
-            progress=args.progress and sys.stderr.isatty(),
-            overwrite=args.overwrite,
-            keep_work=args.keep_work,
-        )
-    except ValueError as e:  # bad input or options: one clear line, no traceback
-        print(f"hybridrec-preprocess: error: {e}", file=sys.stderr)
-        return 1
+        return _table(args) if args.spec is not None else _criteo(args)
+    except UsageError as e:  # the command, spec, inputs or output: nothing was read
+        return _error(str(e), USAGE_EXIT)
+    except ValueError as e:  # bad input data: one clear line, no traceback
+        return _error(str(e), FAILED_EXIT)
+    except DiskFullError as e:
+        return _error(str(e), FAILED_EXIT)
     except OSError as e:  # an output that cannot be written, an input that cannot be read
-        print(f"hybridrec-preprocess: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _error(f"{type(e).__name__}: {e}", FAILED_EXIT)
+    except KeyboardInterrupt:
+        again = " (the same command resumes)" if args.spec is None else ""
+        return _error(f"interrupted; {args.output} was not changed{again}", 130)
+    finally:
+        signal.signal(signal.SIGTERM, term)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _error(message: str, code: int) -> int:
+    print(f"hybridrec-preprocess: error: {message}", file=sys.stderr)
+    return code
+
+
+def _criteo(args: argparse.Namespace) -> int:
+    """Raw Criteo day files (no --spec)."""
+    options = PreprocessOptions(
+        encoding=args.encoding,
+        hash_cap=args.hash_cap,
+        min_count=args.min_count,
+        split=args.split or _default_split(args.input, args.train_fraction),
+        holdout_days=args.holdout_days,
+        train_fraction=args.train_fraction,
+        block_rows=args.block_rows,
+        checksums=args.checksums,
+        on_error=args.on_error,
+        chunk_bytes=args.chunk_mb << 20,
+    )
+    report = preprocess(
+        args.input,
+        args.output,
+        options,
+        workers=args.workers,
+        progress=args.progress and sys.stderr.isatty(),
+        overwrite=args.overwrite,
+        keep_work=args.keep_work,
+    )
     m = report.manifest
     if report.up_to_date:
         print(f"{args.output}: up to date ({m.num_rows:,} rows, fingerprint {m.fingerprint})")

@@ -5,6 +5,9 @@ shards the checkpoint holds) and the dense modules by module path (`dense.bottom
 `dense.top.4.bias`, ...), and `model_config` (the model section of the config, JSON).
 Score with it: `hybridrec.model.load_export(<file>)` gives a plain PyTorch module; or
 warm-start a run with `model.init_from=<file>`. Needs host memory for the whole model.
+Exit status: 0 written, 2 no complete checkpoint at the path given, 1 a checkpoint that
+cannot be exported (a damaged or refused file, a model config that load_export would
+refuse, an output that cannot be written), with one line `hybridrec-export: <message>`.
 """
 
 from __future__ import annotations
@@ -41,12 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = found[-1]
     try:
         shapes = export_checkpoint(path, args.file, verify=not args.no_verify)
-    except CheckpointError as e:
+    except CheckpointError as e:  # a file or the model config refused, damaged files
         print(f"hybridrec-export: {e}", file=sys.stderr)
-        return 2
+        return 1
     except OSError as e:  # e.g. the output cannot be written: read-only, full, not a directory
         print(f"hybridrec-export: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return 1
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
     model = read_manifest(path, verify=False).get("extra", {}).get("model")

@@ -42,7 +42,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.train.exits import FAILED_EXIT, PREEMPTED_EXIT, USAGE_EXIT, first_failure
+from hybridrec.train.exits import PREEMPTED_EXIT, failure_line, first_failure
 from hybridrec.train.loggers import read_metrics
 
 if TYPE_CHECKING:
@@ -164,6 +164,8 @@ def check_launch(cfg: Config) -> None:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.device == "cuda" and not gpus:
+        raise ValueError("device=cuda but CUDA is not available here; use device=cpu or auto")
     if (cfg.device == "cuda" or (cfg.device == "auto" and gpus)) and n > gpus:
         raise ValueError(
             f"launcher.nproc_per_node={n} but {gpus} GPUs are visible, and NCCL ranks cannot "
@@ -175,9 +177,10 @@ def launch_ranks(cfg: Config, run_dir: Path) -> None:
     """Run this job as `launcher.nproc_per_node` local ranks and wait for them.
 
     Raises ValueError for a run that cannot start (`check_launch`) and RanksFailed with the
-    rank that failed first, its message and the exit code to end with (every rank's output is
-    above and in `<run dir>/ranks/`). SIGTERM, SIGINT and SIGUSR1 to this process reach the
-    ranks, which save a checkpoint (with checkpoint.dir) and stop; they get
+    rank whose failure caused the others (a rank killed without a word before the rank that
+    noticed: exits.failure_line), its message and the exit code to end with (every rank's
+    output is above and in `<run dir>/ranks/`). SIGTERM, SIGINT and SIGUSR1 to this process
+    reach the ranks, which save a checkpoint (with checkpoint.dir) and stop; they get
     `SHUTDOWN_GRACE_S` to do so before they are killed.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
@@ -209,14 +212,10 @@ def launch_ranks(cfg: Config, run_dir: Path) -> None:
         with environ(**rank_environ()):
             elastic_launch(config, sys.executable)(*argv)
     except ChildFailedError as e:
-        rank, message, code = first_failure(e.failures)
         if {f.exitcode for f in e.failures.values()} == {PREEMPTED_EXIT}:
+            message = first_failure(e.failures)[1]
             raise RanksFailed(message or "the ranks saved and stopped", PREEMPTED_EXIT) from None
-        failed = f"{len(e.failures)} of {n} ranks failed; their output is above and in {logs}"
-        raise RanksFailed(
-            f"rank {rank} failed first: {message or f'exit code {code}'} ({failed})",
-            code if code in (USAGE_EXIT, FAILED_EXIT) else FAILED_EXIT,
-        ) from None
+        raise RanksFailed(*failure_line(e.failures, n, logs)) from None
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         if cfg.checkpoint.dir:

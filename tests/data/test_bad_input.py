@@ -16,6 +16,7 @@ import pytest
 from hybridrec.data import CorruptBlockError, MalformedRowError, open_dataset
 from hybridrec.data.criteo import TsvReader, parse_ints
 from hybridrec.data.preprocess import PreprocessOptions, preprocess
+from hybridrec.data.preprocess.output import partial_dir
 from hybridrec.data.source import BinarySource, check_model_matches
 from tests.configs import make_config
 
@@ -360,17 +361,27 @@ def test_binary_and_corrupt_inputs_are_one_line(tmp_path, sample_tsv):
 def test_unwritable_output_is_one_line(tmp_path, sample_tsv):
     (tmp_path / "file").write_text("")
     r = _cli("--input", str(sample_tsv), "--output", str(tmp_path / "file" / "out"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.endswith(
-        f"hybridrec-preprocess: error: NotADirectoryError: [Errno 20] Not a directory: "
-        f"'{tmp_path / 'file' / 'out'}'\n"
+        f"hybridrec-preprocess: error: --output {tmp_path / 'file' / 'out'} cannot be a "
+        f"directory ({tmp_path / 'file'} is a file)\n"
     )
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    r = _cli("--input", str(sample_tsv), "--output", str(locked / "out"))
+    if os.geteuid() != 0:  # root writes anywhere
+        assert r.returncode == 1 and r.stderr.endswith(
+            f"hybridrec-preprocess: error: PermissionError: [Errno 13] cannot create "
+            f"{locked / '.out.partial'}, where the dataset for --output {locked / 'out'} is "
+            "built before it is swapped in: Permission denied\n"
+        )
 
 
 @pytest.mark.parametrize("encoding", ["hash", "vocab"])
 def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
     """A worker failing on a bad row of the second file, after the first file's part is
-    written: the run raises and removes .work/; the output directory it did not create stays."""
+    written: the run raises and removes its partial directory (and .work/ in it); the output
+    directory it did not create stays as it was."""
     path, message = _corrupt_copy(sample_tsv, tmp_path, "hex", 150)
     good = tmp_path / "day_0.tsv"
     shutil.copy(sample_tsv, good)
@@ -381,11 +392,15 @@ def test_failed_preprocess_leaves_no_work_dir(tmp_path, sample_tsv, encoding):
     with pytest.raises(MalformedRowError, match=f"{bad}:150: "):
         preprocess([good, bad], out, opts, workers=1, progress=False)
     assert out.is_dir() and list(out.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day_0.tsv", "day_1.tsv", "out"]
     # with keep_work the parts stay, for a look (and the good file's part is there)
     with pytest.raises(MalformedRowError):
         preprocess([good, bad], out, opts, workers=1, progress=False, keep_work=True)
     stage = "count" if encoding == "vocab" else "parts"
-    assert (out / ".work" / stage / "0000_day_0.tsv" / "meta.json").is_file()
+    work = partial_dir(out) / ".work"
+    assert work == tmp_path / ".out.partial" / ".work"
+    assert (work / stage / "0000_day_0.tsv" / "meta.json").is_file()
+    assert list(out.iterdir()) == []
 
 
 def _criteo_cfg(path):

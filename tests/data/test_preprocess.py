@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hybridrec.data.preprocess as preprocess_package
 from hybridrec.data import open_dataset
 from hybridrec.data.fake import write_fake_day
 from hybridrec.data.manifest import Manifest
 from hybridrec.data.preprocess import PreprocessOptions, preprocess
+from hybridrec.data.preprocess.output import partial_dir
 from tests.data.conftest import SAMPLE_OPTIONS, log1p32, vocab_ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +113,7 @@ def _days(tmp_path: Path, n: int, rows: int, gz: bool = False) -> Path:
     return raw
 
 
-def test_day_split_parallel_gzip_and_resume(tmp_path):
+def test_day_split_parallel_gzip_and_resume(tmp_path, monkeypatch):
     raw = _days(tmp_path, 3, 3000, gz=True)
     # 64 KiB chunks: every file is parsed in several blocks
     opts = PreprocessOptions(encoding="vocab", min_count=3, block_rows=512, chunk_bytes=1 << 16)
@@ -132,13 +134,24 @@ def test_day_split_parallel_gzip_and_resume(tmp_path):
     np.testing.assert_array_equal(a.categorical, b.categorical)
     np.testing.assert_array_equal(a.dense, b.dense)
     assert ref.manifest.cardinalities == m.cardinalities
-    # resume: pretend the run died after day_0 and day_2 were committed
-    (out / "manifest.json").unlink()
-    (out / ".work" / "parts" / "0001_day_1.gz" / "meta.json").unlink()
+    assert (out / ".work" / "parts").is_dir()  # keep_work: the parts moved in with the data
+    # resume: a run interrupted (Ctrl-C) while assembling keeps its parts beside the output,
+    # which it never touched; pretend it was interrupted before day_1 was committed
+    shutil.rmtree(out)
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preprocess_package, "_assemble_array", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        preprocess([raw], out, opts, workers=2, progress=False)
+    monkeypatch.undo()
+    assert not out.exists()
+    (partial_dir(out) / ".work" / "parts" / "0001_day_1.gz" / "meta.json").unlink()
     resumed = preprocess([raw], out, opts, workers=2, progress=False)
     assert resumed.reused_files == 2 and resumed.manifest.splits == m.splits
     np.testing.assert_array_equal(open_dataset(out).categorical, b.categorical)
-    assert not (out / ".work").exists()
+    assert not (out / ".work").exists() and not partial_dir(out).exists()
 
 
 def test_day_split_needs_enough_files(tmp_path, sample_tsv):
@@ -162,7 +175,7 @@ def test_cli(tmp_path):
     bad = subprocess.run(
         cmd[:-4] + ["--hash-cap", "0"], env=env, capture_output=True, text=True, timeout=120
     )
-    assert bad.returncode == 1 and "hash_cap" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "hash_cap" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_row_split_across_parse_blocks(tmp_path):
@@ -217,9 +230,9 @@ def test_readme_preprocess_examples_run_on_the_shipped_sample(tmp_path, sample_t
         text=True,
         timeout=120,
     )
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr  # the options: usage
     assert bad.stderr.count("\n") == 1 and "use split=rows" in bad.stderr
-    assert not (tmp_path / "days").exists()
+    assert not (tmp_path / "days").exists() and not (tmp_path / ".days.partial").exists()
 
 
 def test_cardinalities_are_summarised_as_runs():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 
 import pyarrow as pa
@@ -55,10 +56,10 @@ def test_strings_in_an_identity_column_name_the_row(tmp_path):
     assert msg.startswith(
         f"sparse[1] (movie): column 'movie' holds 0.5 at {tmp_path / 't.parquet'} row 1;"
     )
-    cols["movie"] = [{"a": 1}] * len(cols["movie"])
+    cols["movie"] = [True] * len(cols["movie"])
     msg = _fails(tmp_path, cols, SPEC)
     assert msg == (
-        f"sparse[1] (movie): column 'movie' is of type struct<a: int64> in {tmp_path / 't.parquet'}; "
+        f"sparse[1] (movie): column 'movie' is of type bool in {tmp_path / 't.parquet'}; "
         "encoding: identity needs integer ids: use encoding: vocabulary or hashing"
     )
 
@@ -116,11 +117,11 @@ def test_a_non_numeric_dense_column(tmp_path):
     cols["age"][7] = "old"
     msg = _fails(tmp_path, cols, SPEC, fmt="csv")
     assert msg == f"dense column 'age' holds 'old' at {tmp_path / 't.csv'} row 8, not a number"
-    cols["age"] = [[1.0]] * len(cols["age"])
+    cols["age"] = [datetime.date(2024, 1, 1)] * len(cols["age"])
     msg = _fails(tmp_path, cols, SPEC)
-    assert (
-        msg
-        == f"dense column 'age' is of type list<element: double> in {tmp_path / 't.parquet'}, not numeric"
+    assert msg == (
+        f"dense column 'age' is of type date32[day] in {tmp_path / 't.parquet'}, not numeric: "
+        "it takes integers, floats, booleans or decimals (CSV: numbers as text)"
     )
 
 
@@ -173,6 +174,55 @@ def test_cli_reports_bad_data_in_one_line(tmp_path, capsys):
     assert err.startswith(
         "hybridrec-preprocess: error: sparse[1] (movie): column 'movie' holds id 99"
     )
+
+
+def test_nested_columns_are_one_line_naming_what_the_spec_takes(tmp_path, capsys):
+    """A list of lists, a struct, a list of structs, a map: refused before any row is read
+    (exit 2, as the spec must change), never pyarrow's 27-line ArrowNotImplementedError."""
+    spec = write_spec(tmp_path / "s.yaml", SPEC)
+    n = len(movies()["genres"])
+    sparse = "strings, integers, floats, booleans, decimals or dates"
+    cases = {
+        "genres": (
+            [[["drama"], ["x"]]] * n,
+            "list<element: list<element: string>>, lists of lists; a sparse feature takes one "
+            f"value (kind: single) or one flat list (kind: list) per row, of {sparse}: flatten "
+            "the column, or give each inner list a column of its own",
+        ),
+        "user": (
+            [{"a": 1}] * n,
+            f"struct<a: int64>; sparse[0] (user) takes {sparse} (kind: single) or lists of "
+            "them (kind: list): move the field you need into a column of its own",
+        ),
+        "zip": (
+            pa.array([[("k", 1)]] * n, pa.map_(pa.string(), pa.int64())),
+            f"map<string, int64 ('zip')>; sparse[2] (zip) takes {sparse} (kind: single) or lists of "
+            "them (kind: list): move the field you need into a column of its own",
+        ),
+        "age": (
+            [[1.0, 2.0]] * n,
+            "list<element: double>; dense[0] takes one number per row: a list column can be a "
+            "sparse feature (kind: list)",
+        ),
+    }
+    keys = {"genres": "sparse[3] (genres)", "user": "sparse[0] (user)", "zip": "sparse[2] (zip)"}
+    for column, (values, why) in cases.items():
+        cols = movies()
+        cols[column] = values
+        src = write_parquet(tmp_path / f"{column}.parquet", cols)
+        argv = ["--spec", str(spec), "--input", str(src), "--output", str(tmp_path / "o")]
+        assert preprocess_main(argv) == 2
+        err = capsys.readouterr().err
+        key = keys.get(column, "dense[0]")
+        assert err == (
+            f"hybridrec-preprocess: error: {src}: column {column!r} (spec {key}.column) holds "
+            f"{why}\n"
+        )
+        assert not (tmp_path / "o").exists()
+    cols = movies()
+    cols["genres"] = [[{"name": "drama"}]] * n
+    with pytest.raises(ValueError, match=r"list<element: struct<name: string>>, lists of struct"):
+        preprocess_table(load_spec(spec), [write_parquet(tmp_path / "t.parquet", cols)], tmp_path)
 
 
 # -- the spec itself ---------------------------------------------------------------------------

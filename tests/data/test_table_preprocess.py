@@ -300,11 +300,11 @@ def test_cli_prints_one_line_per_feature_and_reruns_are_up_to_date(tmp_path, cap
     assert preprocess_main(args) == 0
     assert "up to date" in capsys.readouterr().out
     write_spec(tmp_path / "spec.yaml", spec_dict(split={"by": "rows", "train_fraction": 0.6}))
-    assert preprocess_main(args) == 1
+    assert preprocess_main(args) == 2  # the command is wrong: exit 2, as hybridrec-train
     assert "pass --overwrite" in capsys.readouterr().err
     assert preprocess_main([*args, "--overwrite"]) == 0
     assert open_dataset(tmp_path / "out").manifest.splits["train"] == [0, 24]
-    assert preprocess_main([*args, "--encoding", "vocab"]) == 1
+    assert preprocess_main([*args, "--encoding", "vocab"]) == 2
     assert capsys.readouterr().err == (
         "hybridrec-preprocess: error: --encoding applies to raw Criteo files; with --spec the "
         "spec sets it\n"

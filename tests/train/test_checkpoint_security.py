@@ -2,10 +2,11 @@
 
 A payload whose unpickling would create a marker file is planted in each kind of file
 (dense state, embedding shards, export), with the manifest's size and sha256 updated as an
-attacker with write access would. Resume, eval.only, hybridrec-export, model.init_from and
-load_export must refuse it with one line naming the file, and the marker must not exist.
-Manifest fields cannot name code to build. Checkpoints written with pickled objects load
-again after the explicit, trusted conversion, bit-identically.
+attacker with write access would. Resume, eval.only, hybridrec-export, model.init_from,
+load_export and the checkpoint conversion (with or without --trust) must refuse it with one
+line naming the file, suggesting the conversion only where it can work and naming the newest
+intact checkpoint, and the marker must not exist. Manifest fields cannot name code to build.
+Checkpoints written with numpy objects load again after the conversion, bit-identically.
 """
 
 from __future__ import annotations
@@ -98,14 +99,16 @@ def test_planted_dense_state_is_refused_by_resume_eval_only_and_export(ck, tmp_p
     why = r"dense.pt: refused: it holds the pickled global posix.system.*nothing in it was run"
     with pytest.raises(CheckpointError, match=why) as e:
         Trainer(_cfg(ck), env).restore()
-    assert "python -m hybridrec.train.checkpoint.convert --trust" in _one_line(e)
+    text = _one_line(e)  # the conversion cannot help with code: it is not suggested
+    assert "neither load nor convert it; no older intact checkpoint is in" in text
+    assert "hybridrec.train.checkpoint.convert" not in text
     with pytest.raises(CheckpointError, match=why) as e:
         Trainer(_cfg(ck, eval__only=True), env).evaluate_only()
     _one_line(e)
     with pytest.raises(CheckpointError, match=why) as e:
         export_checkpoint(step, tmp_path / "m.pt")
     _one_line(e)
-    assert export_main([str(ck), str(tmp_path / "m.pt")]) == 2
+    assert export_main([str(ck), str(tmp_path / "m.pt")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hybridrec-export: ") and err.count("\n") == 1 and "refused" in err
     assert not marker.exists() and not (tmp_path / "m.pt").exists()
@@ -142,24 +145,65 @@ def test_planted_export_is_refused_by_init_from_and_load_export(ck, tmp_path):
     assert not marker.exists()
 
 
-def test_manifest_fields_cannot_name_code_or_other_files(ck, tmp_path):
-    """The model config an export carries comes from the manifest: a Hydra-style _target_
-    or an unregistered architecture is refused, never built or called."""
+def test_manifest_fields_cannot_name_code_or_other_files(ck, tmp_path, capsys):
+    """The model config an export carries comes from the manifest: hybridrec-export checks it
+    before copying it (settings only, a registered architecture, a `_target_` that is the
+    import path of a model class, as training checked it), and load_export refuses a file
+    carrying a Hydra-style _target_ (unless trusted) or an unregistered architecture: never
+    built or called."""
     marker = tmp_path / "ran"
     step = ck / "step_2"
     mf = step / "manifest.json"
     original = json.loads(mf.read_text())
-    for model, why in (
-        ({"_target_": "os.system", "command": f"touch {marker}"}, r"'_target_'.*not model"),
-        ({"arch": "os.system"}, r"model_config arch 'os.system' is not one of"),
-        ("os.system", r"model_config is not a JSON object"),
+    state = torch.load(_export(ck, tmp_path / "good.pt"), weights_only=True)
+    for model, at_export, at_load in (
+        (
+            {"_target_": "os.system", "command": f"touch {marker}"},
+            r"model_config keys \['command'\] are not model settings; refused",
+            r"'_target_'.*not model",
+        ),
+        (
+            {"_target_": "os.system"},
+            r"model _target_='os.system' names the standard library, not a model class; "
+            r"refused \(a hand-edited manifest\? export the checkpoint training wrote\)",
+            r"'_target_'.*not model",
+        ),
+        (
+            {"_target_": "torch.nn.functional.relu"},
+            r"model._target_=torch.nn.functional.relu is not an nn.Module class; refused",
+            r"'_target_'.*not model",
+        ),
+        (
+            {"_target_": "no_such_package.Model"},
+            r"model._target_=no_such_package.Model does not import: .*PYTHONPATH\?\); refused",
+            r"'_target_'.*not model",
+        ),
+        (
+            {"_target_": "__import__('os').system"},
+            r"model _target_=.* is not the import path of a model class \(pkg.module.Class\)",
+            r"'_target_'.*not model",
+        ),
+        (
+            {"arch": "os.system"},
+            r"model_config arch 'os.system' is not one of",
+            r"model_config arch 'os.system' is not one of",
+        ),
+        ("os.system", r"model_config is not a JSON object", r"model_config is not a JSON object"),
     ):
         m = json.loads(json.dumps(original))
         m["extra"]["model"] = {**m["extra"]["model"], **model} if isinstance(model, dict) else model
         mf.write_text(json.dumps(m))
-        export_checkpoint(step, tmp_path / "m.pt")
-        with pytest.raises(ValueError, match=why) as e:
-            load_export(tmp_path / "m.pt")
+        with pytest.raises(CheckpointError, match=at_export) as e:
+            export_checkpoint(step, tmp_path / "m.pt")
+        assert _one_line(e).startswith(f"{mf}: ")
+        assert not (tmp_path / "m.pt").exists()
+        assert export_main([str(step), str(tmp_path / "m.pt")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"hybridrec-export: {mf}: ") and err.count("\n") == 1
+        # an export file written by other means: load_export's own checks
+        torch.save({**state, "model_config": json.dumps(m["extra"]["model"])}, tmp_path / "x.pt")
+        with pytest.raises(ValueError, match=at_load) as e:
+            load_export(tmp_path / "x.pt")
         _one_line(e)
     m = json.loads(json.dumps(original))
     m["files"]["../../elsewhere.pt"] = m["files"].pop("dense.pt")
@@ -168,6 +212,11 @@ def test_manifest_fields_cannot_name_code_or_other_files(ck, tmp_path):
         read_manifest(step)
     _one_line(e)
     assert not marker.exists()
+
+
+def _export(ck, out):
+    assert export_main([str(ck), str(out)]) == 0
+    return out
 
 
 def _assert_same(a, b):
@@ -204,15 +253,12 @@ def test_a_checkpoint_with_pickled_objects_loads_after_the_trusted_conversion(ck
     dense["rng_cpu"] = dense["rng_cpu"].numpy()
     dense["sparse_step"] = np.int64(dense["sparse_step"])
     _plant(step, "dense.pt", dense)
-    with pytest.raises(CheckpointError, match=r"numpy.*convert --trust .*step_2") as e:
+    with pytest.raises(CheckpointError, match=r"numpy.*checkpoint.convert .*step_2") as e:
         _restored(ck)
     _one_line(e)
-    assert convert_main([str(ck)]) == 2  # without --trust nothing is loaded
-    with pytest.raises(CheckpointError):
-        _restored(ck)
-    assert convert_main([str(ck), "--trust"]) == 0
+    assert convert_main([str(ck)]) == 0  # it builds numpy data only: no --trust needed
     read_manifest(step)  # sizes and sha256 sums updated
-    assert convert_main([str(ck), "--trust"]) == 0  # idempotent: already data only
+    assert convert_main([str(ck), "--trust"]) == 0  # idempotent; --trust, as older versions
     got, want = _restored(ck), _restored(reference)
     assert got[0] == want[0] == 2
     for a, b in zip(got[1], want[1], strict=True):
@@ -227,3 +273,44 @@ def test_a_checkpoint_with_pickled_objects_loads_after_the_trusted_conversion(ck
 def test_checkpoint_directories_are_private(saved):
     for d in (saved, saved / "step_2"):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
+def test_convert_never_runs_a_planted_file_and_names_the_intact_checkpoint(tmp_path, capsys):
+    """step_2 intact, step_4's dense.pt planted (as the audit found it: `convert --trust` ran
+    the payload, the refusal suggested it and named no intact checkpoint). Now resume, the
+    conversion (with or without --trust) and the refusal all name step_2, suggest no
+    conversion, leave the files as they are, and never run the payload; a file mixing numpy
+    data with a callable is refused by the conversion too, listing the callable."""
+    ck = tmp_path / "ck"
+    Trainer(_cfg(ck, steps=4), init_distributed("cpu")).fit()
+    marker = tmp_path / "ran"
+    step = ck / "step_4"
+    dense = torch.load(step / "dense.pt", weights_only=True)
+    dense["optimizer"] = Payload(marker)
+    _plant(step, "dense.pt", dense)
+    before = (step / "dense.pt").read_bytes()
+    intact = f"the newest intact checkpoint before it is {ck / 'step_2'}: resume from it with "
+    intact += f"checkpoint.resume={ck / 'step_2'}"
+    with pytest.raises(CheckpointError, match="posix.system") as e:
+        Trainer(_cfg(ck), init_distributed("cpu")).restore()
+    text = _one_line(e)
+    assert text.endswith(intact) and "checkpoint.convert" not in text
+    for argv in ([str(step), "--trust"], [str(ck), "--trust"], [str(step)]):
+        assert convert_main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == (
+            f"hybridrec-convert: {step / 'dense.pt'}: refused: it holds the pickled global "
+            "posix.system, not only tensors, numbers, strings, lists and dicts; nothing in it "
+            "was run. That is code, not data hybridrec writes (a planted or foreign file): "
+            f"neither load nor convert it; {intact}"
+        )
+    assert (step / "dense.pt").read_bytes() == before
+    dense = torch.load(ck / "step_2" / "dense.pt", weights_only=True)
+    dense["rng_cpu"] = dense["rng_cpu"].numpy()
+    dense["optimizer"] = Payload(marker)
+    _plant(ck / "step_2", "dense.pt", dense)
+    assert convert_main([str(ck / "step_2"), "--trust"]) == 1
+    err = capsys.readouterr().err
+    assert "refused: it holds the pickled global posix.system, not only" in err
+    assert "no older intact checkpoint is in" in err
+    assert not marker.exists()

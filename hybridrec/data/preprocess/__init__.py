@@ -6,13 +6,16 @@ categorical.npy ([num_blocks, block_rows, ...], rows in split order train | val 
 optional CRC32 per block), counts/cat_<t>.npz (train id frequencies) and manifest.json.
 Streaming: files are parsed in pyarrow blocks, one file per worker process; memory depends
 on chunk_bytes and the number of distinct ids, never on the number of rows.
-Resumable: work goes to `output/.work/`, keyed by a fingerprint of the inputs (name, size,
-mtime) and the output options; a rerun redoes only the files not yet committed, and a rerun
-over a finished directory with the same fingerprint does nothing. A run that fails (an
-exception) removes .work/ (and an output directory it created); an interrupted one keeps it.
-Atomic: every array is written to a .tmp and renamed; manifest.json goes last, so its
-presence marks a finished dataset. Stages: plan -> workers (count, encode) -> vocab ->
-assemble. The output format, options and the measured memory bound: docs/data.md.
+Never in place: the dataset is built in `.<name>.partial/` beside `output` and swapped in
+when complete (hybridrec.data.preprocess.output), so a run that fails or is interrupted
+leaves `output` as it was (the previous dataset, with --overwrite). Resumable: per-file
+work goes to `.work/` there, keyed by a fingerprint of the inputs (name, size, mtime) and
+the output options; a rerun after an interruption redoes only the files not yet committed,
+and a rerun over a finished directory with the same fingerprint does nothing. A run that
+fails (an exception) removes the partial directory (kept with keep_work); an interrupted
+one keeps it. manifest.json goes last, so its presence marks a finished dataset. Stages:
+plan -> workers (count, encode) -> vocab -> assemble. The output format, options and the
+measured memory bound: docs/preprocessing.md.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from hybridrec.data.manifest import MANIFEST, Manifest, SourceFile
 from hybridrec.data.preprocess.assemble import (
     BlockCrc,
     _assemble_array,
-    _clear_output,
     _encoding,
     _schema,
     _write_counts,
@@ -41,7 +43,9 @@ from hybridrec.data.preprocess.options import (
     PreprocessCancelled,
     PreprocessOptions,
     PreprocessReport,
+    UsageError,
 )
+from hybridrec.data.preprocess.output import building, check_output, clear_partial
 from hybridrec.data.preprocess.plan import FileTask, _train_limits, fingerprint, list_inputs
 from hybridrec.data.preprocess.vocab import _build_vocabs, _merge_hash_counts
 from hybridrec.data.preprocess.workers import _done, _run_tasks, count_values, encode_file
@@ -54,6 +58,7 @@ __all__ = [
     "PreprocessCancelled",
     "PreprocessOptions",
     "PreprocessReport",
+    "UsageError",
     "count_values",
     "encode_file",
     "fingerprint",
@@ -75,11 +80,12 @@ def preprocess(
     keep_work: bool = False,
 ) -> PreprocessReport:
     """Build (or confirm, or resume) the binary dataset in `output`; see the module docstring."""
-    # 0. An up-to-date output is confirmed; work left for other inputs or options is discarded.
+    # 0. An up-to-date output is confirmed; another dataset there needs `overwrite`.
     t0 = time.perf_counter()
     options = options or PreprocessOptions()
     files = list_inputs(inputs)
     output = Path(output)
+    check_output(output)
     fp = fingerprint(files, options)
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
@@ -87,33 +93,25 @@ def preprocess(
             log.debug("%s is up to date (fingerprint %s)", output, fp)  # the caller says so
             return PreprocessReport(old, up_to_date=True)
         if not overwrite:
-            raise ValueError(
+            raise UsageError(
                 f"{output} already holds a dataset built from other inputs or options "
                 f"(fingerprint {old.fingerprint}, now {fp}); pass --overwrite to replace it"
             )
-        _clear_output(output)
-    created = not output.exists()
-    output.mkdir(parents=True, exist_ok=True)
-    work = output / ".work"
-    stamp = work / "fingerprint"
-    if work.exists() and (not stamp.is_file() or stamp.read_text() != fp):
-        log.info("discarding %s: it was made for other inputs or options", work)
-        shutil.rmtree(work)
-    work.mkdir(exist_ok=True)
-    stamp.write_text(fp)
-    try:
-        report = _build(files, output, work, fp, options, workers, progress)
-    except Exception:
-        # a failed run (bad input, bad options, a full disk) leaves nothing behind: fixing
-        # the input changes the fingerprint, so its parts could not be reused anyway. An
-        # interrupted one (Ctrl-C) keeps .work/ to resume.
+    # 1-4 in the partial directory beside the output, swapped in when complete: a failed run
+    # removes it (fixing the input changes the fingerprint, so its parts could not be reused
+    # anyway), an interrupted one (Ctrl-C) keeps its .work/ to resume.
+    with building(output, keep_work=keep_work, resumable=True) as partial:
+        work = partial / ".work"
+        stamp = work / "fingerprint"
+        if work.exists() and (not stamp.is_file() or stamp.read_text() != fp):
+            log.info("discarding %s: it was made for other inputs or options", work)
+            shutil.rmtree(work)
+        clear_partial(partial, keep=".work")
+        work.mkdir(exist_ok=True)
+        stamp.write_text(fp)
+        report = _build(files, partial, work, fp, options, workers, progress)
         if not keep_work:
-            shutil.rmtree(work, ignore_errors=True)
-            if created and not any(output.iterdir()):
-                output.rmdir()
-        raise
-    if not keep_work:
-        shutil.rmtree(work)
+            shutil.rmtree(work)
     report.seconds = time.perf_counter() - t0
     return report
 

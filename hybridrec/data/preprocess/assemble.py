@@ -18,7 +18,7 @@ import numpy as np
 
 from hybridrec.data.criteo import FIELD_NAMES, NUM_CAT, NUM_DENSE
 from hybridrec.data.encode import MISSING_ID, RARE_ID
-from hybridrec.data.manifest import MANIFEST, ArraySpec, TableStats
+from hybridrec.data.manifest import ArraySpec, TableStats
 from hybridrec.data.preprocess.options import ARRAYS, PreprocessOptions
 from hybridrec.data.preprocess.vocab import _top
 
@@ -104,13 +104,6 @@ def _write_counts(work: Path, output: Path, sizes: list[int]) -> list[TableStats
             )
         )
     return tables
-
-
-def _clear_output(output: Path) -> None:
-    for name in [MANIFEST, *(f"{a}.npy" for a in ARRAYS)]:
-        (output / name).unlink(missing_ok=True)
-    for d in ("counts", ".work"):
-        shutil.rmtree(output / d, ignore_errors=True)
 
 
 def _schema() -> dict[str, Any]:

@@ -20,6 +20,11 @@ ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 
 
+class UsageError(ValueError):
+    """The command is wrong (its options, spec, inputs or output), found before any data
+    was read: `hybridrec-preprocess` exits 2 for it, 1 for an error while running."""
+
+
 class PreprocessCancelled(RuntimeError):
     """Another worker failed; this one stopped early."""
 
@@ -40,8 +45,8 @@ class PreprocessOptions:
     chunk_bytes: int = 4 << 20  # text per pyarrow block (bounds memory, not the output)
 
     def __post_init__(self) -> None:
-        def bad(key: str, value: object, want: str) -> ValueError:
-            return ValueError(f"preprocess option {key}={value!r}: {want}")
+        def bad(key: str, value: object, want: str) -> UsageError:
+            return UsageError(f"preprocess option {key}={value!r}: {want}")
 
         if self.encoding not in ("hash", "vocab"):
             raise bad("encoding", self.encoding, "must be one of: hash, vocab")

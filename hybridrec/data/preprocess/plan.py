@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hybridrec.data.criteo import count_lines
 from hybridrec.data.manifest import FORMAT, VERSION
-from hybridrec.data.preprocess.options import PreprocessOptions
+from hybridrec.data.preprocess.options import PreprocessOptions, UsageError
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,14 @@ def list_inputs(inputs: Sequence[str | Path]) -> list[Path]:
                 key=lambda f: _natural_key(f.name),
             )
             if not found:
-                raise ValueError(f"input directory {p} holds no files")
+                raise UsageError(f"input directory {p} holds no files")
             files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
-            raise ValueError(f"input {p} does not exist")
+            raise UsageError(f"input {p} does not exist")
     if not files:
-        raise ValueError("no input files given")
+        raise UsageError("no input files given")
     return sorted(files, key=lambda f: _natural_key(f.name)) if len(inputs) > 1 else files
 
 
@@ -67,7 +67,7 @@ def _train_limits(files: Sequence[Path], options: PreprocessOptions) -> list[int
     """Per file, how many of its first good rows are train (-1 = all of them)."""
     if options.split == "days":
         if options.holdout_days >= len(files):
-            raise ValueError(
+            raise UsageError(
                 f"split=days holds out the last {options.holdout_days} file(s) but only "
                 f"{len(files)} input file(s) were given; use split=rows (train_fraction) or "
                 "fewer holdout_days (hybridrec-preprocess: --split rows --train-fraction F, or "

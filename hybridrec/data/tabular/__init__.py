@@ -11,8 +11,9 @@ Two streamed passes over the inputs (hybridrec.data.tabular.scan), in file order
 2. encode every row (hybridrec.data.tabular.encode) into per-split parts, then assemble.
 Memory: one batch of `batch_rows` rows plus the vocabularies and a count per table row.
 A run whose inputs, spec and options match the directory's fingerprint does nothing; another
-dataset there needs `overwrite`. A failed run leaves no .work/ behind (nor an output
-directory it created).
+dataset there needs `overwrite`. The dataset is built beside the output and swapped in when
+complete (hybridrec.data.preprocess.output): a run that fails or is interrupted leaves the
+output as it was and nothing else behind.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from hybridrec.data.manifest import FORMAT, MANIFEST, VERSION, Manifest, SourceFile
+from hybridrec.data.preprocess.options import UsageError
+from hybridrec.data.preprocess.output import building, check_output, clear_partial
 from hybridrec.data.spec import DatasetSpec
 from hybridrec.data.tabular import columns
 from hybridrec.data.tabular.encode import check_shared_values, feature_line, make_features
 from hybridrec.data.tabular.scan import Splitter, Table, open_table
-from hybridrec.data.tabular.write import ARRAY_NAMES, Moments, SplitParts, write_counts
+from hybridrec.data.tabular.write import Moments, SplitParts, write_counts
 
 __all__ = ["TableReport", "preprocess_table"]
 
@@ -70,32 +73,26 @@ def preprocess_table(
     """Build (or confirm) the dataset in `output`; see the module docstring."""
     t0 = time.perf_counter()
     if block_rows < 1 or batch_rows < 1:
-        raise ValueError(f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}")
+        raise UsageError(f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}")
     table = open_table(inputs, spec)
     output = Path(output)
+    check_output(output)
     fp = _fingerprint(table, spec, block_rows, checksums)
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
         if old.fingerprint == fp:
             return TableReport(old, up_to_date=True)
         if not overwrite:
-            raise ValueError(
+            raise UsageError(
                 f"{output} already holds a dataset built from other inputs, spec or options "
                 f"(fingerprint {old.fingerprint}, now {fp}); pass --overwrite to replace it"
             )
-        for name in [MANIFEST, *(f"{a}.npy" for a in ARRAY_NAMES)]:
-            (output / name).unlink(missing_ok=True)
-        shutil.rmtree(output / "counts", ignore_errors=True)
-    created = not output.exists()
-    work = output / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
-        report = _build(table, spec, output, work, fp, block_rows, checksums, batch_rows)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if created and output.exists() and not any(output.iterdir()):
-            output.rmdir()
+    with building(output) as partial:  # swapped in when complete; removed on any failure
+        clear_partial(partial)  # what an interrupted run left
+        work = partial / ".work"
+        work.mkdir()
+        report = _build(table, spec, partial, work, fp, block_rows, checksums, batch_rows)
+        shutil.rmtree(work)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -120,11 +117,17 @@ def _build(
     for file, row0, batch in table.batches(cols, batch_rows):
         train = splitter.codes(batch) == 0
         for d, m in zip(spec.dense, moments, strict=True):
-            values, _ = columns.dense(columns.plain(batch.column(d.column)), d, file, row0)
+            values, _, _ = columns.dense(columns.plain(batch.column(d.column)), d, file, row0)
             m.add(values[train])
         for f in features:
             col = columns.plain(batch.column(f.spec.column))
             f.count(columns.bags(col, f.spec, f.index, file, row0), train)
+    for d, m in zip(spec.dense, moments, strict=True):
+        if d.transform == "standardize" and not (np.isfinite(m.mean) and np.isfinite(m.std)):
+            raise ValueError(
+                f"dense column {d.column!r}: its train mean and standard deviation overflow "
+                "(values near the float64 limit); rescale it or use transform: log1p"
+            )
     check_shared_values(features)
     for f in features:
         f.finish_counting()
@@ -139,6 +142,7 @@ def _build(
     # 2. encode every row into its split's part
     splitter = Splitter(spec.split, total)
     dense_nulls = [0] * len(spec.dense)
+    dense_nans = [0] * len(spec.dense)
     sources: dict[str, list[int]] = {}  # file -> [kept rows, train rows, rows in no split]
     try:
         for file, row0, batch in table.batches(cols, batch_rows):
@@ -153,9 +157,12 @@ def _build(
             )
             dense = np.zeros((batch.num_rows, len(spec.dense)), np.float32)
             for k, (d, m) in enumerate(zip(spec.dense, moments, strict=True)):
-                values, nulls = columns.dense(columns.plain(batch.column(d.column)), d, file, row0)
+                col = columns.plain(batch.column(d.column))
+                values, nulls, nans = columns.dense(col, d, file, row0)
                 dense[:, k] = columns.transform(values, d.transform, m.mean, m.std)
+                columns.check_finite(dense[:, k], values, d, file, row0)
                 dense_nulls[k] += int(nulls[keep].sum())
+                dense_nans[k] += int(nans[keep].sum())
             ids = [
                 f.encode(
                     columns.bags(
@@ -189,7 +196,7 @@ def _build(
     tables = write_counts(output, features)
     described = [f.describe() for f in features]
     dense_desc = []
-    for d, m, nulls in zip(spec.dense, moments, dense_nulls, strict=True):
+    for d, m, nulls, nans in zip(spec.dense, moments, dense_nulls, dense_nans, strict=True):
         rule = {"none": "x", "log1p": "log(1 + max(x, 0))"}.get(
             d.transform, f"(x - {m.mean!r}) / {m.std if m.std > 0 else 1.0!r}"
         )
@@ -200,7 +207,8 @@ def _build(
                 "rule": rule,
                 "train_mean": m.mean,
                 "train_std": m.std,
-                "nulls": nulls,
+                "nulls": nulls,  # empty cells and NaN
+                "nans": nans,
             }
         )
     label = spec.label
@@ -247,7 +255,7 @@ def _build(
         },
         transforms={
             "label": f"{label.task}: {label_rule}, stored float32",
-            "dense": "null -> 0, then each column's transform (schema.dense.columns)",
+            "dense": "null or NaN -> 0, then each column's transform (schema.dense.columns)",
             "categorical": "see encoding; lists padded with -1",
         },
         sources=[
@@ -268,8 +276,9 @@ def _build(
     manifest.save(output)
     lines = [f"{label.column}: label ({label.task}: {label_rule}), {num_rows} rows"]
     for d in dense_desc:
+        nan = f" ({d['nans']} of them NaN)" if d["nans"] else ""
         lines.append(
-            f"{d['column']}: dense ({d['transform']}), {num_rows} rows, {d['nulls']} nulls"
+            f"{d['column']}: dense ({d['transform']}), {num_rows} rows, {d['nulls']} nulls{nan}"
         )
     lines += [feature_line(d) for d in described]
     return TableReport(manifest, lines=lines)

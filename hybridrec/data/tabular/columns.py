@@ -6,13 +6,16 @@ counted). Rules (docs/data-spec.md):
 
 - numbers: integer, float, boolean and decimal columns as is; strings (CSV) parsed as
   numbers; anything else (a list, a struct, text that is not a number) is an error.
-- labels: binary = 0/1 (or true/false), or a rule on the column; regression = any number.
-  A null label is an error.
-- dense: null -> 0, then the transform (log1p clips negatives to 0, as for Criteo).
+- labels: binary = 0/1 (or true/false), or a rule on the column; regression = any finite
+  number. A null label is an error, and so is a NaN (or, for regression, an infinity).
+- dense: null (and NaN, which counts as one) -> 0, then the transform (log1p clips
+  negatives to 0, as for Criteo); an infinity, or a value whose stored float32 would not be
+  finite, is an error naming the rows. No stored value is ever NaN or inf.
 - bags: `Bags(values, offsets)`, the non-null values of a feature flattened in row order
-  (a single feature: one value per row, nulls included). List columns (Arrow lists) or
-  strings split at the delimiter (empty parts dropped); a null list is an empty bag. A list
-  column declared `kind: single`, or a numeric column declared `kind: list`, is an error.
+  (a single feature: one value per row, nulls included; a float NaN is a null). List
+  columns (Arrow lists) or strings split at the delimiter (empty parts dropped); a null list
+  is an empty bag. A list column declared `kind: single`, or a numeric column declared
+  `kind: list`, is an error.
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ def to_float(col: pa.Array, what: str, file: str, row0: int) -> tuple[np.ndarray
         or pa.types.is_boolean(t)
         or pa.types.is_decimal(t)
     ):
-        raise ValueError(f"{what} is of type {t} in {file}, not numeric")
+        raise ValueError(
+            f"{what} is of type {t} in {file}, not numeric: it takes integers, floats, booleans "
+            "or decimals (CSV: numbers as text)"
+        )
     nulls = col.is_null().to_numpy(zero_copy_only=False)
     values = pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
     return values, nulls
@@ -103,32 +109,87 @@ def labels(col: pa.Array, spec: LabelSpec, file: str, row0: int) -> np.ndarray:
         raise ValueError(
             f"{what} is empty at {where(file, row0, int(nulls.argmax()))}; every row needs a label"
         )
+    # NaN compares false and would become label 0 under a rule; inf is no regression target
+    bad = np.isnan(values) if rule is not None else ~np.isfinite(values)
+    if spec.task == "regression" and bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(
+            f"{what} holds {_value(values[rows[0]])} at {_rows(file, row0, rows)}; a regression "
+            "label is a finite number: fix or drop such rows"
+        )
     if rule is not None:
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            raise ValueError(
+                f"{what} holds NaN at {_rows(file, row0, rows)}, which the rule cannot compare; "
+                "every row needs a label: fix or drop such rows"
+            )
         return _OPS[rule["op"]](values, float(rule["value"])).astype(np.float32)
     if spec.task == "binary":
         bad = (values != 0) & (values != 1)
         if bad.any():
             i = int(bad.argmax())
             raise ValueError(
-                f"{what} holds {values[i]:g} at {where(file, row0, i)}; a binary label is 0 or "
-                "1: give a rule (label.rule: {op: '>=', value: 4}) or task: regression"
+                f"{what} holds {_value(values[i])} at {where(file, row0, i)}; a binary label is 0 "
+                "or 1: give a rule (label.rule: {op: '>=', value: 4}) or task: regression"
             )
     return values.astype(np.float32)
 
 
-def dense(col: pa.Array, spec: DenseSpec, file: str, row0: int) -> tuple[np.ndarray, np.ndarray]:
-    """(raw values [n] float64, nulls as 0, null mask [n]); transforms come later (they need
-    the train statistics)."""
-    return to_float(col, f"dense column {spec.column!r}", file, row0)
+def _value(x: float) -> str:
+    return "NaN" if np.isnan(x) else f"{x:g}"
+
+
+def _rows(file: str, row0: int, rows: np.ndarray, first: int = 3) -> str:
+    """ "f.csv row 5" or "f.csv rows 5, 9, 12 (and 4 more in this batch)"."""
+    shown = ", ".join(str(row0 + int(i) + 1) for i in rows[:first])
+    more = f" (and {len(rows) - first} more in this batch)" if len(rows) > first else ""
+    return f"{file} row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def dense(
+    col: pa.Array, spec: DenseSpec, file: str, row0: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(raw values [n] float64 with nulls as 0, null mask [n], NaN mask [n]): a NaN is a
+    null too (pandas' missing value: it is in the null mask, its value 0); an infinity is
+    refused naming the rows. Transforms come later (they need the train statistics)."""
+    what = f"dense column {spec.column!r}"
+    values, nulls = to_float(col, what, file, row0)
+    inf = np.isinf(values)
+    if inf.any():
+        rows = np.flatnonzero(inf)
+        raise ValueError(
+            f"{what} holds {_value(values[rows[0]])} at {_rows(file, row0, rows)}; a dense value "
+            "is a finite number: replace it (a cap, or an empty cell for a missing value, which "
+            "counts as a null)"
+        )
+    nan = np.isnan(values)
+    return np.where(nan, 0.0, values), nulls | nan, nan
 
 
 def transform(values: np.ndarray, kind: str, mean: float = 0.0, std: float = 1.0) -> np.ndarray:
     """The stored float32 value of raw (null-filled) `values`."""
     if kind == "log1p":
         return np.log1p(np.maximum(values, 0.0)).astype(np.float32)
-    if kind == "standardize":
-        return ((values - mean) / (std if std > 0 else 1.0)).astype(np.float32)
-    return values.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32: inf, refused by check_finite
+        if kind == "standardize":
+            return ((values - mean) / (std if std > 0 else 1.0)).astype(np.float32)
+        return values.astype(np.float32)
+
+
+def check_finite(
+    stored: np.ndarray, raw: np.ndarray, spec: DenseSpec, file: str, row0: int
+) -> None:
+    """Every stored value is finite: a finite raw value beyond float32 (|x| > 3.4e38 with
+    transform none) is refused naming the row, never stored as inf."""
+    bad = ~np.isfinite(stored)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(
+            f"dense column {spec.column!r} holds {raw[rows[0]]:g} at {_rows(file, row0, rows)}, "
+            f"which is not finite in float32 after transform {spec.transform}; rescale the "
+            "column or use transform: log1p or standardize"
+        )
 
 
 @dataclass
@@ -159,6 +220,7 @@ def bags(col: pa.Array, spec: SparseSpec, i: int, file: str, row0: int) -> Bags:
                 f"{key} holds lists ({t}) in {file} but the spec declares kind: single; use "
                 "kind: list"
             )
+        col = _nan_to_null(col)
         return Bags(col, np.arange(n + 1, dtype=np.int64), _nulls(col))
     if is_text(t):
         col = pc.split_pattern(col, spec.delimiter)
@@ -182,11 +244,22 @@ def bags(col: pa.Array, spec: SparseSpec, i: int, file: str, row0: int) -> Bags:
             flat = flat.filter(keep)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Bags(flat, offsets, null_rows)
+    return Bags(_nan_to_null(flat), offsets, null_rows)
 
 
 def _nulls(col: pa.Array) -> np.ndarray:
     return col.is_null().to_numpy(zero_copy_only=False)
+
+
+def _nan_to_null(values: pa.Array) -> pa.Array:
+    """A float NaN category is a null (a missing value, as in a dense column): it gets the
+    null id. As a value it could not even be looked up (NaN != NaN)."""
+    if not pa.types.is_floating(values.type):
+        return values
+    nan = pc.is_nan(values)
+    if not pc.any(nan).as_py():
+        return values
+    return pc.if_else(nan, pa.scalar(None, values.type), values)
 
 
 def pad(ids: np.ndarray, offsets: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 
+from hybridrec.data.preprocess.options import UsageError
 from hybridrec.data.spec import DatasetSpec, SplitSpec
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
@@ -50,7 +51,7 @@ def file_format(path: Path) -> str:
         suffixes.pop()
     fmt = _FORMATS.get(suffixes[-1] if suffixes else "")
     if fmt is None:
-        raise ValueError(
+        raise UsageError(
             f"input {path}: cannot tell its format from the name; name Parquet files "
             "*.parquet, CSV files *.csv, TSV files *.tsv"
         )
@@ -71,16 +72,16 @@ def input_format(inputs: list[Path], forced: str | None = None) -> str:
                 and _visible(f)
             ]
             if not files:
-                raise ValueError(f"input directory {p} holds no data files")
+                raise UsageError(f"input directory {p} holds no data files")
         elif p.is_file():
             files = [p]
         else:
-            raise ValueError(f"input {p} does not exist")
+            raise UsageError(f"input {p} does not exist")
         for f in files:
             found.setdefault(forced or file_format(f), f)
     if len(found) > 1:
         kinds = ", ".join(f"{k} ({v})" for k, v in found.items())
-        raise ValueError(f"the inputs mix formats: {kinds}; give files of one format")
+        raise UsageError(f"the inputs mix formats: {kinds}; give files of one format")
     return next(iter(found))
 
 
@@ -152,13 +153,13 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
     naming the column, the spec key and the available columns)."""
     paths = [Path(p) for p in inputs]
     if not paths:
-        raise ValueError("no input files given")
+        raise UsageError("no input files given")
     inp = spec.input
     fmt = input_format(paths, inp.format if inp else None)
     bad_rows = None
     if fmt == "parquet":
         if inp is not None:
-            raise ValueError(
+            raise UsageError(
                 f"the spec's input section applies to CSV/TSV inputs, but {paths[0]} is "
                 "Parquet; remove input from the spec"
             )
@@ -191,11 +192,48 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
         names = d.schema.names
         for key, column in _column_keys(spec):
             if column not in names:
-                raise ValueError(
+                raise UsageError(
                     f"{p}: column {column!r} (spec {key}) is not in the data; its columns: "
                     f"{', '.join(names)}"
                 )
+            _check_type(p, key, column, d.schema.field(column).type)
     return table
+
+
+SCALARS = "strings, integers, floats, booleans, decimals or dates"
+
+
+def _check_type(path: Path, key: str, column: str, t: pa.DataType) -> None:
+    """UsageError for a column type no spec key can take: nested values (a list of lists, a
+    struct, a map) anywhere, lists outside a sparse feature. Scalars of the wrong kind for
+    their key (text in a dense column) are reported per value, naming the row."""
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    what = f"{path}: column {column!r} (spec {key}) holds {t}"
+    if _is_list(t) and key.startswith("sparse["):
+        inner = t.value_type
+        inner = inner.value_type if pa.types.is_dictionary(inner) else inner
+        if pa.types.is_nested(inner):
+            raise UsageError(
+                f"{what}, lists of {'lists' if _is_list(inner) else inner}; a sparse feature "
+                f"takes one value (kind: single) or one flat list (kind: list) per row, of "
+                f"{SCALARS}: flatten the column, or give each inner list a column of its own"
+            )
+    elif pa.types.is_nested(t):
+        sparse = key.startswith("sparse[")
+        if sparse:
+            takes = f"{SCALARS} (kind: single) or lists of them (kind: list)"
+        else:
+            takes = "one number per row" if key.startswith(("dense[", "label.")) else "one value"
+        fix = (
+            "a list column can be a sparse feature (kind: list)"
+            if _is_list(t) and not sparse
+            else "move the field you need into a column of its own"
+        )
+        raise UsageError(f"{what}; {key.split('.')[0]} takes {takes}: {fix}")
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def _column_keys(spec: DatasetSpec) -> list[tuple[str, str]]:

@@ -1,14 +1,18 @@
-"""`python -m hybridrec.train.checkpoint.convert --trust <checkpoint>`: rewrite a checkpoint
-whose files hold pickled objects (written by an older hybridrec, or by hand) as data only.
+"""`python -m hybridrec.train.checkpoint.convert <checkpoint>`: rewrite a checkpoint whose
+files hold numpy data (written by an older hybridrec, or by hand) as tensors and plain data.
 
 Loading a checkpoint reads data only (hybridrec.safeload) and refuses such files, naming
-this command. It is the one place that unpickles with `weights_only=False`, which runs
-whatever code a file holds: it does nothing without `--trust` and names each file it
-trusts before loading it. Each file that does not load as data is turned into tensors,
-numbers, strings, lists and dicts (numpy arrays become tensors, numpy scalars numbers),
-written beside it, checked to load as data and renamed over it; the manifest then gets
-the new sizes and sha256 sums. Files that already load as data are left untouched.
-`<checkpoint>` is one `step_<N>` directory or a checkpoint.dir (all its checkpoints).
+this command. The conversion reads them with one allowlist more, numpy's arrays, scalars
+and dtypes (safeload.load_convertible), and builds nothing else: a file naming any other
+global (a pickled callable such as os.system, an unknown class) is refused with the
+globals listed and the newest intact checkpoint named, and nothing in it runs. Each
+convertible file becomes tensors, numbers, strings, lists and dicts (numpy arrays become
+tensors, numpy scalars numbers), is written beside it, checked to load as data and renamed
+over it; the manifest then gets the new sizes and sha256 sums. Files that already load as
+data are left untouched. `<checkpoint>` is one `step_<N>` directory or a checkpoint.dir
+(all its checkpoints). `--trust`, which older versions required because they unpickled in
+full, is accepted and changes nothing. Exit status: 0 converted (or nothing to do), 2 no
+checkpoint at the path, 1 a file refused or not convertible.
 """
 
 from __future__ import annotations
@@ -25,8 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrec.safeload import UnsafeFileError, load_tensors
-from hybridrec.train.checkpoint.format import CheckpointError, list_checkpoints, write_file
+from hybridrec.safeload import UnsafeFileError, load_convertible, load_tensors
+from hybridrec.train.checkpoint.format import (
+    CheckpointError,
+    list_checkpoints,
+    refusal,
+    write_file,
+)
 from hybridrec.train.checkpoint.load import read_manifest
 
 _ATOMS = (bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype, torch.device)
@@ -59,7 +68,8 @@ def plain(obj: Any, where: str) -> Any:
 
 
 def convert_checkpoint(path: Path, say: Any = print) -> list[str]:
-    """Rewrite the files of checkpoint `path` that do not load as data; returns their names."""
+    """Rewrite the files of checkpoint `path` that hold numpy data; returns their names.
+    CheckpointError (one line, see format.refusal) for a file holding anything else."""
     path = Path(path)
     manifest = read_manifest(path, verify=True)  # convert only what is intact
     converted = []
@@ -68,10 +78,14 @@ def convert_checkpoint(path: Path, say: Any = print) -> list[str]:
         try:
             load_tensors(f, mmap=True)
             continue
-        except UnsafeFileError:
-            pass
-        say(f"trusting {f}: unpickling it runs any code it holds")
-        obj = torch.load(f, map_location="cpu", weights_only=False)
+        except UnsafeFileError as e:
+            if not e.convertible:
+                raise CheckpointError(refusal(e, path)) from None
+        say(f"converting {f}: numpy data -> tensors and numbers")
+        try:
+            obj = load_convertible(f)
+        except UnsafeFileError as e:
+            raise CheckpointError(refusal(e, path)) from None
         tmp = f.with_name(f.name + ".tmp")
         try:
             entry = write_file(plain(obj, str(f)), tmp)
@@ -96,11 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m hybridrec.train.checkpoint.convert", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("checkpoint", type=Path, help="a checkpoint (…/step_N) or a checkpoint.dir")
-    p.add_argument(
-        "--trust",
-        action="store_true",
-        help="you wrote these files: unpickling them runs any code they hold",
-    )
+    p.add_argument("--trust", action="store_true", help=argparse.SUPPRESS)  # older versions'
     args = p.parse_args(argv)
     prog = "hybridrec-convert"
     path = args.checkpoint
@@ -108,20 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not paths:
         print(f"{prog}: no complete checkpoint at {path}", file=sys.stderr)
         return 2
-    if not args.trust:
-        print(
-            f"{prog}: converting unpickles {path}'s files, which runs any code they hold; "
-            "only for checkpoints you wrote: run again with --trust",
-            file=sys.stderr,
-        )
-        return 2
     try:
         for ck in paths:
             done = convert_checkpoint(ck, lambda line: print(f"{prog}: {line}", file=sys.stderr))
             print(f"{ck}: {'converted ' + ', '.join(done) if done else 'already data only'}")
     except (CheckpointError, OSError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
-        return 2
+        return 1
     return 0
 
 

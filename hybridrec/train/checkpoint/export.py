@@ -1,7 +1,8 @@
 """A checkpoint as one file with the full model (`hybridrec-export`), and warm starts from
 such a file (`model.init_from`). The file is a flat state dict: `embeddings.<table>.weight`
-[rows, dim], `dense.<module path>` and `model_config` (JSON); no optimizer state. Files
-are read as data only: one holding anything else is refused, and its code never runs.
+[rows, dim], `dense.<module path>` and `model_config` (JSON, checked before it is copied
+from the manifest: `checked_model_config`); no optimizer state. Files are read as data
+only: one holding anything else is refused, and its code never runs.
 """
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from hybridrec.model.inference import MODEL_CONFIG_KEY
+from hybridrec.model.inference import MODEL_CONFIG_KEY, model_config
+from hybridrec.model.registry import check_model_config
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
@@ -50,7 +55,8 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
     out.update({f"dense.{k}": v for k, v in dense["model"].items()})
     model_cfg = manifest.get("extra", {}).get("model")
     if model_cfg is not None:  # so hybridrec.model.load_export needs nothing else
-        out[MODEL_CONFIG_KEY] = json.dumps(model_cfg)  # type: ignore[assignment]
+        text = checked_model_config(path / "manifest.json", model_cfg)
+        out[MODEL_CONFIG_KEY] = text  # type: ignore[assignment]
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(out_file.name + ".tmp")
@@ -61,6 +67,41 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
         tmp.unlink(missing_ok=True)  # no half-written file left beside the output
         raise
     return {k: list(v.shape) for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def checked_model_config(mf: Path, model_cfg: Any) -> str:
+    """The manifest's model config as the JSON an export carries, checked as load_export
+    checks it (model settings only, a registered arch, a task) and, for a `_target_`, as
+    training checked it: an import path (pkg.module.Class, outside the standard library,
+    which holds no model) of an nn.Module class that takes model.args and declares the
+    dataset's features (check_model_config imports it, as training and
+    load_export(trust_import=True) do). CheckpointError naming the manifest otherwise."""
+    text = json.dumps(model_cfg)
+    try:
+        cfg = model_config(mf, text, trust_import=True)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    target = cfg._target_
+    if target is None:
+        return text
+    if not isinstance(target, str) or not _IMPORT_PATH.fullmatch(target):
+        raise CheckpointError(
+            f"{mf}: model _target_={target!r} is not the import path of a model class "
+            "(pkg.module.Class); refused"
+        )
+    if target.split(".")[0] in sys.stdlib_module_names:
+        raise CheckpointError(
+            f"{mf}: model _target_={target!r} names the standard library, not a model class; "
+            "refused (a hand-edited manifest? export the checkpoint training wrote)"
+        )
+    try:
+        check_model_config(cfg)
+    except ValueError as e:
+        raise CheckpointError(f"{mf}: {e}; refused") from None
+    return text
 
 
 def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) -> None:

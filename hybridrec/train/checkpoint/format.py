@@ -39,7 +39,7 @@ from hybridrec.types import TableConfig, storage_tables
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 FILE_NAME = re.compile(r"^(dense|shards_rank\d+)\.pt$")  # the only files a manifest may list
-CONVERT = "python -m hybridrec.train.checkpoint.convert --trust"
+CONVERT = "python -m hybridrec.train.checkpoint.convert"
 
 
 class CheckpointError(RuntimeError):
@@ -207,14 +207,41 @@ def replicated_tables(modules: list[EmbeddingModule]) -> set[str]:
 
 def load_file(path: Path, mmap: bool = False) -> Any:
     """A checkpoint file as data only; a file holding anything else is refused with one
-    line that names it and the conversion for checkpoints an older writer left."""
+    line (`refusal`)."""
     try:
         return load_tensors(path, mmap=mmap)
     except UnsafeFileError as e:
-        raise CheckpointError(
-            f"{e}. If you wrote this checkpoint (with an older hybridrec) and trust it, "
-            f"convert it once: {CONVERT} {path.parent}"
-        ) from None
+        raise CheckpointError(refusal(e, Path(path).parent)) from None
+
+
+def refusal(e: UnsafeFileError, step_dir: Path) -> str:
+    """What was refused in checkpoint `step_dir`, and what to do: the conversion only where
+    it can work (numpy data an older writer left; never for a pickled callable or unknown
+    class, which nothing should load), and the newest intact checkpoint before it."""
+    from hybridrec.train.checkpoint.load import intact_before  # load.py imports this module
+
+    if e.convertible:
+        fix = (
+            f"It holds numpy data, as an older writer left it: convert it once with {CONVERT} "
+            f"{step_dir} (which builds numpy data only, never code)"
+        )
+    else:
+        fix = (
+            "That is code, not data hybridrec writes (a planted or foreign file): neither load "
+            "nor convert it"
+        )
+    try:
+        older = intact_before(step_dir)
+    except CheckpointError:
+        older = []
+    if older:
+        fix += (
+            f"; the newest intact checkpoint before it is {older[0]}: resume from it with "
+            f"checkpoint.resume={older[0]}"
+        )
+    elif not e.convertible:
+        fix += f"; no older intact checkpoint is in {step_dir.parent}"
+    return f"{e}. {fix}"
 
 
 class ShardFiles:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, embedding_modules
 from hybridrec.train.checkpoint.format import (
     FILE_NAME,
@@ -84,15 +85,18 @@ def checkpoint_step(path: Path) -> int:
 
 def intact_before(path: Path) -> list[Path]:
     """The complete checkpoints older than `path` in its directory whose files all pass
-    their checks, newest first (what a user can resume from when `path` is damaged)."""
+    their checks and load as data, newest first (what a user can resume from when `path` is
+    damaged or refused)."""
     step = checkpoint_step(path)
     intact = []
     for older in reversed(list_checkpoints(Path(path).parent)):
         try:
             if checkpoint_step(older) < step:
-                read_manifest(older)  # every file's size and checksum
+                manifest = read_manifest(older)  # every file's size and checksum
+                for name in manifest["files"]:
+                    load_tensors(older / name, mmap=True)  # data only (a planted file is not)
                 intact.append(older)
-        except CheckpointError:
+        except (CheckpointError, UnsafeFileError):
             continue
     return intact
 

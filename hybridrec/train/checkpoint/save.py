@@ -11,6 +11,7 @@ the model, and only its writer should be able to change it.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -100,7 +101,7 @@ def save_checkpoint(
     counts = {c for c in _gather(sparse_step(modules), env) if c is not None}
     entries: dict[str, Any] = {}
     shards_meta: list[dict[str, Any]] = []
-    error = ""
+    error, full = "", False
     try:
         shards = []
         for spec, weight, st in shard_views(modules):
@@ -140,17 +141,23 @@ def save_checkpoint(
             entries["dense.pt"] = write_file(dense, tmp / "dense.pt")
     except Exception as e:  # noqa: BLE001 - reported on every rank below
         error = f"rank {env.rank}: {type(e).__name__}: {e}"
-    gathered = _gather((entries, shards_meta, error), env)
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+    gathered = _gather((entries, shards_meta, error, full), env)
     errors = [g[2] for g in gathered if g[2]]
     if errors:
         if env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         previous = list_checkpoints(root)
+        intact = (
+            f"the previous checkpoint {previous[-1]} is intact" if previous else "no checkpoint"
+        )
+        what = (
+            room_advice(root, previous, keep)
+            if any(g[3] for g in gathered)
+            else "fix the cause above and resume"
+        )
         raise CheckpointError(
-            f"saving checkpoint step {state.step} failed ({'; '.join(errors)}); "
-            f"the previous checkpoint {previous[-1] if previous else '(none)'} is intact: "
-            f"checkpoint.keep removes old checkpoints only after a save succeeds, so free space "
-            f"in {root} (or lower checkpoint.keep) and resume"
+            f"saving checkpoint step {state.step} failed ({'; '.join(errors)}); {intact}: {what}"
         )
     if env.is_main:
         files = {k: v for g in gathered for k, v in g[0].items()}
@@ -189,6 +196,27 @@ def save_checkpoint(
     if env.is_main:
         log.info("saved checkpoint %s (%.1fs)", final, time.perf_counter() - start)
     return final
+
+
+def room_advice(root: Path, previous: list[Path], keep: int) -> str:
+    """What frees room after a save failed on a full disk. A save needs room for one more
+    checkpoint beside the ones kept (rotation deletes only after a save succeeds), so
+    deleting older ones helps now; a lower checkpoint.keep helps only from the next save on,
+    and only where several are kept (never at keep=1, nor with one checkpoint so far)."""
+    if not previous:
+        return f"free space on the disk of {root}, or set checkpoint.dir to one with room"
+    newest = previous[-1].name
+    older = ", ".join(p.name for p in previous[:-1])
+    if older:
+        advice = f"free space: delete {older} in {root} (keep {newest} to resume from)"
+    else:
+        advice = (
+            f"free space on the disk of {root} (a save needs room for a second checkpoint "
+            f"beside {newest}), or copy {newest} to a disk with room and set checkpoint.dir there"
+        )
+    if older and keep > 1:  # the disk held `keep` of them: fewer fit from then on
+        advice += f"; a lower checkpoint.keep (now {keep}) keeps fewer from then on"
+    return advice + ", and resume"
 
 
 def check_writable(root: Path, env: DistEnv) -> None:
