@@ -513,3 +513,21 @@ def test_bad_inputs_raise_clear_errors():
     _bad("exp_avg must be \\[10, 4\\] fp32", upd, adam, w, both, rows, grads, 1)
     both = {"exp_avg": m, "exp_avg_sq": m.t().contiguous().t()}
     _bad("exp_avg_sq must be contiguous", upd, adam, w, both, rows, grads, 1)
+
+
+def test_fma32_rounds_once():
+    """_common._fma32 (tl.fma for Triton interpreters before 3.9, which round x * y first)
+    rounds x * y + z once: where the fp64 sum lands exactly halfway between two fp32 values,
+    the exact value decides (a plain fp64 sum would round to even)."""
+    import numpy as np
+
+    one = 1 + 2**-12  # one * one = 1 + 2^-11 + 2^-24: halfway between two fp32 values
+    x = np.array([one, one, -one, 1.5, 3.0], dtype=np.float32)
+    y = np.array([one, one, one, 2.0, float("inf")], dtype=np.float32)
+    z = np.array([2**-80, -(2**-80), -(2**-80), 0.25, 1.0], dtype=np.float32)
+    want = [1 + 2**-11 + 2**-23, 1 + 2**-11, -(1 + 2**-11 + 2**-23), 3.25, float("inf")]
+    assert _common._fma32(x, y, z).tolist() == want
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(10_000, generator=g) for _ in range(3))
+    got = torch.from_numpy(_common._fma32(a.numpy(), b.numpy(), c.numpy()))
+    assert torch.equal(got, torch.addcmul(c.double(), a.double(), b.double()).float())
