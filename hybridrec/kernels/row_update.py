@@ -248,7 +248,7 @@ def update(
     elif row_sq_mean is not None:
         row_sq_mean = _check_vector("row_sq_mean", row_sq_mean, rows.numel())
     _check_count(count)
-    named = {f"state {n!r}": t for n, t in zip(state, states, strict=True)}
+    named = {f"state {n!r}": t for n, t in zip(opt.state_spec(), states, strict=True)}
     _check_device(weight, rows=rows, grads=grads, row_sq_mean=row_sq_mean, count=count, **named)
     scalars = [float(h) for h in opt.scalars(step)]
     _require(len(scalars) <= MAX_SCALARS, f"the row kernels take at most {MAX_SCALARS} scalars")
