@@ -206,15 +206,14 @@ def row_update(
 ) -> None:
     """One step of the row optimizer whose C function is `kernel` (an `hr_*` of sparse_rows.c)
     on weight rows idx [U] (unique), in place: weight [R, D] and `states` (its state in
-    state_spec order, [R] or [R, D]) CPU fp32 contiguous; grads [U, D]; stat [U] each row's
-    mean(g^2) over its full width, or None; `scalars` rounded to fp32 as ctypes rounds."""
+    state_spec order, [R] or [R, D]) CPU fp32 contiguous (callers check `usable`); grads
+    [U, D] fp32; stat [U] each row's mean(g^2) over its full width, or None; `scalars`
+    rounded to fp32 as ctypes rounds."""
     idx, grads = idx.contiguous(), grads.contiguous()  # kept alive over the call
-    assert weight.is_contiguous() and idx.dtype == torch.int64 and grads.dtype == torch.float32
-    assert grads.shape == (idx.numel(), weight.shape[1])
-    assert all(t.is_contiguous() and t.dtype == torch.float32 for t in states)
+    assert idx.dtype == torch.int64 and grads.shape == (idx.numel(), weight.shape[1])
     if stat is not None:
         stat = stat.float().contiguous()
-    state_ptrs = (_P * max(1, len(states)))(*(t.data_ptr() for t in states))
+    state_ptrs = (_P * max(1, len(states)))(*[t.data_ptr() for t in states])
     h = (_F32 * max(1, len(scalars)))(*scalars)
     _kernel(kernel)(
         _ptr(weight),
