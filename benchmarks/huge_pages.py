@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             unique_rows, grads = native.dedupe_hashed(rows, bags, None, grad)
             t2 = time.perf_counter()
-            native.sgd(w, unique_rows, grads, 1e-3)
+            native.row_update("hr_sgd", w, [], unique_rows, grads, None, (1e-3,))
             t3 = time.perf_counter()
             if step >= 3:
                 for ph, t in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2), strict=True):

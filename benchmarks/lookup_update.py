@@ -134,25 +134,7 @@ def triton_path(opt, weight, state):
         return segment.segment_grads(b["grad"], b["rows"], b["bags"], None)
 
     def update(rows, grads, step):
-        if opt.name == "sgd":
-            row_update.sgd_update(weight, rows, grads, opt.lr)
-        elif opt.name == "rowwise_adagrad":
-            row_update.rowwise_adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
-        elif opt.name == "adagrad":
-            row_update.adagrad_update(weight, state["sum"], rows, grads, opt.lr, opt.eps)
-        else:
-            step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-            row_update.adam_update(
-                weight,
-                state["exp_avg"],
-                state["exp_avg_sq"],
-                rows,
-                grads,
-                step_size,
-                opt.beta1,
-                opt.beta2,
-                opt.eps,
-            )
+        row_update.update(opt, weight, state, rows, grads, step)
 
     return lookup, dedup, update
 

@@ -62,6 +62,20 @@ class StateKind(str, Enum):
         return (rows,) if self is StateKind.ROW else (rows, width)
 
 
+STATE_BYTES = 4  # optimizer state is fp32, whatever the weight's dtype
+
+# The sparse optimizers (`optim.sparse.name`, in the order choices are listed) and the state
+# each keeps: state name -> its kind. The one declaration of a sparse optimizer's state: its
+# class in hybridrec.optim.sparse reads it (`state_spec`), and the planner sizes it
+# (hybridrec.planner.types.OptimizerFootprint) without importing the optimizers.
+SPARSE_OPTIMIZER_STATE: dict[str, dict[str, StateKind]] = {
+    "sgd": {},
+    "rowwise_adagrad": {"sum": StateKind.ROW},
+    "adam": {"exp_avg": StateKind.ELEMENT, "exp_avg_sq": StateKind.ELEMENT},
+    "adagrad": {"sum": StateKind.ELEMENT},
+}
+
+
 # What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE) or
 # regression (MSE; RMSE, MAE)
 TASKS = ("binary", "regression")

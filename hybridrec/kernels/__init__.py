@@ -3,7 +3,10 @@
 - dispatch: which path runs (`train.kernels`: set_kernels, use_kernels, available)
 - lookup: pooled lookup (`pool`: the Triton kernel, or torch's embedding_bag / index_add_)
 - segment: gradient dedupe per distinct row (`dedupe`, the sync-free `segment_grads_padded`)
-- row_update: SGD / row-wise Adagrad / Adam / Adagrad kernels on the touched rows
+- rows: one row optimizer step on the touched rows, on the backend chosen here once for
+  every optimizer (Triton, the C kernels, or torch ops around the optimizer's maths)
+- row_update: the one Triton launcher of row updates (a tile kernel for element-wise maths,
+  a per-row one for maths over the full row), taking each optimizer's maths as a constexpr
 - cpu_rows: the torch path's dedupe (one sort, index_add_ in id order) and row write-back
   (`apply_delta`)
 - native: the CPU's C kernels (hashing dedupe, in-place row updates), built once per machine

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 try:
@@ -47,8 +48,63 @@ def jitted(fn: Callable) -> Any:
         raise RuntimeError("triton is not installed; use the torch path (see available())")
     key = (fn, _interpreting())
     if key not in _JITTED:
+        if key[1]:
+            _interpreter_compat()
         _JITTED[key] = triton.jit(fn)
     return _JITTED[key]
+
+
+def _fma32(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """x * y + z of fp32 arrays rounded once to fp32, as a hardware fma (musl's fmaf, in
+    numpy): the fp64 product is exact, the fp64 sum rounds once, and where that sum is
+    inexact and falls exactly halfway between two fp32 values, one fp64 ulp toward the exact
+    value keeps the second rounding from going the wrong way. Results in fp32's normal range
+    (every value the kernels fma) are exact."""
+    x, y, z = (np.asarray(a, dtype=np.float64) for a in np.broadcast_arrays(x, y, z))
+    xy = x * y
+    r = xy + z
+    bits = r.view(np.uint64).copy()
+    with np.errstate(invalid="ignore"):
+        fix = ((bits & 0x1FFFFFFF) == 0x10000000) & np.isfinite(r)
+        fix &= ~((r - xy == z) & (r - z == xy))
+    if fix.any():
+        neg = (bits >> 63).astype(bool)
+        err = np.where(neg == (z > xy), xy - r + z, z - r + xy)
+        step = np.where(neg == (err < 0), 1, -1).astype(np.int64).view(np.uint64)
+        bits = np.where(fix, bits + step, bits)
+    return bits.view(np.float64).astype(np.float32)
+
+
+def _interpreter_compat() -> None:
+    """Make Triton's CPU interpreter before 3.9 run the kernels as 3.9's does, once: its
+    scalars are 1-element arrays, and `int()` of one (what range() over a runtime bound calls,
+    via __index__) is a TypeError from NumPy 2.4 on (fixed in Triton 3.8); and its tl.fma
+    rounds twice (x * y, then + z; exact from 3.9), where the kernels' bits rely on one
+    rounding, as torch's CPU ops and the GPU's fma round. A no-op on newer Triton."""
+    from triton.runtime import interpreter as interp
+
+    if getattr(interp, "_hybridrec_compat", False):
+        return
+    interp._hybridrec_compat = True
+    patch_tensor = getattr(interp, "_patch_lang_tensor", None)
+    if patch_tensor is not None:
+
+        def _patch_lang_tensor(tensor: Any, scope: Any) -> None:
+            patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+        interp._patch_lang_tensor = _patch_lang_tensor
+    builder = getattr(interp, "InterpreterBuilder", None)
+    exact = hasattr(getattr(interp, "_interpreter", None), "fma_fp32")  # from Triton 3.9
+    if builder is not None and not exact:
+        inexact = builder.create_fma
+
+        def create_fma(self: Any, x: Any, y: Any, z: Any) -> Any:
+            if z.data.dtype != np.float32:
+                return inexact(self, x, y, z)
+            return interp.TensorHandle(_fma32(x.data, y.data, z.data), z.dtype.scalar)
+
+        builder.create_fma = create_fma
 
 
 if triton is not None:

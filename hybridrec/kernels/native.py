@@ -8,11 +8,13 @@ order, torch's rounding. `lib()` is None when HYBRIDREC_NATIVE=0, no compiler is
 build fails (one warning), and callers then take the torch path: same results, slower.
 
 `dedupe_hashed(rows, bags, scale, grad_pooled)` -> (rows [U] in first-occurrence order,
-grads [U, D]), each row's gradient summed in id order as `cpu_rows.dedupe_sorted`'s. `sgd`,
-`adagrad`, `rowwise_adagrad`, `adam`: one optimizer step on weight rows `idx` [U] (unique)
-in place, reading and writing each touched row once. They take CPU fp32 contiguous tensors
-(`usable`); the library lives in the cache dir (HYBRIDREC_CACHE_DIR, else
-$XDG_CACHE_HOME/hybridrec or ~/.cache/hybridrec), named by source, compiler and CPU.
+grads [U, D]), each row's gradient summed in id order as `cpu_rows.dedupe_sorted`'s.
+`row_update(kernel, ...)`: one row optimizer's step on weight rows `idx` [U] (unique) in
+place, reading and writing each touched row once; every optimizer's C function has one
+signature (see sparse_rows.c), so an optimizer names its kernel (`native = "hr_adam"`) and
+nothing here changes when one is added. They take CPU fp32 contiguous tensors (`usable`); the
+library lives in the cache dir (HYBRIDREC_CACHE_DIR, else $XDG_CACHE_HOME/hybridrec or
+~/.cache/hybridrec), named by source, compiler and CPU.
 """
 
 from __future__ import annotations
@@ -39,13 +41,9 @@ SOURCE = Path(__file__).with_name("native") / "sparse_rows.c"
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 _P = ctypes.c_void_p
-_SIGNATURES = {
-    "hr_dedupe": ([_P, _P, _P, _F32, _P, _I64, _I64, _P, _P], _I64),
-    "hr_sgd": ([_P, _P, _P, _I64, _I64, _F32], None),
-    "hr_rowwise_adagrad": ([_P, _P, _P, _P, _P, _I64, _I64, _F32, _F32], None),
-    "hr_adagrad": ([_P, _P, _P, _P, _I64, _I64, _F32, _F32], None),
-    "hr_adam": ([_P, _P, _P, _P, _P, _I64, _I64, _F32, _F32, _F32, _F32], None),
-}
+_SIGNATURES = {"hr_dedupe": ([_P, _P, _P, _F32, _P, _I64, _I64, _P, _P], _I64)}
+# every row update: (w, state pointers, idx, g, stat or NULL, u, d, scalars)
+_ROW_UPDATE = ([_P, _P, _P, _P, _P, _I64, _I64, _P], None)
 _state: dict[str, ctypes.CDLL | None] = {}
 _off = [False]  # `disabled()` in force
 
@@ -185,39 +183,48 @@ def dedupe_hashed(
     return uniq[:u], out[:u]
 
 
-def _rows_args(weight: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor) -> tuple:
-    """(idx, grads) contiguous (the caller keeps them alive over the call), their pointers, U, D."""
-    idx, grads = idx.contiguous(), grads.contiguous()
-    assert weight.is_contiguous() and idx.dtype == torch.int64 and grads.dtype == torch.float32
-    assert grads.shape == (idx.numel(), weight.shape[1])
-    return idx, grads, (_ptr(idx), _ptr(grads), idx.numel(), weight.shape[1])
+def _kernel(name: str) -> ctypes._CFuncPtr:
+    """The row update `name` of the loaded library, typed on first use."""
+    lib_ = lib()
+    assert lib_ is not None, "call usable() first"
+    fn = getattr(lib_, name, None)
+    if fn is None:
+        raise ValueError(f"{SOURCE.name} has no row update {name!r} (an optimizer's `native`)")
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _ROW_UPDATE
+    return fn
 
 
-def sgd(weight: torch.Tensor, idx: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
-    """weight[idx] -= lr * grads (idx [U] unique)."""
-    idx, grads, (i, g, u, d) = _rows_args(weight, idx, grads)
-    lib().hr_sgd(_ptr(weight), i, g, u, d, lr)
-
-
-def rowwise_adagrad(weight, acc, idx, grads, sq_mean, lr, eps) -> None:  # noqa: ANN001
-    """acc [R] += sq_mean [U] (mean(g^2) per row, torch's reduction: the caller computes it);
-    weight[idx] -= lr * grads / (sqrt(acc) + eps)."""
-    idx, grads, (i, g, u, d) = _rows_args(weight, idx, grads)
-    sq = sq_mean.float().contiguous()
-    lib().hr_rowwise_adagrad(_ptr(weight), _ptr(acc), i, g, _ptr(sq), u, d, lr, eps)
-
-
-def adagrad(weight, acc, idx, grads, lr, eps) -> None:  # noqa: ANN001
-    """acc [R, D] += g * g; weight[idx] -= lr * g / (sqrt(acc) + eps)."""
-    idx, grads, (i, g, u, d) = _rows_args(weight, idx, grads)
-    lib().hr_adagrad(_ptr(weight), _ptr(acc), i, g, u, d, lr, eps)
-
-
-def adam(weight, m, v, idx, grads, step_size, beta1, beta2, eps) -> None:  # noqa: ANN001
-    """Lazy Adam's moments m, v [R, D] and weight rows; step_size bias-corrected."""
-    idx, grads, (i, g, u, d) = _rows_args(weight, idx, grads)
-    c1, c2 = 1 - beta1, 1 - beta2  # rounded to fp32 as torch rounds a Python scalar
-    lib().hr_adam(_ptr(weight), _ptr(m), _ptr(v), i, g, u, d, step_size, c1, c2, eps)
+def row_update(
+    kernel: str,
+    weight: torch.Tensor,
+    states: list[torch.Tensor],
+    idx: torch.Tensor,
+    grads: torch.Tensor,
+    stat: torch.Tensor | None,
+    scalars: tuple[float, ...],
+) -> None:
+    """One step of the row optimizer whose C function is `kernel` (an `hr_*` of sparse_rows.c)
+    on weight rows idx [U] (unique), in place: weight [R, D] and `states` (its state in
+    state_spec order, [R] or [R, D]) CPU fp32 contiguous (callers check `usable`); grads
+    [U, D] fp32; stat [U] each row's mean(g^2) over its full width, or None; `scalars`
+    rounded to fp32 as ctypes rounds."""
+    idx, grads = idx.contiguous(), grads.contiguous()  # kept alive over the call
+    assert idx.dtype == torch.int64 and grads.shape == (idx.numel(), weight.shape[1])
+    if stat is not None:
+        stat = stat.float().contiguous()
+    state_ptrs = (_P * max(1, len(states)))(*[t.data_ptr() for t in states])
+    h = (_F32 * max(1, len(scalars)))(*scalars)
+    _kernel(kernel)(
+        _ptr(weight),
+        state_ptrs,
+        _ptr(idx),
+        _ptr(grads),
+        _ptr(stat),
+        idx.numel(),
+        weight.shape[1],
+        h,
+    )
 
 
 def main() -> int:

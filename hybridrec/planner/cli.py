@@ -16,13 +16,13 @@ import sys
 from collections.abc import Sequence
 
 from hybridrec.config import TABLE_DTYPES, load_model_config
-from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
 from hybridrec.planner.cost import estimate_cost
 from hybridrec.planner.memory import host_memory
 from hybridrec.planner.plan import MODES, plan_sharding
 from hybridrec.planner.report import format_plan
 from hybridrec.planner.types import (
     GIB,
+    OPTIMIZERS,
     CachePolicy,
     OptimizerFootprint,
     Topology,
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--optimizer",
         default="sgd",
-        choices=SPARSE_OPTIMIZERS,
+        choices=OPTIMIZERS,
         help="sparse optimizer, for its state size (default sgd)",
     )
     p.add_argument(

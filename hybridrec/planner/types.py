@@ -2,8 +2,9 @@
 
 Frozen dataclasses with validation only; no planning logic. `Topology` is what a plan is for
 (ranks, per-rank device budget, bandwidths), `OptimizerFootprint` what a sparse optimizer
-stores per row and per element (`OPTIMIZER_FOOTPRINTS` is the one list of sparse optimizers
-the planner knows), `CachePolicy` how large a host-resident shard's device cache is,
+stores per row and per element, from its state kinds (`OPTIMIZER_FOOTPRINTS`: every optimizer
+of hybridrec.types.SPARSE_OPTIMIZER_STATE, by name), `CachePolicy` how large a host-resident
+shard's device cache is,
 `MemoryUse` device bytes by kind, and `PlannerError` a plan that does not fit, with every
 rank's need against the budget in its message. Memory is counted in binary units (`GIB`).
 """
@@ -11,8 +12,10 @@ rank's need against the budget in its message. Memory is counted in binary units
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from hybridrec.types import SPARSE_OPTIMIZER_STATE, STATE_BYTES, StateKind
 
 GIB = 1 << 30
 
@@ -51,6 +54,16 @@ class OptimizerFootprint:
     bytes_per_element: int = 0  # Adam: 8 (two fp32 moments per element), Adagrad: 4; SGD: 0
 
     @classmethod
+    def of_state(cls, kinds: Iterable[StateKind | str]) -> OptimizerFootprint:
+        """The footprint of optimizer state of these kinds (one entry per state tensor, as
+        the values of a `state_spec()`): STATE_BYTES per row or per element each."""
+        kinds = [StateKind(k) for k in kinds]
+        return cls(
+            bytes_per_row=STATE_BYTES * kinds.count(StateKind.ROW),
+            bytes_per_element=STATE_BYTES * kinds.count(StateKind.ELEMENT),
+        )
+
+    @classmethod
     def for_optimizer(cls, name: str) -> OptimizerFootprint:
         """The footprint of a sparse optimizer by name: one of OPTIMIZERS."""
         if name not in OPTIMIZER_FOOTPRINTS:
@@ -61,12 +74,11 @@ class OptimizerFootprint:
         return rows * (self.bytes_per_row + width * self.bytes_per_element)
 
 
-# The sparse optimizers the planner can size, by name (the order of the CLI's choices).
+# The sparse optimizers the planner can size, by name (the order of the CLI's choices),
+# each from the kinds of the state it keeps
 OPTIMIZER_FOOTPRINTS: dict[str, OptimizerFootprint] = {
-    "sgd": OptimizerFootprint(),
-    "rowwise_adagrad": OptimizerFootprint(bytes_per_row=4),
-    "adam": OptimizerFootprint(bytes_per_element=8),
-    "adagrad": OptimizerFootprint(bytes_per_element=4),
+    name: OptimizerFootprint.of_state(state.values())
+    for name, state in SPARSE_OPTIMIZER_STATE.items()
 }
 OPTIMIZERS = tuple(OPTIMIZER_FOOTPRINTS)
 NO_OPTIMIZER_STATE = OptimizerFootprint()  # plain SGD: the default everywhere

@@ -41,9 +41,14 @@ from hybridrec.types import ShardSpec, StateKind, TableConfig
 
 
 class RowOptimizer(Protocol):
-    """What a group needs from a sparse optimizer (implemented in hybridrec.optim.sparse)."""
+    """What a group needs from a sparse optimizer (implemented in hybridrec.optim.sparse).
+
+    `needs_full_row_stat`: its maths reads each row's mean of g^2 over the row's full width,
+    so a table split column-wise shares it across its column shards (`row_sq_mean`).
+    """
 
     name: str
+    needs_full_row_stat: bool
 
     def state_spec(self) -> dict[str, StateKind]:
         """Optimizer state: name -> its kind, one fp32 per row ([R]) or per element ([R, D])."""

@@ -96,7 +96,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             raise ValueError(f"plan is for {plan.world_size} ranks but the group has {world}")
         self.optimizer = optimizer
         self.layout = ShardedLayout.build(
-            self.tables, plan, rank, getattr(optimizer, "needs_full_row_stat", False)
+            self.tables, plan, rank, optimizer is not None and optimizer.needs_full_row_stat
         )
         self.rank, self.world, self.plan = rank, world, plan
         self.device = torch.device(device)

@@ -22,7 +22,6 @@ Tolerances (the CPU interpreter tests in tests/unit/test_triton_ops.py explain t
 from __future__ import annotations
 
 import contextlib
-import math
 
 import pytest
 import torch
@@ -166,7 +165,7 @@ def test_sgd_update_on_gpu(dtype):
     want = weight.clone()
     with dispatch.use_kernels("torch"):
         SparseSGD(0.05).update(want, {}, rows, grads, 1)
-    row_update.sgd_update(weight, rows, grads, 0.05)
+    row_update.update(SparseSGD(0.05), weight, {}, rows, grads, 1)
     _assert_weights_close(weight, want)
 
 
@@ -181,7 +180,7 @@ def test_rowwise_adagrad_update_on_gpu(dtype, given_row_sq):
     for _ in range(2):
         with dispatch.use_kernels("torch"):
             RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
-        row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+        row_update.update(RowWiseAdagrad(0.05, 1e-8), weight, {"sum": acc}, rows, grads, 1, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
     else:
@@ -199,7 +198,7 @@ def test_adagrad_update_on_gpu(dtype):
     for _ in range(2):
         with dispatch.use_kernels("torch"):
             SparseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1)
-        row_update.adagrad_update(weight, acc, rows, grads, 0.05, 1e-8)
+        row_update.update(SparseAdagrad(0.05, 1e-8), weight, {"sum": acc}, rows, grads, 1)
     # s + g * g: one fma in the kernel, as torch's addcmul_ on CPU; CUDA's may round twice
     torch.testing.assert_close(acc, want_acc, rtol=2e-7, atol=0)
     _assert_weights_close(weight, want)
@@ -216,8 +215,7 @@ def test_adam_update_on_gpu(dtype):
     for step in (1, 2, 3):
         with dispatch.use_kernels("torch"):
             opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
-        step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-        row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+        row_update.update(opt, weight, {"exp_avg": m, "exp_avg_sq": v}, rows, grads, step)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
     _assert_weights_close(weight, want)
 
@@ -255,16 +253,17 @@ def test_padded_step_without_host_sync(opt):
         ],
     }[opt]
 
+    optimizer = {
+        "sgd": SparseSGD(0.05),
+        "rowwise_adagrad": RowWiseAdagrad(0.05, 1e-8),
+        "adagrad": SparseAdagrad(0.05, 1e-8),
+        "adam": SparseAdam(1e-3, 0.9, 0.999, 1e-8),
+    }[opt]
+
     def update(tensors, urows, grads, count):
         w, *st = tensors
-        if opt == "sgd":
-            row_update.sgd_update(w, urows, grads, 0.05, count=count)
-        elif opt == "rowwise_adagrad":
-            row_update.rowwise_adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
-        elif opt == "adagrad":
-            row_update.adagrad_update(w, st[0], urows, grads, 0.05, 1e-8, count=count)
-        else:
-            row_update.adam_update(w, *st, urows, grads, 1e-3, 0.9, 0.999, 1e-8, count=count)
+        state = dict(zip(optimizer.state_spec(), st, strict=True))
+        row_update.update(optimizer, w, state, urows, grads, 1, count=count)
 
     def padded_step(tensors):
         urows, grads, count = segment.segment_grads_padded(grad, rows, bags, scale)

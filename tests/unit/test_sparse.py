@@ -18,6 +18,7 @@ import torch
 
 from hybridrec.config import SparseOptimConfig
 from hybridrec.optim import (
+    SPARSE_OPTIMIZERS,
     RowWiseAdagrad,
     SparseAdagrad,
     SparseAdam,
@@ -112,12 +113,12 @@ def test_adagrad_matches_torch_adagrad_on_the_dense_table(pooling):
 def test_adagrad_is_built_from_the_config_with_its_eps():
     opt = build_sparse_optimizer(SparseOptimConfig(name="adagrad", lr=0.01, eps=1e-8))
     assert isinstance(opt, SparseAdagrad) and (opt.lr, opt.eps) == (0.01, 1e-8)
-    assert not getattr(opt, "needs_full_row_stat", False)  # column shards need nothing shared
+    assert not opt.needs_full_row_stat  # column shards need nothing shared
     assert SparseAdagrad(0.1).eps == torch.optim.Adagrad([torch.zeros(1)]).defaults["eps"]
 
 
 @pytest.mark.parametrize("width", [8, 1])
-@pytest.mark.parametrize("name", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
+@pytest.mark.parametrize("name", SPARSE_OPTIMIZERS)
 def test_state_bytes_are_the_planners_footprint(name, width):
     """The planner sizes each optimizer's state as the groups allocate it: row-wise state
     [R], element-wise state [R, D] (also for D = 1)."""

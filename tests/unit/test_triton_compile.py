@@ -21,6 +21,20 @@ compiler = pytest.importorskip("triton.compiler")
 backends = pytest.importorskip("triton.backends.compiler")
 
 from hybridrec.kernels import _common, host_copy, lookup, row_update, segment  # noqa: E402
+from hybridrec.optim.sparse import (  # noqa: E402
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+)
+
+# every row optimizer: each launches the row-update kernels with its own maths
+OPTIMIZERS = (
+    SparseSGD(0.1),
+    RowWiseAdagrad(0.1, 1e-8),
+    SparseAdam(0.01, 0.9, 0.999, 1e-8),
+    SparseAdagrad(0.1, 1e-10),
+)
 
 TYPES = {
     torch.float32: "fp32",
@@ -98,20 +112,14 @@ def _exercise_ops() -> None:
                 if dtype == torch.float32:  # its launches see fp32 gradients, whatever the table
                     segment.segment_grads_padded(grad, rows, bags, scale)
             for count in (None, torch.tensor([uniq.numel()])):
-                row_update.sgd_update(weight, uniq, grads, 0.1, count=count)
-                acc = torch.zeros(40)
-                row_update.rowwise_adagrad_update(weight, acc, uniq, grads, 0.1, 1e-8, count=count)
-                row_sq = grads.pow(2).mean(1)
-                row_update.rowwise_adagrad_update(
-                    weight, acc, uniq, grads, 0.1, 1e-8, row_sq, count=count
-                )
-                m, v = torch.zeros(40, width), torch.zeros(40, width)
-                row_update.adam_update(
-                    weight, m, v, uniq, grads, 0.01, 0.9, 0.999, 1e-8, count=count
-                )
-                row_update.adagrad_update(
-                    weight, torch.zeros(40, width), uniq, grads, 0.1, 1e-10, count=count
-                )
+                for opt in OPTIMIZERS:
+                    state = {
+                        k: torch.zeros(v.shape(40, width)) for k, v in opt.state_spec().items()
+                    }
+                    row_update.update(opt, weight, state, uniq, grads, 1, count=count)
+                    if opt.needs_full_row_stat:  # and with a given full-row statistic
+                        row_sq = grads.pow(2).mean(1)
+                        row_update.update(opt, weight, state, uniq, grads, 1, row_sq, count=count)
             host_copy.copy_rows(weight, uniq, weight.clone(), uniq.flip(0))
     host_copy.copy_rows(torch.zeros(40), uniq, torch.ones(40), uniq.flip(0))  # row-wise state
 
@@ -123,10 +131,8 @@ def test_every_kernel_launch_compiles_for_sm90(launches, monkeypatch):
         "_pool_kernel",
         "_segment_tile_kernel",
         "_segment_fixup_kernel",
-        "_sgd_kernel",
-        "_adagrad_kernel",
-        "_adam_kernel",
-        "_elementwise_adagrad_kernel",
+        "_tile_update_kernel",
+        "_row_update_kernel",
         "_copy_kernel",
     }
     monkeypatch.delenv("TRITON_INTERPRET")  # triton.jit then builds compilable kernels

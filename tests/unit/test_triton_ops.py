@@ -3,7 +3,8 @@ interpreter (TRITON_INTERPRET=1); tests/gpu/test_triton_gpu.py runs them compile
 
 References are the torch functions the kernels replace, called on copies of the same inputs:
 `pool` / F.embedding_bag, `dedupe`, and the optimizers' `.update` (SparseSGD, SparseAdagrad,
-RowWiseAdagrad, SparseAdam). Under the interpreter those dispatch to the kernels themselves
+RowWiseAdagrad, SparseAdam), whose kernels are `row_update.update`, the one launcher, with the
+optimizer's maths. Under the interpreter `.update` dispatches to the kernels themselves
 (`dispatch.available`), so every reference runs inside `dispatch.use_kernels("torch")`
 (`_torch_ops`): a reference that ran the kernel would compare the kernel with itself. Tolerances:
 - SGD: at most 1 ulp of the weight dtype. The kernels round like torch's CPU ops (fp32 math,
@@ -27,8 +28,6 @@ no import order or module reload is needed. The module fixture restores the envi
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -43,6 +42,24 @@ from hybridrec.optim.sparse import (  # noqa: E402
     SparseAdam,
     SparseSGD,
 )
+
+# each optimizer with its state of a [ROWS, width] table (random, or zeros), by name
+OPTIMIZERS = {
+    "sgd": lambda lr: SparseSGD(lr),
+    "rowwise_adagrad": lambda lr: RowWiseAdagrad(lr, 1e-8),
+    "adam": lambda lr: SparseAdam(lr, 0.9, 0.999, 1e-8),
+    "adagrad": lambda lr: SparseAdagrad(lr, 1e-8),
+}
+
+
+def _states(opt, width: int, g: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    return {
+        name: torch.rand(kind.shape(ROWS, width), generator=g)
+        if g is not None
+        else torch.zeros(kind.shape(ROWS, width))
+        for name, kind in opt.state_spec().items()
+    }
+
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WIDTHS = [1, 3, 16, 130]  # 130: not a power of two, more than one column block
@@ -201,7 +218,7 @@ def test_sgd_update_matches_sparse_sgd(width, dtype):
     want = weight.clone()
     with _torch_ops():
         SparseSGD(0.05).update(want, {}, rows, grads, 1)
-    row_update.sgd_update(weight, rows, grads, 0.05)
+    row_update.update(SparseSGD(0.05), weight, {}, rows, grads, 1)
     assert _ulps(weight, want) <= 1
 
 
@@ -216,7 +233,7 @@ def test_rowwise_adagrad_update_matches(width, dtype, given_row_sq):
     for _ in range(2):  # the second step reads the first one's state
         with _torch_ops():
             RowWiseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1, row_sq)
-        row_update.rowwise_adagrad_update(weight, acc, rows, grads, 0.05, 1e-8, row_sq)
+        row_update.update(RowWiseAdagrad(0.05, 1e-8), weight, {"sum": acc}, rows, grads, 1, row_sq)
     if given_row_sq:
         assert torch.equal(acc, want_acc)
     else:  # mean(g^2) sums in a different order than torch's mean: round-off in acc
@@ -234,7 +251,7 @@ def test_adagrad_update_matches_sparse_adagrad(width, dtype):
     acc = torch.rand(ROWS, width, generator=g)
     want, want_acc = weight.clone(), acc.clone()
     for _ in range(2):  # the second step reads the first one's state
-        row_update.adagrad_update(weight, acc, rows, grads, 0.05, 1e-8)
+        row_update.update(SparseAdagrad(0.05, 1e-8), weight, {"sum": acc}, rows, grads, 1)
         with _torch_ops():
             SparseAdagrad(0.05, 1e-8).update(want, {"sum": want_acc}, rows, grads, 1)
     assert torch.equal(acc, want_acc)  # untouched rows included
@@ -245,12 +262,12 @@ def test_adagrad_update_matches_sparse_adagrad(width, dtype):
 
 
 def test_sparse_adagrad_update_runs_the_kernel():
-    """Under the interpreter SparseAdagrad.update dispatches to adagrad_update (same bits)."""
+    """Under the interpreter SparseAdagrad.update dispatches to the kernel (same bits)."""
     weight, rows, grads, g = _update_case(16, torch.float32)
     acc = torch.rand(ROWS, 16, generator=g)
     want, want_acc = weight.clone(), acc.clone()
     SparseAdagrad(0.05, 1e-8).update(weight, {"sum": acc}, rows, grads, 1)
-    row_update.adagrad_update(want, want_acc, rows, grads, 0.05, 1e-8)
+    row_update.update(SparseAdagrad(0.05, 1e-8), want, {"sum": want_acc}, rows, grads, 1)
     assert torch.equal(weight, want) and torch.equal(acc, want_acc)
 
 
@@ -264,8 +281,7 @@ def test_adam_update_matches_sparse_adam(width, dtype):
     for step in (1, 2):
         with _torch_ops():
             opt.update(want, {"exp_avg": want_m, "exp_avg_sq": want_v}, rows, grads, step)
-        step_size = opt.lr * math.sqrt(1 - opt.beta2**step) / (1 - opt.beta1**step)
-        row_update.adam_update(weight, m, v, rows, grads, step_size, opt.beta1, opt.beta2, opt.eps)
+        row_update.update(opt, weight, {"exp_avg": m, "exp_avg_sq": v}, rows, grads, step)
     assert torch.equal(m, want_m) and torch.equal(v, want_v)
     _assert_step_close(weight, want)
 
@@ -349,59 +365,56 @@ def _pad(rows: torch.Tensor, grads: torch.Tensor, *extra: torch.Tensor):
 def test_padded_updates_equal_unpadded(width, dtype):
     """count= updates the first count rows exactly as the unpadded call, and nothing else."""
     weight, rows, grads, g = _update_case(width, dtype)
-    acc, row_sq = torch.rand(ROWS, generator=g), torch.rand(rows.numel(), generator=g)
-    m, v = torch.randn(ROWS, width, generator=g), torch.rand(ROWS, width, generator=g)
+    row_sq = torch.rand(rows.numel(), generator=g)
     p_rows, p_grads, p_row_sq, count = _pad(rows, grads, row_sq)
-    want, got = [weight.clone(), acc.clone(), m.clone(), v.clone()], [weight, acc, m, v]
-    for (w, a, mm, vv), (r, gr, rsq, c) in (
+    opts = [make(0.05) for make in OPTIMIZERS.values()]
+    states = [_states(opt, width, g) for opt in opts]
+    want = (weight.clone(), [{k: v.clone() for k, v in st.items()} for st in states])
+    got = (weight, states)
+    for (w, sts), (r, gr, rsq, c) in (
         (want, (rows, grads, row_sq, None)),
         (got, (p_rows, p_grads, p_row_sq, count)),
     ):
-        row_update.sgd_update(w, r, gr, 0.05, count=c)
-        row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=c)
-        row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, rsq, count=c)
-        row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=c)
-        row_update.adagrad_update(w, vv, r, gr, 0.05, 1e-8, count=c)  # v as the sums
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+        for step, (opt, st) in enumerate(zip(opts, sts, strict=True), 1):
+            row_update.update(opt, w, st, r, gr, step, count=c)
+            if opt.needs_full_row_stat:  # with a given full-row statistic too
+                row_update.update(opt, w, st, r, gr, step, rsq, count=c)
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1], want[1], strict=True):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
 
 
 def test_padded_updates_with_count_zero():
     weight, rows, grads, g = _update_case(3, torch.float32)
-    acc, m, v = torch.rand(ROWS, generator=g), torch.zeros(ROWS, 3), torch.zeros(ROWS, 3)
-    before = [t.clone() for t in (weight, acc, m, v)]
     zero, none = torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    for r, gr in ((rows, grads), (none, torch.zeros(0, 3))):
-        row_update.sgd_update(weight, r, gr, 0.1, count=zero)
-        row_update.rowwise_adagrad_update(weight, acc, r, gr, 0.1, 1e-8, count=zero)
-        row_update.adam_update(weight, m, v, r, gr, 0.1, 0.9, 0.999, 1e-8, count=zero)
-        row_update.adagrad_update(weight, v, r, gr, 0.1, 1e-8, count=zero)
-    for a, b in zip((weight, acc, m, v), before):
-        assert torch.equal(a, b)
+    for make in OPTIMIZERS.values():
+        opt = make(0.1)
+        state = _states(opt, 3, g)
+        before = [t.clone() for t in (weight, *state.values())]
+        for r, gr in ((rows, grads), (none, torch.zeros(0, 3))):
+            row_update.update(opt, weight, state, r, gr, 1, count=zero)
+        for a, b in zip((weight, *state.values()), before, strict=True):
+            assert torch.equal(a, b), opt.name
 
 
-@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad", "adam", "adagrad"])
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
 def test_padded_step_equals_synced_step(opt):
     """segment_grads_padded -> update(count=) with its padding left as is (uninitialised
     grads) equals segment_grads -> update."""
     grad, rows, bags, scale = _padded_case("hot", width=16)
+    optimizer = OPTIMIZERS[opt](0.05)
     weight = torch.randn(ROWS, 16)
-    acc, m, v = torch.rand(ROWS), torch.randn(ROWS, 16), torch.rand(ROWS, 16)
-    states = [[t.clone() for t in (weight, acc, m, v)] for _ in range(2)]
+    state = _states(optimizer, 16, torch.Generator().manual_seed(1))
+    tensors = [(weight.clone(), {k: v.clone() for k, v in state.items()}) for _ in range(2)]
     synced = segment._segment_grads(grad, rows, bags, scale, 4)
     padded = segment._segment_grads_padded(grad, rows, bags, scale, 4)
-    for (w, a, mm, vv), (r, gr, *c) in zip(states, (synced, padded)):
-        count = c[0] if c else None
-        if opt == "sgd":
-            row_update.sgd_update(w, r, gr, 0.05, count=count)
-        elif opt == "rowwise_adagrad":
-            row_update.rowwise_adagrad_update(w, a, r, gr, 0.05, 1e-8, count=count)
-        elif opt == "adagrad":
-            row_update.adagrad_update(w, vv, r, gr, 0.05, 1e-8, count=count)
-        else:
-            row_update.adam_update(w, mm, vv, r, gr, 0.01, 0.9, 0.999, 1e-8, count=count)
-    for a, b in zip(*states):
-        assert torch.equal(a, b)
+    for (w, st), (r, gr, *c) in zip(tensors, (synced, padded), strict=True):
+        row_update.update(optimizer, w, st, r, gr, 1, count=c[0] if c else None)
+    (w_a, st_a), (w_b, st_b) = tensors
+    assert torch.equal(w_a, w_b)
+    for k in st_a:
+        assert torch.equal(st_a[k], st_b[k]), k
 
 
 def test_bf16_rounds_to_nearest_even():
@@ -410,20 +423,21 @@ def test_bf16_rounds_to_nearest_even():
     weight = torch.ones(1, 4, dtype=torch.bfloat16)
     # 1 + k * 2^-9 around the tie between 1 and 1 + 2^-7 (bf16's ulp at 1)
     grads = -torch.tensor([[1.0, 2.0, 3.0, 2.0 + 2**-12]]) * 2**-9
-    row_update.sgd_update(weight, torch.tensor([0]), grads, 1.0)
+    row_update.update(SparseSGD(1.0), weight, {}, torch.tensor([0]), grads, 1)
     want = (torch.ones(1, 4) - grads).bfloat16()
     assert torch.equal(weight, want)
 
 
 def test_updates_with_no_rows_do_nothing():
-    weight, acc = torch.randn(4, 3), torch.rand(4)
-    m, v = torch.zeros(4, 3), torch.zeros(4, 3)
+    weight = torch.randn(ROWS, 3)
     before = weight.clone()
     none, no_grads = torch.zeros(0, dtype=torch.int64), torch.zeros(0, 3)
-    row_update.sgd_update(weight, none, no_grads, 0.1)
-    row_update.rowwise_adagrad_update(weight, acc, none, no_grads, 0.1, 1e-8)
-    row_update.adam_update(weight, m, v, none, no_grads, 0.1, 0.9, 0.999, 1e-8)
-    row_update.adagrad_update(weight, m, none, no_grads, 0.1, 1e-8)
+    for make in OPTIMIZERS.values():
+        opt = make(0.1)
+        state = _states(opt, 3, torch.Generator().manual_seed(0))
+        saved = {k: v.clone() for k, v in state.items()}
+        row_update.update(opt, weight, state, none, no_grads, 1)
+        assert all(torch.equal(state[k], saved[k]) for k in state), opt.name
     assert torch.equal(weight, before)
 
 
@@ -439,7 +453,9 @@ def test_available_follows_environment(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not dispatch.available(t)  # CPU tensors need the interpreter
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        row_update.sgd_update(torch.zeros(2, 2), torch.tensor([0]), torch.zeros(1, 2), 0.1)
+        row_update.update(
+            SparseSGD(0.1), torch.zeros(2, 2), {}, torch.tensor([0]), torch.zeros(1, 2), 1
+        )
 
 
 def test_kernels_are_jitted_per_mode():
@@ -475,48 +491,43 @@ def test_bad_inputs_raise_clear_errors():
     _bad("bags must have 3 entries", pad, torch.zeros(2, 4), rows, rows[:2], None)
     _bad("scale must be \\[3\\] fp32", pad, torch.zeros(2, 4), rows, rows, torch.ones(2))
     bad_counts = (torch.tensor([3], dtype=torch.int32), torch.tensor([3, 3]))
-    for count in bad_counts:
-        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            row_update.sgd_update(w, rows, grads, 0.1, count=count)
-        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            row_update.rowwise_adagrad_update(w, acc, rows, grads, 0.1, 1e-8, count=count)
-        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            row_update.adagrad_update(w, torch.zeros(10, 4), rows, grads, 0.1, 1e-8, count=count)
-        with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
-            row_update.adam_update(
-                w,
-                torch.zeros(10, 4),
-                torch.zeros(10, 4),
-                rows,
-                grads,
-                0.1,
-                0.9,
-                0.99,
-                1e-8,
-                count=count,
-            )
+    for make in OPTIMIZERS.values():
+        opt = make(0.1)
+        state = {k: torch.zeros(kind.shape(10, 4)) for k, kind in opt.state_spec().items()}
+        for count in bad_counts:
+            with pytest.raises(ValueError, match="count must be a \\[1\\] int64 tensor"):
+                row_update.update(opt, w, state, rows, grads, 1, count=count)
 
-    _bad("grads must be \\[3, 4\\] fp32", row_update.sgd_update, w, rows, grads[:2], 0.1)
-    _bad("grads must be \\[3, 4\\] fp32", row_update.sgd_update, w, rows, grads.double(), 0.1)
-    ada = row_update.rowwise_adagrad_update
-    _bad("acc must be \\[10\\] fp32", ada, w, acc[:5], rows, grads, 0.1, 1e-8)
-    _bad("row_sq_mean must be \\[3\\] fp32", ada, w, acc, rows, grads, 0.1, 1e-8, acc)
-    ew = row_update.adagrad_update
-    _bad("acc must be \\[10, 4\\] fp32 like weight", ew, w, acc, rows, grads, 0.1, 1e-8)
-    _bad("acc must be contiguous", ew, w, torch.zeros(4, 10).t(), rows, grads, 0.1, 1e-8)
-    adam = row_update.adam_update
-    m = torch.zeros(10, 4)
-    _bad("exp_avg must be \\[10, 4\\] fp32", adam, w, m[:5], m, rows, grads, 0.1, 0.9, 0.99, 1e-8)
-    _bad(
-        "exp_avg_sq must be contiguous",
-        adam,
-        w,
-        m,
-        m.t().contiguous().t(),
-        rows,
-        grads,
-        0.1,
-        0.9,
-        0.99,
-        1e-8,
-    )
+    upd = row_update.update
+    sgd, ada = SparseSGD(0.1), RowWiseAdagrad(0.1, 1e-8)
+    _bad("grads must be \\[3, 4\\] fp32", upd, sgd, w, {}, rows, grads[:2], 1)
+    _bad("grads must be \\[3, 4\\] fp32", upd, sgd, w, {}, rows, grads.double(), 1)
+    _bad("sgd keeps state \\[\\], got \\['sum'\\]", upd, sgd, w, {"sum": acc}, rows, grads, 1)
+    _bad("sum must be \\[10\\] fp32", upd, ada, w, {"sum": acc[:5]}, rows, grads, 1)
+    _bad("row_sq_mean must be \\[3\\] fp32", upd, ada, w, {"sum": acc}, rows, grads, 1, acc)
+    ew = SparseAdagrad(0.1, 1e-8)
+    _bad("sum must be \\[10, 4\\] fp32 like weight", upd, ew, w, {"sum": acc}, rows, grads, 1)
+    _bad("sum must be contiguous", upd, ew, w, {"sum": torch.zeros(4, 10).t()}, rows, grads, 1)
+    adam, m = SparseAdam(0.1, 0.9, 0.99, 1e-8), torch.zeros(10, 4)
+    both = {"exp_avg": m[:5], "exp_avg_sq": m}
+    _bad("exp_avg must be \\[10, 4\\] fp32", upd, adam, w, both, rows, grads, 1)
+    both = {"exp_avg": m, "exp_avg_sq": m.t().contiguous().t()}
+    _bad("exp_avg_sq must be contiguous", upd, adam, w, both, rows, grads, 1)
+
+
+def test_fma32_rounds_once():
+    """_common._fma32 (tl.fma for Triton interpreters before 3.9, which round x * y first)
+    rounds x * y + z once: where the fp64 sum lands exactly halfway between two fp32 values,
+    the exact value decides (a plain fp64 sum would round to even)."""
+    import numpy as np
+
+    one = 1 + 2**-12  # one * one = 1 + 2^-11 + 2^-24: halfway between two fp32 values
+    x = np.array([one, one, -one, 1.5, 3.0], dtype=np.float32)
+    y = np.array([one, one, one, 2.0, float("inf")], dtype=np.float32)
+    z = np.array([2**-80, -(2**-80), -(2**-80), 0.25, 1.0], dtype=np.float32)
+    want = [1 + 2**-11 + 2**-23, 1 + 2**-11, -(1 + 2**-11 + 2**-23), 3.25, float("inf")]
+    assert _common._fma32(x, y, z).tolist() == want
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(10_000, generator=g) for _ in range(3))
+    got = torch.from_numpy(_common._fma32(a.numpy(), b.numpy(), c.numpy()))
+    assert torch.equal(got, torch.addcmul(c.double(), a.double(), b.double()).float())

@@ -71,8 +71,20 @@ int64_t hr_dedupe(const int64_t *rows, const int64_t *bags, const float *scale, 
     return u;
 }
 
-/* w[idx[s]] -= lr * g[s] (fmaf(g, -lr, w), torch's sub_(g, alpha=lr)). */
-void hr_sgd(float *w, const int64_t *idx, const float *g, int64_t u, int64_t d, float lr) {
+/* The row optimizers' updates, one per optimizer, all with one signature (hybridrec's
+ * kernels/native.py calls any of them by name, as an optimizer's `native` names it):
+ *   w [R, d] the weight; state[k] the optimizer's k-th state tensor, in the order of its
+ *   state_spec ([R] row-wise or [R, d] element-wise); idx [u] the rows to update (distinct);
+ *   g [u, d] their gradients; stat [u] each row's mean(g^2) over its full width, or NULL
+ *   where the optimizer needs none; h the optimizer's scalars (its `scalars(step)`).
+ * Each reads and writes each touched row once. */
+
+/* SGD, h = {lr}: w[idx[s]] -= lr * g[s] (fmaf(g, -lr, w), torch's sub_(g, alpha=lr)). */
+void hr_sgd(float *w, float *const *state, const int64_t *idx, const float *g,
+            const float *stat, int64_t u, int64_t d, const float *h) {
+    (void)state;
+    (void)stat;
+    const float lr = h[0];
     for (int64_t s = 0; s < u; s++) {
         if (s + PREFETCH_AHEAD < u) prefetch_row(w + idx[s + PREFETCH_AHEAD] * d, d);
         float *wr = w + idx[s] * d;
@@ -81,16 +93,19 @@ void hr_sgd(float *w, const int64_t *idx, const float *g, int64_t u, int64_t d, 
     }
 }
 
-/* Row-wise Adagrad: acc[r] += sq_mean[s]; w[r] -= lr * g / (sqrt(acc[r]) + eps). */
-void hr_rowwise_adagrad(float *w, float *acc, const int64_t *idx, const float *g,
-                        const float *sq_mean, int64_t u, int64_t d, float lr, float eps) {
+/* Row-wise Adagrad, state {acc [R]}, h = {lr, eps}: acc[r] += stat[s];
+ * w[r] -= lr * g / (sqrt(acc[r]) + eps). */
+void hr_rowwise_adagrad(float *w, float *const *state, const int64_t *idx, const float *g,
+                        const float *stat, int64_t u, int64_t d, const float *h) {
+    float *acc = state[0];
+    const float lr = h[0], eps = h[1];
     for (int64_t s = 0; s < u; s++) {
         if (s + PREFETCH_AHEAD < u) {
             prefetch_row(w + idx[s + PREFETCH_AHEAD] * d, d);
             __builtin_prefetch(acc + idx[s + PREFETCH_AHEAD], 1, 1);
         }
         const int64_t r = idx[s];
-        const float sum = acc[r] + sq_mean[s];
+        const float sum = acc[r] + stat[s];
         acc[r] = sum;
         const float den = sqrtf(sum) + eps;
         float *wr = w + r * d;
@@ -99,10 +114,13 @@ void hr_rowwise_adagrad(float *w, float *acc, const int64_t *idx, const float *g
     }
 }
 
-/* Element-wise Adagrad (torch.optim.Adagrad): acc += g * g (one fmaf, as torch's addcmul_);
- * w -= lr * g / (sqrt(acc) + eps). */
-void hr_adagrad(float *w, float *acc, const int64_t *idx, const float *g, int64_t u, int64_t d,
-                float lr, float eps) {
+/* Element-wise Adagrad (torch.optim.Adagrad), state {acc [R, d]}, h = {lr, eps}:
+ * acc += g * g (one fmaf, as torch's addcmul_); w -= lr * g / (sqrt(acc) + eps). */
+void hr_adagrad(float *w, float *const *state, const int64_t *idx, const float *g,
+                const float *stat, int64_t u, int64_t d, const float *h) {
+    (void)stat;
+    float *acc = state[0];
+    const float lr = h[0], eps = h[1];
     for (int64_t s = 0; s < u; s++) {
         if (s + PREFETCH_AHEAD < u) {
             prefetch_row(w + idx[s + PREFETCH_AHEAD] * d, d);
@@ -119,11 +137,14 @@ void hr_adagrad(float *w, float *acc, const int64_t *idx, const float *g, int64_
     }
 }
 
-/* Lazy Adam (torch.optim.SparseAdam's moments): m += (g - m) * c1; v += (g * g - v) * c2;
- * w -= step * m / (sqrt(v) + eps), with c1 = 1 - beta1, c2 = 1 - beta2 and step the
- * bias-corrected step size. */
-void hr_adam(float *w, float *m, float *v, const int64_t *idx, const float *g, int64_t u,
-             int64_t d, float step, float c1, float c2, float eps) {
+/* Lazy Adam (torch.optim.SparseAdam's moments), state {m, v [R, d]}, h = {step, c1, c2, eps}:
+ * m += (g - m) * c1; v += (g * g - v) * c2; w -= step * m / (sqrt(v) + eps), with
+ * c1 = 1 - beta1, c2 = 1 - beta2 and step the bias-corrected step size. */
+void hr_adam(float *w, float *const *state, const int64_t *idx, const float *g,
+             const float *stat, int64_t u, int64_t d, const float *h) {
+    (void)stat;
+    float *m = state[0], *v = state[1];
+    const float step = h[0], c1 = h[1], c2 = h[2], eps = h[3];
     for (int64_t s = 0; s < u; s++) {
         if (s + PREFETCH_AHEAD < u) {
             const int64_t ahead = idx[s + PREFETCH_AHEAD] * d;

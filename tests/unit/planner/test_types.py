@@ -13,6 +13,7 @@ from hybridrec.planner import (
     human_bytes,
 )
 from hybridrec.planner.types import GIB, NO_OPTIMIZER_STATE, OPTIMIZER_FOOTPRINTS
+from hybridrec.types import SPARSE_OPTIMIZER_STATE, StateKind
 
 
 def test_cache_policy_rejects_bad_values():
@@ -39,6 +40,19 @@ def test_optimizers_are_the_keys_of_the_footprint_table():
     assert OptimizerFootprint.for_optimizer("rowwise_adagrad").bytes_for(10, 4) == 10 * 4
     assert OptimizerFootprint.for_optimizer("adam").bytes_for(10, 4) == 10 * 4 * 8
     assert OptimizerFootprint.for_optimizer("adagrad").bytes_for(10, 4) == 10 * 4 * 4
+
+
+def test_footprints_follow_from_the_state_kinds():
+    """Every sparse optimizer the types declare is sized, from its state's kinds alone: 4
+    bytes per row-wise state, 4 per element of each element-wise one."""
+    assert OPTIMIZERS == tuple(SPARSE_OPTIMIZER_STATE)
+    for name, state in SPARSE_OPTIMIZER_STATE.items():
+        assert OptimizerFootprint.for_optimizer(name) == OptimizerFootprint.of_state(state.values())
+    row, element = StateKind.ROW, StateKind.ELEMENT
+    assert OptimizerFootprint.of_state([]) == NO_OPTIMIZER_STATE
+    assert OptimizerFootprint.of_state([row, element, element, "row"]) == OptimizerFootprint(8, 8)
+    with pytest.raises(ValueError, match="'column' is not a valid StateKind"):
+        OptimizerFootprint.of_state(["column"])
 
 
 def test_memory_use_adds_by_kind_and_topology_groups_ranks_into_nodes():
