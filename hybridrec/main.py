@@ -22,7 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import CONF_DIR, Config, check_override_keys, register_schema, validate
+from hybridrec.config import CONF_DIR, Config, check_override_keys, register_schema
+from hybridrec.configure import validate
 from hybridrec.distributed.env import destroy_distributed, init_distributed, launched_by_torchrun
 from hybridrec.train.exits import (
     FAILED_EXIT,

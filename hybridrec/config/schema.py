@@ -218,7 +218,9 @@ class DataConfig:
 class ShardingConfig:
     """How embedding tables are placed. `none` = one process holds every table."""
 
-    type: str = "none"  # none | table_wise | column_wise | row_wise | data_parallel | auto | host
+    # none | table_wise | column_wise | row_wise | data_parallel | auto | host; null (no
+    # sharding= choice): none on one rank, auto (the planner) on several
+    type: str | None = None
     hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
     data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
     # Host-resident tables (type=host, or auto past hbm_gb) keep a device cache of hot rows:
