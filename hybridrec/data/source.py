@@ -1,7 +1,8 @@
 """Preprocessed Criteo data as a batch source, and the `criteo` / `criteo_sample` data configs.
 
-BinarySource serves global batches of a dataset's splits by step (the BatchSource protocol of
-hybridrec.data.loader), plus `slice_batch` for loaders that read only their rank's rows. The
+BinarySource serves global batches of a dataset's splits by step (hybridrec.data.loader's
+BatchSource, all of it: rank slices read alone, split sizes, the manifest's id counts and dense
+names, and the dataset row of any sample for error messages). The
 split the trainer calls "eval" is `data.eval_split` (val by default). The train split repeats
 over epochs (reshuffled each epoch); other splits end after one epoch (an IndexError past it;
 the loaders stop there).
@@ -36,6 +37,7 @@ import numpy as np
 
 from hybridrec.config import Config, ModelConfig
 from hybridrec.data.dataset import Dataset, open_dataset
+from hybridrec.data.loader import BatchSource
 from hybridrec.data.manifest import MANIFEST, VERSION, Manifest
 from hybridrec.data.multihot import SyntheticMultiHot
 from hybridrec.data.order import BatchPlan
@@ -49,7 +51,7 @@ SAMPLE_ENV = "HYBRIDREC_CRITEO_SAMPLE"
 CACHE_ENV = "HYBRIDREC_CACHE"
 
 
-class BinarySource:
+class BinarySource(BatchSource):
     """Global batches of a preprocessed dataset, by step; see the module docstring."""
 
     def __init__(
@@ -142,6 +144,21 @@ class BinarySource:
         dense = np.zeros(stats.num_embeddings, dtype=np.int64)
         dense[ids] = counts
         return dense
+
+    def row_of(self, step: int, batch_size: int, split: str, sample: int) -> str | None:
+        """Where sample `sample` of batch `step` of `split` is: "row R of dataset PATH"."""
+        pos = 0
+        for lo, hi in self.plan(batch_size, split).segments(step):
+            if sample < pos + hi - lo:
+                return f"row {lo + sample - pos} of dataset {self.dataset.path}"
+            pos += hi - lo
+        return None
+
+    def dense_names(self) -> list[str] | None:
+        """The manifest's names of the dense features (I1..I13 for Criteo), when it has them."""
+        schema = self.dataset.manifest.schema or {}
+        fields = schema.get("dense", {}).get("fields") if isinstance(schema, dict) else None
+        return list(fields) if fields else None
 
     def close(self) -> None:
         self.reader.close()
