@@ -11,8 +11,9 @@ the loaders stop there).
 - data.name=criteo: opens the preprocessed directory `data.path`;
 - data.name=table: the same, for a directory made from a dataset spec (the model's tables
   were filled from its manifest by hybridrec.data.table_model);
-- data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE, else
-  `<repo>/../shared/data/criteo_sample.tsv`) is preprocessed with `data.preprocess` into
+- data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE; the
+  file is not in the repository, and nothing outside it is read unless named) is
+  preprocessed with `data.preprocess` into
   `<cache>/criteo_sample-<key>/` on first use, cache = data.cache_dir, else $HYBRIDREC_CACHE,
   else ~/.cache/hybridrec; key = hash of the file's bytes and the options. Concurrent ranks
   each build into a private temp dir and rename it into place; the first one wins.
@@ -46,7 +47,6 @@ from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_ENV = "HYBRIDREC_CRITEO_SAMPLE"
 CACHE_ENV = "HYBRIDREC_CACHE"
 
@@ -214,9 +214,9 @@ def check_model_matches(
 
 
 def sample_path(configured: str | None) -> Path:
-    """The raw sample TSV: the config, else $HYBRIDREC_CRITEO_SAMPLE, else beside the repo.
-    A file named by the config or the variable must exist: falling back to another one would
-    train on other data than asked for."""
+    """The raw sample TSV: the config's data.path, else $HYBRIDREC_CRITEO_SAMPLE. The file is
+    not part of the repository, and no other place is searched: a file named by either must
+    exist (falling back to another one would train on other data than asked for)."""
     for key, candidate in (
         ("data.path", configured),
         (f"${SAMPLE_ENV}", os.environ.get(SAMPLE_ENV)),
@@ -226,12 +226,9 @@ def sample_path(configured: str | None) -> Path:
             if not p.is_file():
                 raise ValueError(f"criteo_sample: {key}={p}: no such file")
             return p
-    p = REPO_ROOT.parent / "shared" / "data" / "criteo_sample.tsv"
-    if p.is_file():
-        return p
     raise ValueError(
-        f"criteo_sample: no raw sample file found (tried {p}); set data.path "
-        f"or ${SAMPLE_ENV} to the criteo_sample.tsv file"
+        f"data=criteo_sample needs the 200-row Criteo sample file (criteo_sample.tsv, not in "
+        f"this repository): set data.path=<file> or ${SAMPLE_ENV}=<file>"
     )
 
 

@@ -16,7 +16,7 @@ def _cfg(*overrides: str):
     return make_config("device=cpu", *overrides)
 
 
-def test_epochs_become_steps_over_the_train_split(tmp_path):
+def test_epochs_become_steps_over_the_train_split(tmp_path, sample_tsv):
     cfg = _cfg(
         "data=criteo_sample",
         "model=criteo_sample",

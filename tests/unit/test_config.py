@@ -398,3 +398,22 @@ def test_two_ranks_without_a_sharding_choice_train_with_the_planner(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 ranks and no sharding chosen: the planner places the tables" in out.stderr
     assert "sharding plan (auto, 2 ranks)" in out.stderr
+
+
+def test_the_criteo_sample_is_read_only_where_the_user_names_it(monkeypatch, tmp_path):
+    """data=criteo_sample reads data.path or $HYBRIDREC_CRITEO_SAMPLE, never a folder outside
+    the repository it guesses (it used to fall back to <repo>/../shared/data/)."""
+    from hybridrec.data.source import SAMPLE_ENV, sample_path
+
+    monkeypatch.delenv(SAMPLE_ENV, raising=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^data=criteo_sample needs the 200-row Criteo sample file \(criteo_sample.tsv, "
+        r"not in this repository\): set data.path=<file> or \$HYBRIDREC_CRITEO_SAMPLE=<file>$",
+    ):
+        sample_path(None)
+    named = tmp_path / "rows.tsv"
+    named.write_text("x\n")
+    assert sample_path(str(named)) == named
+    monkeypatch.setenv(SAMPLE_ENV, str(named))
+    assert sample_path(None) == named
