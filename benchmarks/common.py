@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from hybridrec.config import Config, compose, validate
+from hybridrec.config import Config, compose
+from hybridrec.configure import validate
 
 
 def cpu_model() -> str:

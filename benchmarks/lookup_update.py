@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import command_line, hardware, markdown_table, median, time_steps
-from hybridrec.config import load_model_config
+from hybridrec.configure import load_model_config
 from hybridrec.kernels import dispatch, lookup, row_update, segment
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.segment import dedupe

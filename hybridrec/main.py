@@ -22,7 +22,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config import CONF_DIR, Config, check_override_keys, register_schema, validate
+from hybridrec.config import (
+    CONF_DIR,
+    Config,
+    check_override_keys,
+    register_schema,
+    resolve_run_length,
+)
+from hybridrec.configure import validate
 from hybridrec.distributed.env import (
     destroy_distributed,
     init_distributed,
@@ -82,7 +89,9 @@ register_schema()  # conf/train.yaml's defaults list starts with the schema's de
 
 def _validated(raw: DictConfig) -> tuple[Config, bool]:
     """The typed config, checked against the world size the run will have, and whether this
-    process should launch the ranks itself (rather than be one)."""
+    process should launch the ranks itself (rather than be one). The command line's
+    train.steps or train.epochs wins over the other from a preset (resolve_run_length)."""
+    raw = resolve_run_length(raw, HydraConfig.get().overrides.task)
     cfg = validate(raw)
     nproc = cfg.launcher.nproc_per_node
     if launched_by_torchrun():

@@ -139,8 +139,8 @@ def parallelize(
         if world > 1:
             raise ValueError(f"sharding=none keeps every table in one process, not {world} ranks")
         mode = "table_wise"  # every table whole in this process: the single-process reference
-    footprint = (
-        OptimizerFootprint.for_optimizer(sparse_optimizer.name)
+    footprint = (  # what the optimizer keeps per row and element, from its state kinds
+        OptimizerFootprint.of_state(sparse_optimizer.state_spec().values())
         if sparse_optimizer is not None
         else NO_OPTIMIZER_STATE
     )

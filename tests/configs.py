@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from hybridrec.config import Config, compose, validate
+from hybridrec.config import Config, compose
+from hybridrec.configure import validate
 
 
 def raw_config(*overrides: str) -> DictConfig:

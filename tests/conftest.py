@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,3 +19,19 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="session")
+def sample_tsv() -> Path:
+    """The 200-row Criteo sample (criteo_sample.tsv, not in the repository), named by
+    $HYBRIDREC_CRITEO_SAMPLE as a user names it; scripts/test.sh sets it when
+    ../shared/data/ holds the file. A test that needs it (or `data=criteo_sample`) takes this
+    fixture, and skips without it."""
+    from hybridrec.data.source import SAMPLE_ENV, sample_path
+
+    if not os.environ.get(SAMPLE_ENV):
+        pytest.skip(
+            f"needs the Criteo sample: set ${SAMPLE_ENV} to criteo_sample.tsv (scripts/test.sh "
+            "does when ../shared/data/ holds it)"
+        )
+    return sample_path(None)

@@ -1,17 +1,22 @@
-"""The run configuration: schema (defaults), validation, and the command line's view of it.
+"""The run configuration: schema (defaults), checks, and the command line's view of it.
+
+A leaf: it imports only hybridrec.types, so every layer may read it. Validation against the
+components' own choice lists (optimizers, loaders, ...) is `hybridrec.configure.validate`,
+above every component.
 
 - `schema`: the dataclasses, the one source of default values (`Config` and its parts).
-- `checks`: `validate(cfg, world_size)` -> a typed `Config`, or a ValueError naming the key.
+- `checks`: `check_config(cfg, choices, world_size)` -> a typed `Config`, or a ValueError
+  naming the key.
 - `cli`: `compose(overrides)` as hybridrec-train composes, override-key checks, model files.
 """
 
-from hybridrec.config.checks import validate
 from hybridrec.config.cli import (
     GROUPS,
     check_override_keys,
     compose,
-    load_model_config,
+    model_file,
     register_schema,
+    resolve_run_length,
 )
 from hybridrec.config.schema import (
     ARCHS,
@@ -62,7 +67,7 @@ __all__ = [
     "check_override_keys",
     "compose",
     "fields_at",
-    "load_model_config",
+    "model_file",
     "register_schema",
-    "validate",
+    "resolve_run_length",
 ]

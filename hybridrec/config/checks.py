@@ -1,4 +1,4 @@
-"""validate(): a composed config -> a typed, checked Config, or a ValueError naming the key.
+"""check_config(): a composed config -> a typed, checked Config, or a ValueError naming the key.
 
 Every mistake surfaces before any work starts, as one message that names the key and what it
 accepts:
@@ -6,13 +6,18 @@ accepts:
     unknown key    -> "unknown config key 'train.stpes'; keys under 'train': steps, epochs, ..."
     wrong value    -> "optim.sparse.name='adamw' is not one of: sgd, rowwise_adagrad, adam, ..."
 
-Each choice list belongs to the component that implements the choices (optimizers, loaders,
-readers, loggers, kernels, ...); the checks here import it from there.
+This module imports only the schema and hybridrec.types: the config is a leaf that every layer
+may read. The choices of the keys in COMPONENT_KEYS belong to the components that implement
+them (optimizers, loaders, readers, loggers, kernels, ...) and come in as `choices`;
+`hybridrec.configure.validate`, above every component, passes them (and fills a table
+dataset's model, and checks a model class, before and after the checks here).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -26,19 +31,29 @@ from hybridrec.config.schema import (
     ScheduleConfig,
     fields_at,
 )
-from hybridrec.data.build import SOURCES
-from hybridrec.data.loader import LOADERS
-from hybridrec.data.readers import READERS
-from hybridrec.data.table_model import fill_model
-from hybridrec.kernels.dispatch import KERNEL_MODES
-from hybridrec.optim.dense import DENSE_OPTIMIZERS
-from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
-from hybridrec.sparse.host import HOST_COPY_MODES
-from hybridrec.train.loggers import LOGGERS, WANDB_MODES
 from hybridrec.types import PIN_MODES, SHARDING_TYPES, TASKS, Pooling, storage_tables
 
+log = logging.getLogger("hybridrec")
 
-def _choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
+# The keys whose choices a component owns (hybridrec.configure.CHOICES maps each to the
+# component's own list): check_config needs all of them.
+COMPONENT_KEYS = (
+    "data.name",
+    "data.reader",
+    "data.loader",
+    "model.init",
+    "optim.dense.name",
+    "optim.sparse.name",
+    "logger.name",
+    "logger.mode",
+    "train.kernels",
+    "sharding.host_copy",
+)
+Choices = Mapping[str, Sequence[str]]
+
+
+def _choice(key: str, value: object, allowed: Sequence[str]) -> None:
+    allowed = tuple(allowed)
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
 
@@ -100,17 +115,27 @@ def _value_message(key: str, msg: str) -> str:
     return f"invalid config value for '{key}': {first}"
 
 
-def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
-    """Merge a composed config into the schema, check every value, return a typed Config.
-
-    `world_size` is the number of ranks the run will use: the global batch must split evenly.
-    """
+def composed(cfg: DictConfig | dict | Config) -> DictConfig:
+    """A composed config (Hydra's DictConfig, a plain dict or a Config) as a DictConfig,
+    without Hydra's own `hydra` node."""
     if isinstance(cfg, Config):
         cfg = OmegaConf.structured(cfg)
     raw = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
-    raw = OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
-    if (raw.get("data") or {}).get("name") == "table":  # the model's tables come from the data
-        raw = fill_model(raw)
+    return OmegaConf.masked_copy(raw, [k for k in raw.keys() if k != "hydra"])
+
+
+def check_config(cfg: DictConfig | dict | Config, choices: Choices, world_size: int = 1) -> Config:
+    """Merge a composed config into the schema, check every value, return a typed Config.
+
+    `choices` maps every key of COMPONENT_KEYS to the names its component implements.
+    `world_size` is the number of ranks the run will use: the global batch must split evenly,
+    and a config that chooses no sharding (sharding.type null) gets `none` on one rank and
+    `auto` (the planner) on several, logged in one line.
+    """
+    missing = [k for k in COMPONENT_KEYS if k not in choices]
+    if missing:  # a caller's mistake, not the user's: hybridrec.configure passes them all
+        raise TypeError(f"check_config needs the components' choices of {', '.join(missing)}")
+    raw = composed(cfg)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except ConfigKeyError as e:
@@ -122,8 +147,25 @@ def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
     except OmegaConfBaseException as e:
         raise ValueError(_value_message(str(e.full_key), str(e.msg))) from None
     c: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    _check(c, world_size)
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if c.sharding.type is None:
+        c.sharding.type = default_sharding(world_size)
+    _check(c, world_size, choices)
     return c
+
+
+def default_sharding(world_size: int) -> str:
+    """The sharding of a run that chooses none: the one-process reference (`none`) on one
+    rank; TorchRec's default on several, the planner (`auto`), said in one log line."""
+    if world_size == 1:
+        return "none"
+    log.info(
+        "sharding: %d ranks and no sharding chosen: the planner places the tables "
+        "(sharding=auto; choose another with sharding=<mode>)",
+        world_size,
+    )
+    return "auto"
 
 
 def _per_table(m: ModelConfig, key: str, n: int, kind: type, allowed=None) -> None:  # noqa: ANN001
@@ -225,27 +267,25 @@ def _check_task(c: Config) -> None:
         )
 
 
-def _check(c: Config, world_size: int) -> None:
+def _check(c: Config, world_size: int, choices: Choices) -> None:
     m = c.model
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
-    from hybridrec.model.mlp import MODEL_INITS  # (hybridrec.model imports this package)
-
-    _choice("model.init", m.init, MODEL_INITS)
+    _choice("model.init", m.init, choices["model.init"])
     _choice("model.task", m.task, TASKS)
     _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
-    _choice("data.name", c.data.name, SOURCES)
-    _check_data(c)
+    _choice("data.name", c.data.name, choices["data.name"])
+    _check_data(c, choices)
     _choice("sharding.type", c.sharding.type, SHARDING_TYPES)
-    _choice("optim.dense.name", c.optim.dense.name, DENSE_OPTIMIZERS)
-    _choice("optim.sparse.name", c.optim.sparse.name, SPARSE_OPTIMIZERS)
-    _choice("logger.name", c.logger.name, LOGGERS)
-    _choice("logger.mode", c.logger.mode, WANDB_MODES)
+    _choice("optim.dense.name", c.optim.dense.name, choices["optim.dense.name"])
+    _choice("optim.sparse.name", c.optim.sparse.name, choices["optim.sparse.name"])
+    _choice("logger.name", c.logger.name, choices["logger.name"])
+    _choice("logger.mode", c.logger.mode, choices["logger.mode"])
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
     _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
-    _choice("train.kernels", c.train.kernels, KERNEL_MODES)
+    _choice("train.kernels", c.train.kernels, choices["train.kernels"])
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", c.checkpoint.keep)
     if c.checkpoint.resume not in ("auto", "never") and not c.checkpoint.resume:
@@ -274,11 +314,8 @@ def _check(c: Config, world_size: int) -> None:
     _check_task(c)
     _check_tables(m)
     _positive("model.num_dense_features", m.num_dense_features)
-    if m.built_by_class():
-        from hybridrec.model.registry import check_model_config  # imports the user's class
-
-        check_model_config(m)
-    else:
+    # a model class is imported and checked by hybridrec.configure; DLRM's keys here
+    if not m.built_by_class():
         if m.args:
             raise ValueError(
                 f"model.args {sorted(m.args)} are keyword arguments of a model class "
@@ -328,7 +365,7 @@ def _check(c: Config, world_size: int) -> None:
         )
     if c.sharding.cache_gb is not None:
         _positive("sharding.cache_gb", c.sharding.cache_gb)
-    _choice("sharding.host_copy", c.sharding.host_copy, HOST_COPY_MODES)
+    _choice("sharding.host_copy", c.sharding.host_copy, choices["sharding.host_copy"])
     _positive("sharding.cache_halflife", c.sharding.cache_halflife)
     _check_pins(c)
     _choice("sharding.comm_dtype", c.sharding.comm_dtype, tuple(TABLE_DTYPES))
@@ -337,8 +374,6 @@ def _check(c: Config, world_size: int) -> None:
     if not 0.0 <= c.data.label_noise < 0.5:
         raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
     _positive("data.zipf_exponent", c.data.zipf_exponent)
-    if world_size < 1:
-        raise ValueError(f"world size must be >= 1, got {world_size}")
     # eval.batch_size need not divide: ranks pad their slices and the evaluator masks them
     b = c.train.batch_size
     if b % world_size:
@@ -350,11 +385,11 @@ def _check(c: Config, world_size: int) -> None:
         )
 
 
-def _check_data(c: Config) -> None:
+def _check_data(c: Config, choices: Choices) -> None:
     d, p = c.data, c.data.preprocess
-    _choice("data.reader", d.reader, READERS)
+    _choice("data.reader", d.reader, choices["data.reader"])
     _choice("data.dali_device", d.dali_device, ("auto", "cpu", "gpu"))
-    _choice("data.loader", d.loader, LOADERS)
+    _choice("data.loader", d.loader, choices["data.loader"])
     _choice("data.last_batch", d.last_batch, ("drop", "pad"))
     _choice("data.eval_split", d.eval_split, ("val", "test"))
     if d.name == "synthetic" and d.eval_split != "val":

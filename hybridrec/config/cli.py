@@ -3,19 +3,22 @@
 `compose(overrides)` is what `hybridrec-train` composes (conf/train.yaml: the schema's
 defaults stored as `base_config`, then the group choices, then the overrides), without
 running anything. `check_override_keys` runs before Hydra so that a misspelt key gets the
-list of valid keys (Hydra alone says only "not in struct"). `load_model_config` reads one
-model group file the way every command does (hybridrec-train, hybridrec-plan, benchmarks).
+list of valid keys (Hydra alone says only "not in struct"). `model_file` finds one model
+group file the way every command does (hybridrec-train, hybridrec-plan, benchmarks;
+`hybridrec.configure.load_model_config` validates it).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrec.config.checks import validate
-from hybridrec.config.schema import CONF_DIR, DATA_KEYS, Config, ModelConfig, fields_at
+from hybridrec.config.schema import CONF_DIR, DATA_KEYS, Config, fields_at
+
+log = logging.getLogger("hybridrec")
 
 # config groups (`model=...`, `experiment=...`): the directories of conf/
 GROUPS = tuple(sorted(p.name for p in CONF_DIR.glob("*") if p.is_dir()))
@@ -40,7 +43,39 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
+        raw = hydra_compose("train", overrides=list(overrides))
+    return resolve_run_length(raw, overrides)
+
+
+def _given(overrides: Sequence[str]) -> dict[str, str]:
+    """The `key=value` pairs of a command line (`+key=` and `++key=` too)."""
+    pairs = (a.lstrip("+").split("=", 1) for a in overrides if "=" in a and a[0] not in "-~")
+    return {k: v for k, v in pairs}
+
+
+def resolve_run_length(raw: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """`train.steps` and `train.epochs` both set how long a run is (epochs, when set, decide
+    the steps). The one the command line gives wins over the other set by a preset or a
+    group file: `experiment=movielens train.steps=20` runs 20 steps (the preset's
+    train.epochs is dropped, in one log line). Both on the command line: a ValueError.
+    Returns `raw`, changed in place."""
+    given = _given(overrides)
+    epochs = raw.train.epochs
+    if "train.steps" not in given or epochs is None:
+        return raw
+    if "train.epochs" in given:
+        raise ValueError(
+            f"train.steps={given['train.steps']} and train.epochs={given['train.epochs']} both "
+            "set the run's length; give one (train.epochs sets the steps from the dataset)"
+        )
+    log.info(
+        "train.steps=%s from the command line: the run's length (train.epochs=%s of the "
+        "config's preset or group files is dropped)",
+        given["train.steps"],
+        epochs,
+    )
+    raw.train.epochs = None
+    return raw
 
 
 def check_override_keys(overrides: list[str]) -> None:
@@ -97,8 +132,8 @@ def _check_data_keys(overrides: list[str]) -> None:
         )
 
 
-def load_model_config(name_or_path: str) -> ModelConfig:
-    """A model group file (`conf/model/<name>.yaml` or a path) as a validated ModelConfig."""
+def model_file(name_or_path: str) -> DictConfig:
+    """A model group file (`conf/model/<name>.yaml` or a path), as written (unvalidated)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = CONF_DIR / "model" / f"{name_or_path}.yaml"
@@ -107,4 +142,7 @@ def load_model_config(name_or_path: str) -> ModelConfig:
         raise ValueError(
             f"model {name_or_path!r} not found ({path}); choices: {', '.join(choices)}"
         )
-    return validate({"model": OmegaConf.load(path)}).model
+    node = OmegaConf.load(path)
+    if not isinstance(node, DictConfig):
+        raise ValueError(f"{path}: a model file holds `key: value` lines, not a list")
+    return node

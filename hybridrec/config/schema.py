@@ -198,7 +198,8 @@ class DataConfig:
     zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
     teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
     label_noise: float = 0.0  # probability that a label is flipped after sampling
-    # criteo, table: dataset dir; criteo_sample: raw TSV (None = beside repo)
+    # criteo, table: dataset dir; criteo_sample: the raw criteo_sample.tsv (null =
+    # $HYBRIDREC_CRITEO_SAMPLE; the file is not in the repository)
     path: str | None = None
     spec: str | None = None  # table: the dataset spec (YAML) the data must have been made with
     cache_dir: str | None = None  # criteo_sample: None = $HYBRIDREC_CACHE or ~/.cache/hybridrec
@@ -218,7 +219,9 @@ class DataConfig:
 class ShardingConfig:
     """How embedding tables are placed. `none` = one process holds every table."""
 
-    type: str = "none"  # none | table_wise | column_wise | row_wise | data_parallel | auto | host
+    # none | table_wise | column_wise | row_wise | data_parallel | auto | host; null (no
+    # sharding= choice): none on one rank, auto (the planner) on several
+    type: str | None = None
     hbm_gb: float = 16.0  # per-rank memory budget for embeddings, used by the planner
     data_parallel_max_bytes: int = 1 << 20  # `auto` replicates tables up to this size
     # Host-resident tables (type=host, or auto past hbm_gb) keep a device cache of hot rows:

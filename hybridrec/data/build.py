@@ -1,10 +1,10 @@
 """Config -> data source and per-rank loader (what the trainer calls).
 
 - data.name: `synthetic` (default, no files), `criteo` (a directory made by
-  hybridrec-preprocess, data.path), `criteo_sample` (the 200 real rows beside the repo,
-  preprocessed into a cache on first use), `table` (a directory made by hybridrec-preprocess
-  --spec from your own table, data.path; the model's tables follow it,
-  hybridrec.data.table_model); see hybridrec.data.source.
+  hybridrec-preprocess, data.path), `criteo_sample` (200 real rows, the file data.path or
+  $HYBRIDREC_CRITEO_SAMPLE names, preprocessed into a cache on first use), `table` (a
+  directory made by hybridrec-preprocess --spec from your own table, data.path; the model's
+  tables follow it, hybridrec.data.table_model); see hybridrec.data.source.
 - data.loader: `per_rank` (every rank reads its own slice) or `broadcast` (rank 0 reads,
   broadcasts, every rank keeps its slice); both read `data.prefetch` batches ahead.
 """

@@ -1,10 +1,11 @@
 """From a data source to the batches each rank trains on.
 
-A *source* serves global batches by index: `source.batch(step, batch_size, split)` -> Batch of
+A *source* (BatchSource, below: the whole of what the trainer, loaders and input checks ask of
+one) serves global batches by index: `source.batch(step, batch_size, split)` -> Batch of
 `batch_size` samples (the same on every rank that asks). `steps_per_epoch(batch_size, split)`
-says how many full batches a split has (None = endless, like the synthetic stream). A source
-may also offer `slice_batch(step, batch_size, split, lo, hi)`: samples [lo, hi) of that
-global batch, read without the rest (file sources do; per-rank loaders use it).
+says how many full batches a split has (None = endless, like the synthetic stream).
+`slice_batch(step, batch_size, split, lo, hi)` gives samples [lo, hi) of that global batch
+(file sources read them without the rest; per-rank loaders use it).
 
 A *loader* walks a source from a start step and yields this rank's contiguous slice of each
 global batch (rank r of W gets samples [r*B/W, (r+1)*B/W)), so every rank runs the same
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Protocol
 
+import numpy as np
 import torch
 
 from hybridrec.types import Batch
@@ -35,10 +37,48 @@ from hybridrec.types import Batch
 LOADERS = ("per_rank", "broadcast")
 
 
-class BatchSource(Protocol):
-    def batch(self, step: int, batch_size: int, split: str = "train") -> Batch: ...
+class BatchSource(ABC):
+    """Global batches by index, and all a run may ask of the data that serves them.
 
-    def steps_per_epoch(self, batch_size: int, split: str = "train") -> int | None: ...
+    Every source answers every method: `batch` and `steps_per_epoch` are its own; the others
+    default to "nothing to tell" (None), or to `batch` sliced, and a source that knows more
+    overrides them. Nothing else is asked of a source (no attribute probing).
+    `split` is "train", "eval" (the split evaluation reads) or a named held-out split.
+    """
+
+    @abstractmethod
+    def batch(self, step: int, batch_size: int, split: str = "train") -> Batch:
+        """Global batch `step` of `split`: `batch_size` samples, the same on every rank."""
+
+    @abstractmethod
+    def steps_per_epoch(self, batch_size: int, split: str = "train") -> int | None:
+        """Full batches of `batch_size` in one pass over `split`; None = endless."""
+
+    def slice_batch(self, step: int, batch_size: int, split: str, lo: int, hi: int) -> Batch:
+        """Samples [lo, hi) of global batch `step` (what one rank keeps)."""
+        return self.batch(step, batch_size, split).slice(lo, hi)
+
+    def split_rows(self, split: str) -> int | None:
+        """Rows in `split` (evaluation counts no sample past them); None = endless."""
+        return None
+
+    def id_counts(self, table_index: int) -> np.ndarray | None:
+        """How often each id of feature `table_index` occurs in training, [num_embeddings]
+        (any scale: host caches warm-start from the largest); None = not known."""
+        return None
+
+    def row_of(self, step: int, batch_size: int, split: str, sample: int) -> str | None:
+        """Where sample `sample` of global batch `step` comes from, for error messages
+        ("row 17 of dataset /data/x"); None = not known."""
+        return None
+
+    def dense_names(self) -> list[str] | None:
+        """The dense features' names, in column order; None = not known."""
+        return None
+
+    def close(self) -> None:
+        """Release files and reader threads (a no-op for a source that holds none)."""
+        return None
 
 
 def rank_span(batch_size: int, world_size: int, rank: int, split: str) -> tuple[int, int, int]:
@@ -177,11 +217,7 @@ class SliceLoader:
         )
 
     def _read(self, step: int) -> Batch:
-        slice_batch = getattr(self.source, "slice_batch", None)
-        if slice_batch is not None:
-            batch = slice_batch(step, self.batch_size, self.split, self.lo, self.hi)
-        else:
-            batch = self.source.batch(step, self.batch_size, self.split).slice(self.lo, self.hi)
+        batch = self.source.slice_batch(step, self.batch_size, self.split, self.lo, self.hi)
         return pinned(padded(batch, self.n), self.pin)
 
     def __iter__(self) -> Iterator[Batch]:

@@ -1,7 +1,8 @@
 """Preprocessed Criteo data as a batch source, and the `criteo` / `criteo_sample` data configs.
 
-BinarySource serves global batches of a dataset's splits by step (the BatchSource protocol of
-hybridrec.data.loader), plus `slice_batch` for loaders that read only their rank's rows. The
+BinarySource serves global batches of a dataset's splits by step (hybridrec.data.loader's
+BatchSource, all of it: rank slices read alone, split sizes, the manifest's id counts and dense
+names, and the dataset row of any sample for error messages). The
 split the trainer calls "eval" is `data.eval_split` (val by default). The train split repeats
 over epochs (reshuffled each epoch); other splits end after one epoch (an IndexError past it;
 the loaders stop there).
@@ -10,8 +11,9 @@ the loaders stop there).
 - data.name=criteo: opens the preprocessed directory `data.path`;
 - data.name=table: the same, for a directory made from a dataset spec (the model's tables
   were filled from its manifest by hybridrec.data.table_model);
-- data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE, else
-  `<repo>/../shared/data/criteo_sample.tsv`) is preprocessed with `data.preprocess` into
+- data.name=criteo_sample: the raw TSV `data.path` (default: $HYBRIDREC_CRITEO_SAMPLE; the
+  file is not in the repository, and nothing outside it is read unless named) is
+  preprocessed with `data.preprocess` into
   `<cache>/criteo_sample-<key>/` on first use, cache = data.cache_dir, else $HYBRIDREC_CACHE,
   else ~/.cache/hybridrec; key = hash of the file's bytes and the options. Concurrent ranks
   each build into a private temp dir and rename it into place; the first one wins.
@@ -36,6 +38,7 @@ import numpy as np
 
 from hybridrec.config import Config, ModelConfig
 from hybridrec.data.dataset import Dataset, open_dataset
+from hybridrec.data.loader import BatchSource
 from hybridrec.data.manifest import MANIFEST, VERSION, Manifest
 from hybridrec.data.multihot import SyntheticMultiHot
 from hybridrec.data.order import BatchPlan
@@ -44,12 +47,11 @@ from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_ENV = "HYBRIDREC_CRITEO_SAMPLE"
 CACHE_ENV = "HYBRIDREC_CACHE"
 
 
-class BinarySource:
+class BinarySource(BatchSource):
     """Global batches of a preprocessed dataset, by step; see the module docstring."""
 
     def __init__(
@@ -143,6 +145,21 @@ class BinarySource:
         dense[ids] = counts
         return dense
 
+    def row_of(self, step: int, batch_size: int, split: str, sample: int) -> str | None:
+        """Where sample `sample` of batch `step` of `split` is: "row R of dataset PATH"."""
+        pos = 0
+        for lo, hi in self.plan(batch_size, split).segments(step):
+            if sample < pos + hi - lo:
+                return f"row {lo + sample - pos} of dataset {self.dataset.path}"
+            pos += hi - lo
+        return None
+
+    def dense_names(self) -> list[str] | None:
+        """The manifest's names of the dense features (I1..I13 for Criteo), when it has them."""
+        schema = self.dataset.manifest.schema or {}
+        fields = schema.get("dense", {}).get("fields") if isinstance(schema, dict) else None
+        return list(fields) if fields else None
+
     def close(self) -> None:
         self.reader.close()
 
@@ -197,9 +214,9 @@ def check_model_matches(
 
 
 def sample_path(configured: str | None) -> Path:
-    """The raw sample TSV: the config, else $HYBRIDREC_CRITEO_SAMPLE, else beside the repo.
-    A file named by the config or the variable must exist: falling back to another one would
-    train on other data than asked for."""
+    """The raw sample TSV: the config's data.path, else $HYBRIDREC_CRITEO_SAMPLE. The file is
+    not part of the repository, and no other place is searched: a file named by either must
+    exist (falling back to another one would train on other data than asked for)."""
     for key, candidate in (
         ("data.path", configured),
         (f"${SAMPLE_ENV}", os.environ.get(SAMPLE_ENV)),
@@ -209,12 +226,9 @@ def sample_path(configured: str | None) -> Path:
             if not p.is_file():
                 raise ValueError(f"criteo_sample: {key}={p}: no such file")
             return p
-    p = REPO_ROOT.parent / "shared" / "data" / "criteo_sample.tsv"
-    if p.is_file():
-        return p
     raise ValueError(
-        f"criteo_sample: no raw sample file found (tried {p}); set data.path "
-        f"or ${SAMPLE_ENV} to the criteo_sample.tsv file"
+        f"data=criteo_sample needs the 200-row Criteo sample file (criteo_sample.tsv, not in "
+        f"this repository): set data.path=<file> or ${SAMPLE_ENV}=<file>"
     )
 
 

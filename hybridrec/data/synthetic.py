@@ -21,14 +21,16 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from hybridrec.data.loader import BatchSource
 from hybridrec.types import PAD_ID, Batch, TableConfig, hot_offsets
 
 _PRIME = 2_147_483_647  # 2^31 - 1: larger than any table, so k -> k*P mod n is a bijection
 _SPLITS = {"train": 0, "eval": 1}
 
 
-class SyntheticCriteo:
-    """A seeded, endless stream of Criteo-shaped batches for the given tables."""
+class SyntheticCriteo(BatchSource):
+    """A seeded, endless stream of Criteo-shaped batches for the given tables (no rows or
+    names to report: BatchSource's defaults)."""
 
     def __init__(
         self,

@@ -15,7 +15,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hybridrec.config import TABLE_DTYPES, load_model_config
+from hybridrec.config import TABLE_DTYPES
+from hybridrec.configure import load_model_config
 from hybridrec.planner.cost import estimate_cost
 from hybridrec.planner.memory import host_memory
 from hybridrec.planner.plan import MODES, plan_sharding

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from hybridrec.data.loader import BatchSource
 from hybridrec.distributed.comm import any_rank
 from hybridrec.distributed.env import DistEnv
 
@@ -104,30 +105,17 @@ class DenseChecker:
         )
 
 
-def dataset_locator(source: object, batch_size: int, split: str = "train") -> Locate | None:
-    """Maps (batch index, sample) of a split's stream to the dataset row, for a source that
-    can tell (a preprocessed dataset: hybridrec.data.source.BinarySource); None otherwise."""
-    plan_of = getattr(source, "plan", None)
-    dataset = getattr(source, "dataset", None)
-    if plan_of is None or dataset is None:
-        return None
-    plan = plan_of(batch_size, split)
+def dataset_locator(source: BatchSource, batch_size: int, split: str = "train") -> Locate:
+    """Maps (batch index, sample) of a split's stream to where the source read it from (a
+    preprocessed dataset's row; None where the source cannot tell: BatchSource.row_of)."""
 
     def locate(batch: int, sample: int) -> str | None:
-        pos = 0
-        for lo, hi in plan.segments(batch):
-            if sample < pos + hi - lo:
-                return f"row {lo + sample - pos} of dataset {dataset.path}"
-            pos += hi - lo
-        return None
+        return source.row_of(batch, batch_size, split, sample)
 
     return locate
 
 
-def dense_names(source: object) -> list[str] | None:
-    """The dense features' names a preprocessed dataset's manifest lists (I1..I13 for
-    Criteo); None for a source without them."""
-    manifest = getattr(getattr(source, "dataset", None), "manifest", None)
-    schema = getattr(manifest, "schema", None) or {}
-    fields = schema.get("dense", {}).get("fields") if isinstance(schema, dict) else None
-    return list(fields) if fields else None
+def dense_names(source: BatchSource) -> list[str] | None:
+    """The dense features' names the source knows (a dataset manifest's I1..I13 for
+    Criteo); None when it knows none."""
+    return source.dense_names()

@@ -131,7 +131,7 @@ class Trainer:
 
     def warm_start_caches(self) -> int:
         """Fill host caches from the data's id counts; returns the rows loaded here."""
-        counts = getattr(self.source, "id_counts", None)  # file and synthetic sources have them
+        counts = self.source.id_counts  # None per table where the data records none
         return warm_start(self.embeddings, counts, self.cfg.train.batch_size, self.module_counts)
 
     # -- data -------------------------------------------------------------------------------
@@ -269,8 +269,7 @@ class Trainer:
 
     def _eval_rows(self, split: str = "eval") -> int | None:
         """Rows of a held-out split (a file source; None for an endless stream)."""
-        split_rows = getattr(self.source, "split_rows", None)
-        return split_rows(split) if split_rows is not None else None
+        return self.source.split_rows(split)
 
     # -- checkpoints ----------------------------------------------------------------------
     def restore(self) -> None:

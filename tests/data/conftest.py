@@ -1,4 +1,5 @@
-"""Fixtures for the data tests: the real 200-row Criteo sample and its preprocessed forms."""
+"""Fixtures for the data tests: the real 200-row Criteo sample (tests/conftest.py's
+`sample_tsv`) and its preprocessed forms."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 from hybridrec.data.preprocess import PreprocessOptions, preprocess
-from hybridrec.data.source import sample_path
 
 SAMPLE_OPTIONS = dict(encoding="vocab", min_count=2, split="rows", train_fraction=0.8, block_rows=8)
 
@@ -52,11 +52,6 @@ def vocab_ids(parsed: Parsed, n_train: int, min_count: int) -> list[list[int]]:
         for r, row in enumerate(parsed.cat):
             out[r][t] = 0 if row[t] is None else ids.get(row[t], 1)
     return out
-
-
-@pytest.fixture(scope="session")
-def sample_tsv() -> Path:
-    return sample_path(None)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hybridrec.data import open_dataset
 from hybridrec.data.broadcast import BroadcastLoader, pack, unpack
-from hybridrec.data.loader import SliceLoader
+from hybridrec.data.loader import BatchSource, SliceLoader
 from hybridrec.data.source import BinarySource
 from hybridrec.distributed import DistEnv
 from tests.distributed.harness import spawn
@@ -73,7 +73,7 @@ def test_each_rank_gets_its_slice_of_the_same_global_batch(world, sample_dataset
         )
 
 
-class _Failing:
+class _Failing(BatchSource):
     """A source whose rank-0 read fails at step 2."""
 
     def __init__(self, path: str) -> None:

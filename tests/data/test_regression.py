@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hybridrec.data import build_source
-from hybridrec.data.loader import SliceLoader
+from hybridrec.data.loader import BatchSource, SliceLoader
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.model import DLRM, InferenceModel, load_export
 from hybridrec.train.evaluator import evaluate
@@ -53,7 +53,7 @@ def _cfg(path: str, sharding: str, sparse: str, world: int, *extra: str):
     return make_config(*overrides, world_size=world)
 
 
-class FloatLabels:
+class FloatLabels(BatchSource):
     """An in-memory source: EVAL_ROWS samples with real-valued labels in its eval split (a
     last batch wraps around to the start, as file sources do)."""
 

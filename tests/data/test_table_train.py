@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from hybridrec.config import compose, validate
+from hybridrec.config import compose
+from hybridrec.configure import validate
 from hybridrec.data.build import build_source
 from hybridrec.data.spec import parse_spec
 from hybridrec.data.tabular import preprocess_table

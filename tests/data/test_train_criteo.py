@@ -26,7 +26,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_cli_trains_on_criteo_sample(tmp_path):
+def test_cli_trains_on_criteo_sample(tmp_path, sample_tsv):
     cache, run = tmp_path / "cache", tmp_path / "run"
     args = [
         "data=criteo_sample",

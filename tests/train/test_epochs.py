@@ -16,13 +16,12 @@ def _cfg(*overrides: str):
     return make_config("device=cpu", *overrides)
 
 
-def test_epochs_become_steps_over_the_train_split(tmp_path):
+def test_epochs_become_steps_over_the_train_split(tmp_path, sample_tsv):
     cfg = _cfg(
         "data=criteo_sample",
         "model=criteo_sample",
         "train.batch_size=32",
         "train.epochs=1.5",
-        "train.steps=1000",  # epochs win
         "train.log_every=1",
         "eval.every=0",
         f"data.cache_dir={tmp_path / 'cache'}",
@@ -30,7 +29,7 @@ def test_epochs_become_steps_over_the_train_split(tmp_path):
     trainer = Trainer(cfg, DistEnv(), tmp_path / "run")
     per_epoch = trainer.source.steps_per_epoch(32, "train")
     assert per_epoch >= 2
-    assert cfg.train.steps == math.ceil(1.5 * per_epoch)
+    assert cfg.train.steps == math.ceil(1.5 * per_epoch)  # not the default train.steps
     trainer.fit()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in rows if r["split"] == "train") == cfg.train.steps

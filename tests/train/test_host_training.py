@@ -103,7 +103,7 @@ def _warm(env, tmp_path):
     return fractions, cached
 
 
-def test_caches_warm_start_from_the_dataset_counts(one_rank):
+def test_caches_warm_start_from_the_dataset_counts(one_rank, sample_tsv):
     [(fractions, hottest_cached)] = one_rank["warm"]
     assert fractions and all(f > 0 for f in fractions)
     assert hottest_cached

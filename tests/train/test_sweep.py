@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridrec.config import validate
+from hybridrec.configure import validate
 from hybridrec.train.sweep import _quote, final_metrics, objective, write_summary
 from tests.cli import run_cli
 from tests.train.wandb_file import offline_run_file, read_records, run_record

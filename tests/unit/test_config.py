@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridrec.config import CONF_DIR, load_model_config, validate
+from hybridrec.config import CONF_DIR
+from hybridrec.configure import load_model_config, validate
 from tests.configs import raw_config as _compose
 
 
@@ -243,7 +244,8 @@ def test_composed_defaults_are_the_schema_but_for_the_chosen_group_files():
         for d in OmegaConf.load(CONF_DIR / "train.yaml").defaults
         if not isinstance(d, str) and next(iter(d.values())) is not None
     ]
-    assert {g for g, _ in choices} == {"model", "data", "sharding", "optim", "logger"}
+    # sharding has no default option: the world size chooses (none on one rank, auto on several)
+    assert {g for g, _ in choices} == {"model", "data", "optim", "logger"}
     set_by_groups = {}
     for group, option in choices:
         set_by_groups.update(_leaves(_group_file(CONF_DIR / group / f"{option}.yaml")))
@@ -306,3 +308,112 @@ def test_task_mistakes_name_the_key():
         validate(_compose("model.task=regression", *file_data, "eval.target_rmse=0"))
     cfg = validate(_compose("model.task=regression", *file_data, "eval.target_rmse=0.9"))
     assert (cfg.model.task, cfg.eval.target_rmse) == ("regression", 0.9)
+
+
+def test_the_command_line_sets_the_run_length_over_a_presets_epochs_or_steps(caplog):
+    """`train.steps` and `train.epochs` both set the run's length: the one given on the
+    command line wins over the other from a preset (a preset's epochs used to win, silently)."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hybridrec"):
+        raw = _compose("experiment=movielens", "train.steps=20")
+    assert raw.train.steps == 20 and raw.train.epochs is None
+    assert "train.steps=20 from the command line: the run's length (train.epochs=6 of" in (
+        caplog.text
+    )
+    assert _compose("experiment=movielens").train.epochs == 6  # the preset alone: its epochs
+    # the other way round: epochs on the command line decide the steps (hybridrec.data.build)
+    raw = _compose("experiment=kaggle_host_cache", "train.epochs=2")
+    assert raw.train.epochs == 2
+    # an explicit null with steps is what the rule does itself; both given is ambiguous
+    assert (
+        _compose("experiment=movielens", "train.steps=20", "train.epochs=null").train.epochs is None
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^train.steps=20 and train.epochs=2 both set the run's length; give one",
+    ):
+        _compose("experiment=movielens", "train.steps=20", "train.epochs=2")
+
+
+def test_the_run_length_rule_holds_on_the_command_line(tmp_path):
+    """hybridrec-train applies the same rule: both given is a one-line config error (exit 2)."""
+    from tests.cli import run_cli
+
+    out = run_cli("train.steps=3", "train.epochs=1", "data=criteo_sample", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr == (
+        "hybridrec-train: train.steps=3 and train.epochs=1 both set the run's length; give one "
+        "(train.epochs sets the steps from the dataset)\n"
+    )
+
+
+def test_several_ranks_without_a_sharding_choice_plan_with_auto(caplog):
+    """TorchRec plans by default: with no `sharding=` choice one rank is the one-process
+    reference (none) and several ranks use the planner (auto), said in one log line; an
+    explicit sharding=none stays none (several ranks refuse it: the next test)."""
+    import logging
+
+    assert validate(_compose()).sharding.type == "none"
+    with caplog.at_level(logging.INFO, logger="hybridrec"):
+        assert validate(_compose(), world_size=2).sharding.type == "auto"
+    lines = [r.getMessage() for r in caplog.records if "no sharding chosen" in r.getMessage()]
+    assert lines == [
+        "sharding: 2 ranks and no sharding chosen: the planner places the tables "
+        "(sharding=auto; choose another with sharding=<mode>)"
+    ]
+    assert validate(_compose("sharding=none"), world_size=2).sharding.type == "none"
+    assert validate(_compose("sharding=row_wise"), world_size=2).sharding.type == "row_wise"
+    assert validate(_compose("experiment=kaggle_host_cache"), world_size=2).sharding.type == "host"
+
+
+def test_an_explicit_sharding_none_on_several_ranks_is_a_one_line_error(tmp_path):
+    from tests.cli import run_cli
+
+    out = run_cli("launcher.nproc_per_node=2", "sharding=none", "device=cpu", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith(
+        "hybridrec-train: launcher.nproc_per_node=2 starts 2 ranks, but sharding=none keeps "
+        "every table in one process"
+    )
+    assert len(out.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_two_ranks_without_a_sharding_choice_train_with_the_planner(tmp_path):
+    """End to end: `launcher.nproc_per_node=2` alone (it was refused: sharding=none) plans."""
+    from tests.cli import run_cli
+
+    out = run_cli(
+        "launcher.nproc_per_node=2",
+        "device=cpu",
+        "train.steps=2",
+        "train.batch_size=64",
+        "eval.every=0",
+        "eval.batches=1",
+        "eval.batch_size=64",
+        f"hydra.run.dir={tmp_path}/r",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 ranks and no sharding chosen: the planner places the tables" in out.stderr
+    assert "sharding plan (auto, 2 ranks)" in out.stderr
+
+
+def test_the_criteo_sample_is_read_only_where_the_user_names_it(monkeypatch, tmp_path):
+    """data=criteo_sample reads data.path or $HYBRIDREC_CRITEO_SAMPLE, never a folder outside
+    the repository it guesses (it used to fall back to <repo>/../shared/data/)."""
+    from hybridrec.data.source import SAMPLE_ENV, sample_path
+
+    monkeypatch.delenv(SAMPLE_ENV, raising=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^data=criteo_sample needs the 200-row Criteo sample file \(criteo_sample.tsv, "
+        r"not in this repository\): set data.path=<file> or \$HYBRIDREC_CRITEO_SAMPLE=<file>$",
+    ):
+        sample_path(None)
+    named = tmp_path / "rows.tsv"
+    named.write_text("x\n")
+    assert sample_path(str(named)) == named
+    monkeypatch.setenv(SAMPLE_ENV, str(named))
+    assert sample_path(None) == named

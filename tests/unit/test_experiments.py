@@ -146,7 +146,7 @@ def test_one_gpu_preset_scaled_down_trains_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_mlperf_dcnv2_preset_scaled_down_trains_on_the_cpu(tmp_path):
+def test_mlperf_dcnv2_preset_scaled_down_trains_on_the_cpu(tmp_path, sample_tsv):
     """The preset's optimizers, DCNv2 and on-the-fly multi-hot bags, on the 200-row Criteo
     sample with a small model: element-wise Adagrad state next to every table, dense Adagrad."""
     import torch

@@ -105,20 +105,19 @@ def test_never_imports_torch_distributed(sub):
             ("hybridrec.sparse.host", "hybridrec.kernels.host_copy", "threading", "concurrent"),
             (),
         ),
-        # the schema is a leaf (its users import it at run time, it imports none of them);
-        # the checks import the components' choice lists
+        # the schema is a leaf (its users import it at run time, it imports none of them)
+        ("config/schema.py", ("hybridrec.",), ("hybridrec.types",)),
+        # the config (schema and checks) is a leaf every layer may read: the components'
+        # choice lists reach its checks from above, through hybridrec.configure
         (
-            "config/schema.py",
+            "config",
+            ("hybridrec.",),
             (
-                "hybridrec.config",
-                "hybridrec.data",
-                "hybridrec.optim",
-                "hybridrec.sparse",
-                "hybridrec.train",
-                "hybridrec.model",
-                "hybridrec.kernels",
+                "hybridrec.types",
+                "hybridrec.config.schema",
+                "hybridrec.config.checks",
+                "hybridrec.config.cli",
             ),
-            (),
         ),
         # the kernels serve embedding storage and the row optimizers alike: they import
         # neither, and the optimizers reach the kernels directly, not through hybridrec.sparse
@@ -157,3 +156,127 @@ def test_every_package_file_is_linted():
     linted = {Path(line).resolve() for line in out.stdout.split()}
     unlinted = sorted(str(f.relative_to(repo)) for f in PKG.rglob("*.py") if f not in linted)
     assert not unlinted, f"ruff does not read: {unlinted}"
+
+
+# -- the import graph -------------------------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """{module: the package modules it imports}, for every module of hybridrec/.
+
+    An import counts wherever its statement is: at module level, inside a function, or under
+    `if TYPE_CHECKING:`. A deferred import is still a dependency (deferring only hides a
+    circle from Python's import machinery), and a type named in an annotation is one too.
+    `from pkg import name` depends on the submodule pkg.name when there is one, else on pkg's
+    __init__. The parent packages that importing a submodule initialises are not edges: a
+    package's __init__ re-exports its submodules, so counting them would make every such
+    package a circle with its own parts.
+    """
+    files = {_module_name(f): f for f in PKG.rglob("*.py")}
+
+    def known(name: str) -> str | None:  # the module itself, or the package that defines name
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(filter(None, (known(a.name) for a in node.names)))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:
+                    target = f"{base}.{a.name}" if f"{base}.{a.name}" in files else known(base)
+                    if target:
+                        deps.add(target)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as one
+    circle's path through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(_path_through(graph, set(part)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _path_through(graph: dict[str, set[str]], part: set[str]) -> list[str]:
+    """The shortest circle from the first module of a strongly connected set: a -> ... -> a."""
+    start = min(part)
+    came_from: dict[str, str] = {}
+    queue = [start]
+    for v in queue:
+        for w in sorted(graph[v] & part):
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if w not in came_from:
+                came_from[w] = v
+                queue.append(w)
+    raise AssertionError(f"{sorted(part)} is not strongly connected")
+
+
+def test_the_package_has_no_import_circle():
+    """hybridrec/'s modules import each other without a circle: module-level and deferred
+    imports alike (see _import_graph)."""
+    circles = _circles(_import_graph())
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_a_deferred_circle():
+    """The test above can fail: a circle through a function-level import, as the config's
+    checks once made with the components they took their choices from."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c", "a"]]
+    graph = _import_graph()
+    assert "hybridrec.config" in graph["hybridrec.model.registry"]
+    graph["hybridrec.config"].add("hybridrec.model.registry")  # the old deferred import
+    circle = _circles(graph)
+    assert circle and {"hybridrec.config", "hybridrec.model.registry"} <= set(circle[0])
+
+
+def test_only_entry_points_use_the_validation_above_the_components():
+    """hybridrec.configure imports every component: a module it imports must not import it
+    back (the circle test), and no component does; the commands do."""
+    users = sorted(m for m, deps in _import_graph().items() if "hybridrec.configure" in deps)
+    assert users == ["hybridrec.main", "hybridrec.planner.cli"]

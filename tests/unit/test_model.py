@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridrec.config import load_model_config
+from hybridrec.configure import load_model_config
 from hybridrec.model import DLRM, DenseArch, DotInteraction, LowRankCrossNet
 from hybridrec.model.mlp import MLP
 from hybridrec.model.tables import declared_features
