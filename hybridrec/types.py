@@ -76,9 +76,10 @@ SPARSE_OPTIMIZER_STATE: dict[str, dict[str, StateKind]] = {
 }
 
 
-# What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE) or
-# regression (MSE; RMSE, MAE)
-TASKS = ("binary", "regression")
+# What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE),
+# regression (MSE; RMSE, MAE) or retrieval (every row a positive (user, item) pair: softmax
+# over the global batch's items; HR@K, Recall@K, NDCG@K over the whole catalogue)
+TASKS = ("binary", "regression", "retrieval")
 
 # The id that fills a jagged feature's bag past its length: "no id" (TableConfig.jagged)
 PAD_ID = -1

@@ -265,6 +265,30 @@ def _check_task(c: Config) -> None:
             "model.task=regression needs float labels, but data=synthetic makes binary labels "
             "only; use a file dataset (data=criteo data.path=...) or model.task=binary"
         )
+    if task == "retrieval":
+        _check_retrieval(c)
+
+
+def _check_retrieval(c: Config) -> None:
+    """model.task=retrieval: a two-tower model of a table dataset, its loss and its top-K."""
+    m, r = c.model, c.train.retrieval
+    if c.data.name != "table":
+        raise ValueError(
+            f"model.task=retrieval ranks a dataset's items for its users: it needs data=table "
+            f"(every row one (user, item) interaction, in train/val/test splits), not "
+            f"data.name={c.data.name}"
+        )
+    if not m.built_by_class() or (m._target_ is None and m.arch != "two_tower"):
+        raise ValueError(
+            f"model.task=retrieval needs a model with a user tower and an item tower: "
+            f"model.arch=two_tower or your own model._target_ (docs/library.md), not "
+            f"model.arch={m.arch}"
+        )
+    _positive("train.retrieval.temperature", r.temperature)
+    _positive("train.retrieval.negatives", r.negatives, allow_zero=True)
+    ks = list(c.eval.topk)
+    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+        raise ValueError(f"eval.topk must list positive integers (e.g. [10,50]), got {ks}")
 
 
 def _check(c: Config, world_size: int, choices: Choices) -> None:

@@ -92,7 +92,9 @@ class ModelConfig:
     _target_: str | None = None
     # keyword arguments of the model class (two_tower, wide_deep or _target_): +model.args.k=v
     args: dict[str, Any] = field(default_factory=dict)
-    task: str = "binary"  # binary (BCE; AUC, log loss) | regression (MSE; RMSE, MAE)
+    # binary (BCE; AUC, log loss) | regression (MSE; RMSE, MAE) | retrieval (rows are positive
+    # (user, item) pairs: softmax over the batch's items; HR@K, NDCG@K: train.retrieval)
+    task: str = "binary"
     num_dense_features: int = 13  # dense (continuous) inputs per sample
     embedding_dim: int = 16  # width of every table (unless embedding_dims is set)
     # rows of each table (one table per categorical feature, named cat_0, cat_1, ...)
@@ -279,6 +281,23 @@ class OptimConfig:
 
 
 @dataclass
+class RetrievalConfig:
+    """model.task=retrieval: the softmax over the global batch's items
+    (hybridrec.train.retrieval)."""
+
+    temperature: float = 1.0  # logits = score / temperature (smaller = sharper)
+    # subtract log(expected count of the item among the candidates) from its logit, from the
+    # training data's item counts (Yi et al., RecSys 2019): popular items are not over-penalised
+    logq: bool = True
+    # extra negatives per step, drawn uniformly from the catalogue (the same on every rank,
+    # seeded by the step), besides the global batch's items
+    negatives: int = 0
+    # a candidate that is the row's own positive item (the same item in another row) is not
+    # counted as a negative
+    remove_accidental_hits: bool = False
+
+
+@dataclass
 class TrainLoopConfig:
     steps: int = 3000  # optimizer steps (global batches)
     epochs: float | None = None  # passes over the train split (file data): sets `steps`
@@ -293,6 +312,7 @@ class TrainLoopConfig:
     kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
     profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
     profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
 
 @dataclass
@@ -306,6 +326,9 @@ class EvalConfig:
     # val | test: after training, evaluate this whole split once more and log it as its own
     # metrics.jsonl row ("split": "test"), the last one (file data only; null = none)
     final_split: str | None = None
+    # model.task=retrieval: the K of hr@K, recall@K and ndcg@K, each user's items ranked over
+    # the whole catalogue, the items it met in earlier splits excluded
+    topk: list[int] = field(default_factory=lambda: [10, 50])
 
 
 @dataclass

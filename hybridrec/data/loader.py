@@ -26,7 +26,7 @@ from __future__ import annotations
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -65,6 +65,14 @@ class BatchSource(ABC):
     def id_counts(self, table_index: int) -> np.ndarray | None:
         """How often each id of feature `table_index` occurs in training, [num_embeddings]
         (any scale: host caches warm-start from the largest); None = not known."""
+        return None
+
+    def split_ids(
+        self, split: str, columns: Sequence[int], start: int, stop: int
+    ) -> np.ndarray | None:
+        """Id columns `columns` (of a batch's ids [B, H]) of rows [start, stop) of `split`,
+        in dataset order: [stop - start, len(columns)] int64; None = not known (an endless
+        source). What retrieval reads its interactions from (hybridrec.data.interactions)."""
         return None
 
     def row_of(self, step: int, batch_size: int, split: str, sample: int) -> str | None:

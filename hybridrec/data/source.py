@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,15 @@ class BinarySource(BatchSource):
         dense = np.zeros(stats.num_embeddings, dtype=np.int64)
         dense[ids] = counts
         return dense
+
+    def split_ids(
+        self, split: str, columns: Sequence[int], start: int, stop: int
+    ) -> np.ndarray | None:
+        """Id columns `columns` of rows [start, stop) of `split` (BatchSource.split_ids)."""
+        a, b = self.dataset.split(self._split(split))
+        lo, hi = a + start, min(a + stop, b)
+        self.dataset.check_rows(lo, hi)
+        return np.asarray(self.dataset.categorical[lo:hi][:, list(columns)], dtype=np.int64)
 
     def row_of(self, step: int, batch_size: int, split: str, sample: int) -> str | None:
         """Where sample `sample` of batch `step` of `split` is: "row R of dataset PATH"."""

@@ -13,8 +13,10 @@ Per sparse feature, in spec order: its name, the table it looks up (repeated for
 sharing one), that table's rows and width; a feature named like its table has it alone.
 
 A key the user set (not null) must equal the dataset's value: else one line naming the key and
-the dataset's value. `data.spec`, when given, must be the spec the data was preprocessed with
-(its fingerprint). Filling an already filled config changes nothing (validate is idempotent).
+the dataset's value; `model.task=retrieval` fits any dataset (its rows are positive
+(user, item) pairs, the label is not read). `data.spec`, when given, must be the spec the
+data was preprocessed with (its fingerprint). Filling an already filled config changes
+nothing (validate is idempotent).
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ def fill_model(raw: DictConfig) -> DictConfig:
             model[key] = want
             continue
         given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else given
+        if key == "task" and given == "retrieval":  # any table: every row is a positive pair
+            continue
         if not _same(key, given, want):
             raise ValueError(
                 f"model.{key}={given} contradicts the dataset {path}: it has {want}; leave "

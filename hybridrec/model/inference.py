@@ -34,7 +34,7 @@ from torch import nn
 from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.local import LocalTables, attach_local
 from hybridrec.model.registry import MODELS, import_class, make_model
-from hybridrec.model.task import task_of
+from hybridrec.model.task import task_of, task_outputs
 from hybridrec.safeload import load_tensors
 from hybridrec.types import TASKS, KeyedIds, hot_offsets
 
@@ -122,7 +122,7 @@ class InferenceModel(Scorer):
         self.hotness = tuple(t.hotness for t in self.tables)
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.net(dense, KeyedIds(ids, self.names, self.hotness)).float()
+        return task_outputs(self.net(dense, KeyedIds(ids, self.names, self.hotness)))
 
     def expected(self) -> dict[str, torch.Tensor]:
         """The export's keys this model reads, to the tensors they load into."""

@@ -11,9 +11,13 @@ The contract of a model class (docs/library.md, "Models by config"):
   whole model config (the built-in DLRM reads its keys from it).
 - It declares `EmbeddingTables` whose features are named as the dataset's, with the same ids
   per sample and list flag, and tables at least as long as the dataset's.
-- `forward(dense [B, num_dense_features] float, ids: KeyedIds) -> outputs [B]`.
-- Its loss is model.task's (hybridrec.model.task); a class attribute `task` ("binary" or
-  "regression") states the one it needs, refused when the dataset's differs.
+- `forward(dense [B, num_dense_features] float, ids: KeyedIds) -> outputs [B]`; for
+  model.task=retrieval, the retrieval contract instead (hybridrec.model.retrieval: query,
+  candidates, user_feature, item_feature; forward(dense, ids, negatives) -> (query,
+  candidates)), checked here.
+- Its loss is model.task's (hybridrec.model.task), or its own `loss(outputs, batch)`; a class
+  attribute `task` ("binary", "regression" or "retrieval") states the one it needs, refused
+  when the config's differs.
 Every mismatch is one line naming the model, feature and what to do.
 """
 
@@ -27,6 +31,7 @@ from torch import nn
 
 from hybridrec.config import ModelConfig
 from hybridrec.model.dlrm import DLRM
+from hybridrec.model.retrieval import check_retrieval_model
 from hybridrec.model.tables import declared_tables
 from hybridrec.model.zoo import TwoTower, WideDeep
 from hybridrec.types import TableConfig
@@ -109,6 +114,8 @@ def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
             f"{model_name(m)} is a {stated} model but the data's task is model.task={m.task}"
         )
     check_features(model, m.tables(), model_name(m))
+    if m.task == "retrieval":
+        check_retrieval_model(model, [f.name for f in m.tables()], model_name(m))
     return model
 
 

@@ -6,9 +6,12 @@ returning one raw output per sample, [B] fp32; the loss is model.task's (hybridr
 
 - TwoTower: a user tower and an item tower, each the embeddings of its features
   (`user_features`, `item_features`: lists of feature names) through an MLP (`tower_mlp`;
-  empty: the concatenated embeddings), scored as dot(user, item) + user bias + item bias +
-  global bias. The biases are width-1 tables over the same features (sum-pooled). Dense
-  features are not used. The collaborative-filtering model.
+  empty: the concatenated embeddings; `normalize`: unit-length vectors, a cosine score),
+  scored as dot(user, item) + user bias + item bias + global bias. The biases are width-1
+  tables over the same features (sum-pooled). Dense features are not used. The
+  collaborative-filtering model. With model.task=retrieval it is a retrieval model
+  (hybridrec.model.retrieval: no biases, one item feature, the item id, whose ids are the
+  catalogue; the first user feature names the user): forward returns (query, candidates).
 - WideDeep: wide = width-1 tables, one per table, sum-pooled (a linear model over the sparse
   features) + a linear layer over the dense features; deep = the dataset's embeddings and the
   dense features through an MLP (`deep_mlp`, then one output). Output = wide + deep.
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 
 from hybridrec.model.mlp import MLP
+from hybridrec.model.retrieval import candidate_ids
 from hybridrec.model.tables import EmbeddingTables
 from hybridrec.types import KeyedIds, Pooling, TableConfig
 
@@ -59,7 +63,7 @@ def _feature_list(key: str, value: object, known: Sequence[str]) -> list[str]:
 
 
 class TwoTower(nn.Module):
-    """User tower . item tower + biases (module docstring)."""
+    """User tower . item tower (+ biases for binary and regression; module docstring)."""
 
     def __init__(
         self,
@@ -67,6 +71,8 @@ class TwoTower(nn.Module):
         user_features: Sequence[str] | str = (),
         item_features: Sequence[str] | str = (),
         tower_mlp: Sequence[int] = (64, 32),
+        task: str = "binary",
+        normalize: bool = False,
     ) -> None:
         super().__init__()
         known = [f.name for f in features]
@@ -75,8 +81,17 @@ class TwoTower(nn.Module):
         both = sorted(set(users) & set(items))
         if both:
             raise ValueError(f"model.args: features {both} are in both towers; give each one")
+        self.retrieval = task == "retrieval"
+        if self.retrieval and len(items) != 1:
+            raise ValueError(
+                f"two_tower with model.task=retrieval: the item tower reads one feature, the "
+                f"item id (its ids are the catalogue), got model.args.item_features={items}"
+            )
+        self.user_feature, self.item_feature = users[0], items[0]
+        self.normalize = bool(normalize)
         self.users, self.items = mirror(features, users), mirror(features, items)
-        self.user_bias, self.item_bias = mirror(features, users, 1), mirror(features, items, 1)
+        if not self.retrieval:  # a softmax over items ignores a user's bias
+            self.user_bias, self.item_bias = mirror(features, users, 1), mirror(features, items, 1)
         widths = [sum(f.dim for f in t.features) for t in (self.users, self.items)]
         tower = list(tower_mlp)
         if not tower and widths[0] != widths[1]:
@@ -88,11 +103,29 @@ class TwoTower(nn.Module):
             raise ValueError(f"model.args.tower_mlp widths must be >= 1, got {tower}")
         self.user_mlp = MLP(widths[0], tower, final_relu=False) if tower else nn.Identity()
         self.item_mlp = MLP(widths[1], tower, final_relu=False) if tower else nn.Identity()
-        self.bias = nn.Parameter(torch.zeros(()))
+        if not self.retrieval:
+            self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
+    def query(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
+        """The user tower: [b, D] (unit length with `normalize`)."""
         u = self.user_mlp(self.users(ids).tensor.flatten(1))
+        return nn.functional.normalize(u, dim=1) if self.normalize else u
+
+    def candidates(self, item_ids: torch.Tensor) -> torch.Tensor:
+        """The item tower of item ids [n]: [n, D] (unit length with `normalize`)."""
+        v = self.item_mlp(self.items(item_ids.view(-1, 1)).tensor.flatten(1))
+        return nn.functional.normalize(v, dim=1) if self.normalize else v
+
+    def forward(
+        self, dense: torch.Tensor, ids: KeyedIds, negatives: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.retrieval:  # (query [b, D], candidates [b + M, D]): hybridrec.model.retrieval
+            items = candidate_ids(ids, self.item_feature, negatives).view(-1)
+            return self.query(dense, ids), self.candidates(items)
+        u = self.query(dense, ids)
         v = self.item_mlp(self.items(ids).tensor.flatten(1))
+        if self.normalize:
+            v = nn.functional.normalize(v, dim=1)
         bias = self.user_bias(ids).tensor.flatten(1).sum(1) + self.item_bias(ids).tensor.flatten(
             1
         ).sum(1)

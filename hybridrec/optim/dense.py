@@ -22,6 +22,9 @@ def build_dense_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: DenseOptimConfig, device: torch.device
 ) -> torch.optim.Optimizer:
     params = list(params)
+    if not params:  # an embeddings-only model (matrix factorisation): nothing dense to step;
+        # torch.optim refuses no parameters, and a size-0 one makes every step a no-op
+        params = [torch.nn.Parameter(torch.empty(0, device=device))]
     fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.name == "sgd":
         return torch.optim.SGD(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import resource
 import sys
 from pathlib import Path
@@ -128,6 +129,7 @@ def show_train(row: dict[str, Any], steps: int, bar: tqdm | None) -> None:
 
 
 # The eval metrics a log line shows, in order, with their digits; a task logs its own subset
+TOPK = re.compile(r"(hr|recall|ndcg)@\d+$")
 EVAL_LINE = (
     ("auc", 4),
     ("logloss", 4),
@@ -143,6 +145,10 @@ EVAL_LINE = (
 def eval_text(metrics: dict[str, float], keys: tuple[str, ...] | None = None) -> str:
     """'auc 0.7812  logloss 0.4521 ...': the metrics present (of `keys`, default all)."""
     shown = [(k, d) for k, d in EVAL_LINE if k in metrics and (keys is None or k in keys)]
+    # retrieval's top-K metrics (hr@10, ndcg@10, ...), in their order; `keys` names a kind
+    shown += [
+        (k, 4) for k in metrics if TOPK.match(k) and (keys is None or k.split("@")[0] in keys)
+    ]
     return "  ".join(f"{k} {metrics[k]:.{d}f}" for k, d in shown)
 
 
@@ -166,7 +172,7 @@ def show_summary(
     ]
     ev = result.get("eval") or {}
     if ev:
-        parts.append("eval " + eval_text(ev, ("auc", "ne", "rmse", "mae")))
+        parts.append("eval " + eval_text(ev, ("auc", "ne", "rmse", "mae", "hr", "ndcg")))
     if run_dir is not None:
         parts.append(f"metrics {run_dir / 'metrics.jsonl'} (hybridrec-plot {run_dir})")
     if cfg.checkpoint.dir:

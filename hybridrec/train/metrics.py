@@ -3,6 +3,13 @@ accuracy, normalized entropy and calibration (the last two as in recommender pra
 TorchRec's NE and calibration metrics); regression reports `loss` (mean squared error), `rmse`
 and `mae`. Every metric takes the model's raw outputs [N] and labels [N] of the evaluated
 samples (padding already masked out) and is computed in float64 on the CPU.
+
+Retrieval reports `hr@K`, `recall@K` and `ndcg@K` for each K of eval.topk (TopKMetrics), from
+each user's ranked top-K list over the whole catalogue (hybridrec.train.topk), averaged over
+users: HR@K = 1 when any of the user's positives is in its top K; Recall@K = the share of its
+positives in the top K; NDCG@K = sum over hits at rank j (from 0) of 1/log2(j + 2), divided
+by the same sum of a perfect list (min(K, positives) hits at the top). With one positive per
+user (leave-one-out) Recall@K = HR@K and NDCG@K = 1/log2(rank + 2) when rank < K.
 """
 
 from __future__ import annotations
@@ -107,3 +114,33 @@ def reached_target(eval_cfg: Any, metrics: dict[str, float]) -> str | None:
         if (value >= target) if higher else (value <= target):
             return f"eval.{key}={target:g} ({metric} {value:.5f})"
     return None
+
+
+class TopKMetrics:
+    """Running sums of HR@K, Recall@K and NDCG@K over users (module docstring), float64."""
+
+    def __init__(self, ks: list[int]) -> None:
+        self.ks = sorted(set(int(k) for k in ks))
+        self.users = 0
+        self.sums = {f"{m}@{k}": 0.0 for k in self.ks for m in ("hr", "recall", "ndcg")}
+
+    def add(self, hits: torch.Tensor, positives: torch.Tensor) -> None:
+        """hits [Q, K_max] bool: whether each user's item at each rank is a positive;
+        positives [Q]: each user's number of positives (>= 1)."""
+        hits, positives = hits.cpu(), positives.cpu().double()
+        discount = 1.0 / torch.log2(torch.arange(hits.shape[1], dtype=torch.float64) + 2)
+        gains = hits.double() * discount
+        ideal = discount.cumsum(0)
+        for k in self.ks:
+            found = hits[:, :k].sum(1).double()
+            best = ideal[(positives.clamp(max=k) - 1).long()]
+            self.sums[f"hr@{k}"] += float((found > 0).double().sum())
+            self.sums[f"recall@{k}"] += float((found / positives).sum())
+            self.sums[f"ndcg@{k}"] += float((gains[:, :k].sum(1) / best).sum())
+        self.users += hits.shape[0]
+
+    def result(self) -> dict[str, float]:
+        """The means over the users added ({} when none)."""
+        if not self.users:
+            return {}
+        return {k: v / self.users for k, v in self.sums.items()}

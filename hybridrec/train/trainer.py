@@ -7,8 +7,10 @@ optimizer step. `fit` runs steps and, on their schedule, logs (rank 0: global me
 samples/s, phase timings, memory, cache rates), evaluates (hybridrec.train.evaluator), saves
 and resumes (hybridrec.train.resume), and stops on request (hybridrec.train.preemption) or at
 `eval.target_auc` / `eval.target_rmse`; with `eval.final_split` it then scores that whole
-split once (its own metrics row, the last). The loss is model.task's (hybridrec.model.task). The
-trainer reaches embedding modules only through hybridrec.sparse.api.
+split once (its own metrics row, the last). The loss is model.task's, or the model's own
+(hybridrec.train.objective); model.task=retrieval evaluates top-K lists over the whole
+catalogue (hybridrec.train.topk). The trainer reaches embedding modules only through
+hybridrec.sparse.api.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from hybridrec.data.build import steps_for_epochs, warn_many_epochs
 from hybridrec.distributed import failure
 from hybridrec.distributed.comm import all_reduce_sum, any_rank
 from hybridrec.distributed.env import DistEnv
-from hybridrec.model import task_of
+from hybridrec.model.task import task_outputs
 from hybridrec.optim import LRSchedule, build_dense_optimizer
 from hybridrec.shard import declarations
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, embedding_modules
@@ -46,10 +48,12 @@ from hybridrec.train.evaluator import evaluate
 from hybridrec.train.health import NonFiniteWatch
 from hybridrec.train.loggers import NullLogger, truncate_metrics
 from hybridrec.train.metrics import reached_target
+from hybridrec.train.objective import Objective
 from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.train.resume import Checkpointer, check_resume
+from hybridrec.train.topk import CatalogueEval, TopKLists, evaluate_retrieval
 from hybridrec.types import Batch, KeyedIds
 
 log = logging.getLogger("hybridrec")
@@ -78,7 +82,10 @@ class Trainer:
         opts = [opt for m in self.embeddings for opt in m.sparse_optimizers()]
         self._sparse_opts = list({id(o): o for o in opts}.values())  # each shared one once
         self.lr = (cfg.optim.dense.lr, cfg.optim.sparse.lr)  # (dense, sparse) of the last step
-        self.loss = task_of(cfg.model.task).loss  # mean over this rank's slice
+        # the loss (model.task's or the model's own; a mean over this rank's slice), and for
+        # retrieval the forward's negatives and the dataset's interactions
+        self.objective = Objective(cfg, env, self.model, self.source, self.features)
+        self._stage_step = 0  # the training step whose batch the pipeline stages
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
         self.autocast = torch.autocast(
@@ -117,11 +124,12 @@ class Trainer:
 
     def score(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The model's raw outputs [B] fp32 for dense [B, F] and ids [B, H] (its forward)."""
-        return self.model(dense, self.keyed(ids)).float()
+        return task_outputs(self.model(dense, self.keyed(ids)))
 
     def module_ids(self, module: EmbeddingModule, ids: torch.Tensor) -> torch.Tensor:
-        """The columns of a batch's ids [B, H] that embedding `module` looks up."""
-        return self.tables[id(module)].select(self.keyed(ids))
+        """The ids embedding `module` looks up for the batch of ids [B, H] being staged (its
+        columns; Objective.stage_ids)."""
+        return self.objective.stage_ids(self.tables[id(module)], self.keyed(ids), self._stage_step)
 
     def module_counts(self, module: EmbeddingModule, counts: IdCounts) -> IdCounts:
         """The data's id counts by the dataset's feature index, as `module` indexes them."""
@@ -188,11 +196,13 @@ class Trainer:
             dense = batch.dense
             if self.dense_checks:
                 dense = self.dense_checks["train"](dense, self.step, self.env.rank * batch.size)
+            keyed, extra = self.keyed(batch.ids), self.objective.forward_kwargs(self.step + 1)
             # DDP's own forward collective (its bucket rebuild, in step 2) is named too
             with timing.phase("forward"), self.autocast, self._ddp_exchange("DDP forward"):
-                logits = self.score(dense, batch.ids)
-            loss = self.loss(logits, batch.labels)
+                outputs = self.model(dense, keyed, **extra)
+            loss = self.objective.loss(outputs, batch, keyed, extra)
             if pipeline is not None:
+                self._stage_step = self.step + 2  # the next batch trains at the step after
                 pipeline.prefetch_next()
             self.dense_opt.zero_grad(set_to_none=True)
             if self.cfg.train.nonfinite == "skip" and not self.nonfinite.all_finite(loss):
@@ -252,6 +262,8 @@ class Trainer:
         (hybridrec.train.evaluator)."""
         with timing.active(self.timer), failure.at(f"evaluation after step {self.step}"):
             self.model.eval()
+            if self.objective.interactions is not None:
+                return self.evaluate_topk(split, whole)[0]
             return evaluate(
                 self.score,
                 self.loader(split),
@@ -266,6 +278,34 @@ class Trainer:
                 chunk=self.local_batch if any(m.prefetches for m in self.embeddings) else None,
                 check_dense=self.dense_checks.get("eval"),
             )
+
+    def evaluate_topk(
+        self, split: str = "eval", whole: bool = False, lists: bool = False
+    ) -> tuple[dict[str, float], TopKLists | None]:
+        """model.task=retrieval: HR@K, Recall@K, NDCG@K (eval.topk) over the whole catalogue
+        (hybridrec.train.topk), and with `lists` each user's top-K; in eval mode."""
+        self.model.eval()
+        name = self.cfg.data.eval_split if split == "eval" else split
+        objective = self.objective
+        assert objective.interactions is not None, "a retrieval model's evaluation"
+        # host caches hold one training batch's rows: look up in chunks that fit
+        chunk = self.local_batch if any(m.prefetches for m in self.embeddings) else None
+        run = CatalogueEval(
+            objective.interactions, name, self.env, objective.user_rows, chunk or 8192
+        )
+        return evaluate_retrieval(
+            objective.model,
+            run,
+            self.loader(split),
+            self.keyed,
+            self.cfg.eval.batch_size,
+            None if whole else self.cfg.eval.batches,
+            self.cfg.eval.topk,
+            self.autocast,
+            self.check_inputs,
+            chunk=chunk,
+            lists=lists,
+        )
 
     def _eval_rows(self, split: str = "eval") -> int | None:
         """Rows of a held-out split (a file source; None for an endless stream)."""
