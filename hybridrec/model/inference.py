@@ -5,6 +5,8 @@
 
 `predict` gives what model.task (in the exported config) predicts: click probabilities
 (sigmoid of the output) for binary, the raw output for regression (hybridrec.model.task).
+A retrieval model loads as a RetrievalExport: `topk(dense, ids, k, exclude)` ranks the
+catalogue the file holds (hybridrec-export --retrieval) for each row's user.
 
 The model class the config names, its tables as plain `nn.EmbeddingBag`s (each feature pooled by
 sum or mean, as trained: hybridrec.model.local): the function the trainer computes, without its
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -34,11 +37,14 @@ from torch import nn
 from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.local import LocalTables, attach_local
 from hybridrec.model.registry import MODELS, import_class, make_model
+from hybridrec.model.retrieval import NO_ITEM, decode_keys, order_keys, top_keys
 from hybridrec.model.task import task_of, task_outputs
 from hybridrec.safeload import load_tensors
 from hybridrec.types import TASKS, KeyedIds, hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
+# a retrieval export's catalogue (hybridrec-export --retrieval): item ids [N], vectors [N, D]
+ITEM_IDS, ITEM_VECTORS = "retrieval.item_ids", "retrieval.item_vectors"
 
 
 class PredictInputError(ValueError):
@@ -134,6 +140,70 @@ class InferenceModel(Scorer):
         return out
 
 
+class RetrievalExport(InferenceModel):
+    """A retrieval model (model.task=retrieval) for serving: its towers, and the catalogue's
+    item vectors when the file has them (`hybridrec-export --retrieval`): `item_ids` [N]
+    (the item feature's ids, ascending) and `item_vectors` [N, D], what an ANN index holds.
+
+    `query(dense, ids)` -> user vectors [B, D]; `topk(dense, ids, k, exclude)` -> (item ids
+    [B, k], scores [B, k]), every item scored, higher first, equal scores by lower item id
+    (the trainer's evaluation order: hybridrec.model.retrieval), -1 past the items left;
+    forward (and predict) score each row's own item: <query, candidate> [B]."""
+
+    item_ids: torch.Tensor | None = None
+    item_vectors: torch.Tensor | None = None
+
+    def __init__(self, cfg: ModelConfig, cls: type[nn.Module]) -> None:
+        super().__init__(cfg, cls)
+        self.item_feature = self.net.item_feature
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        keyed = KeyedIds(ids, self.names, self.hotness)
+        items = keyed.select([self.item_feature], [1]).view(-1)
+        return (self.net.query(dense, keyed) * self.net.candidates(items)).sum(1).float()
+
+    @torch.no_grad()
+    def query(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """User vectors [B, D] of rows dense [B, F], ids [B, H] (inputs checked; only the
+        user tower's features are read, the others may hold any valid id)."""
+        self.check_inputs(dense, ids)
+        self.eval()
+        return self.net.query(dense, KeyedIds(ids, self.names, self.hotness)).float()
+
+    @torch.no_grad()
+    def candidates(self, item_ids: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+        """Item vectors [n, D] of item ids [n] (the item tower), in chunks of `chunk`."""
+        self.eval()
+        parts = [
+            self.net.candidates(item_ids[a : a + chunk]) for a in range(0, len(item_ids), chunk)
+        ]
+        return torch.cat(parts).float() if parts else torch.empty(0)
+
+    @torch.no_grad()
+    def topk(
+        self,
+        dense: torch.Tensor,
+        ids: torch.Tensor,
+        k: int,
+        exclude: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best items of the catalogue for each row's user (class docstring);
+        `exclude[i]`: item ids row i must not get (the items its user has met)."""
+        if self.item_ids is None or self.item_vectors is None:
+            raise ValueError(
+                "this export has no item vectors: write it with hybridrec-export --retrieval"
+            )
+        q = self.query(dense, ids)
+        scores = q @ self.item_vectors.T  # [B, N]
+        keys = order_keys(scores, self.item_ids.unsqueeze(0))
+        if exclude is not None:
+            where = {int(i): n for n, i in enumerate(self.item_ids.tolist())}
+            for row, items in enumerate(exclude):
+                cols = [where[int(i)] for i in items if int(i) in where]
+                keys[row, cols] = NO_ITEM
+        return decode_keys(top_keys(keys, k))
+
+
 def model_config(path: Path, text: object, trust_import: bool = False) -> ModelConfig:
     """The model config an export carries: a JSON object of ModelConfig fields with a
     registered `arch`. Anything else (an unknown key or architecture) is refused naming the
@@ -194,7 +264,7 @@ def load_export(
             f"model._target_={cfg._target_}: building it imports it; pass trust_import=True"
         )
     cls = import_class(cfg._target_) if cfg._target_ else MODELS[cfg.arch]
-    model = InferenceModel(cfg, cls)
+    model = (RetrievalExport if cfg.task == "retrieval" else InferenceModel)(cfg, cls)
     params = model.expected()
     weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
     expected = {k: list(v.shape) for k, v in params.items()}
@@ -211,4 +281,7 @@ def load_export(
     with torch.no_grad():
         for k, v in params.items():
             v.copy_(weights[k])
+    if isinstance(model, RetrievalExport) and ITEM_IDS in state:
+        model.item_ids = state[ITEM_IDS].long()
+        model.item_vectors = state[ITEM_VECTORS].float()
     return model.eval()

@@ -78,15 +78,15 @@ class TwoTower(nn.Module):
         known = [f.name for f in features]
         users = _feature_list("user_features", user_features, known)
         items = _feature_list("item_features", item_features, known)
-        both = sorted(set(users) & set(items))
-        if both:
-            raise ValueError(f"model.args: features {both} are in both towers; give each one")
         self.retrieval = task == "retrieval"
         if self.retrieval and len(items) != 1:
             raise ValueError(
                 f"two_tower with model.task=retrieval: the item tower reads one feature, the "
                 f"item id (its ids are the catalogue), got model.args.item_features={items}"
             )
+        both = sorted(set(users) & set(items))
+        if both:
+            raise ValueError(f"model.args: features {both} are in both towers; give each one")
         self.user_feature, self.item_feature = users[0], items[0]
         self.normalize = bool(normalize)
         self.users, self.items = mirror(features, users), mirror(features, items)

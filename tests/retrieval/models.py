@@ -71,3 +71,20 @@ class RegularisedRetrieval(nn.Module):
         own = (query.square().sum(1) + candidates[:b].square().sum(1)).mean()
         shared = candidates[b:].square().sum(1).mean() if candidates.shape[0] > b else 0.0
         return batch.task_loss(outputs) + self.l2 * (own + shared)
+
+
+class DotOnly(nn.Module):
+    """A dot product of a user and an item row: a scoring model, not a retrieval one (no
+    query, candidates, user_feature or item_feature)."""
+
+    def __init__(self, features, dim: int = 8):
+        super().__init__()
+        rows = {f.name: f.num_rows for f in features}
+        self.tables = hybridrec.EmbeddingTables(
+            [hybridrec.Table("user_id", rows["user_id"], dim),
+             hybridrec.Table("item_id", rows["item_id"], dim)]
+        )  # fmt: skip
+
+    def forward(self, dense, ids):  # noqa: ANN001, ANN201
+        pooled = self.tables(ids)
+        return (pooled["user_id"] * pooled["item_id"]).sum(1)
