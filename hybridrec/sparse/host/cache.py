@@ -229,7 +229,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         if slots.numel():
             self._evicted_early |= (slots < 0).any()
             slots = slots.clamp(min=0)
-        self.dirty[slots] = True
+        self.dirty.index_fill_(0, slots, True)  # a scalar argument: no copy to the device
         self._protected = None
         return self.cache_weight, self.cache_state(), slots
 

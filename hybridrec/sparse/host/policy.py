@@ -65,10 +65,11 @@ def eviction_scores(
     score: torch.Tensor, free_slots: torch.Tensor, keep: torch.Tensor
 ) -> torch.Tensor:
     """[C]: `score` [C] with inf for the free slots and for `keep` (slots; -1 ignored): the
-    finite entries are the slots an eviction may take."""
+    finite entries are the slots an eviction may take. No host sync: index_fill_ takes its
+    value as a kernel argument (`masked[i] = inf` would copy it from pageable host memory)."""
     C = score.numel()
     masked = torch.cat([score, score.new_zeros(1)])  # [C + 1]: index C takes the -1s
-    masked[free_slots] = float("inf")  # taken first, before any eviction
+    masked.index_fill_(0, free_slots, float("inf"))  # taken first, before any eviction
     masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
     return masked[:C]
 
