@@ -55,10 +55,10 @@ def slot_scores(freq: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
     return torch.where(used, freq.index_select(0, row_of_slot.clamp(min=0)), 0.0)
 
 
-def kept(slots: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
-    """Slots new rows may not take: this batch's (`slots`, -1 for its misses) and those
-    whose backward is pending (`protected`)."""
-    return slots if protected is None else torch.cat([slots, protected])
+def kept(*slots: torch.Tensor | None) -> torch.Tensor:
+    """Slots new rows may not take, one tensor: this batch's (-1 for its misses), those
+    whose backward is pending, those a prefetch admitted for its lookup (None: none)."""
+    return torch.cat([s for s in slots if s is not None])
 
 
 def eviction_scores(
