@@ -7,11 +7,13 @@ lookups as each rank's starting point. Host tables, pinned or not, are planned t
 one cache budget covers them all. The finished plan is checked against the per-rank budget
 with the memory model (`rank_memory`); a plan over it raises PlannerError naming every rank.
 Pure and deterministic: the same arguments give the same plan on every rank; tables keep
-their input order.
+their input order. It logs one line (INFO, shown on rank 0) when the host caches' floor
+makes a cache larger than sharding.cache_fraction or cache_gb ask.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -29,6 +31,7 @@ from hybridrec.planner.placement import (
     _plan_host,
     _plan_table_wise,
     _rw_plan,
+    raised_caches_note,
 )
 from hybridrec.planner.types import (
     NO_OPTIMIZER_STATE,
@@ -39,6 +42,8 @@ from hybridrec.planner.types import (
     human_bytes,
 )
 from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan, storage_tables
+
+log = logging.getLogger("hybridrec")
 
 # the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
 MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
@@ -179,6 +184,9 @@ def plan_sharding(
 
     plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
     _check_fits(plan, tables, mode, ctx)
+    note = raised_caches_note(plan.tables, tables, ctx, cache or CachePolicy())
+    if note is not None:  # the request was not what the run gets: say so, and why
+        log.info(note)
     return plan
 
 
