@@ -14,7 +14,7 @@ makes a cache larger than sharding.cache_fraction or cache_gb ask.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from hybridrec.planner.auto import OVER_BUDGET, _plan_auto, _plan_auto_host
@@ -46,7 +46,38 @@ from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan, sto
 log = logging.getLogger("hybridrec")
 
 # the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
-MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
+
+
+def _plan_row_wise(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base
+) -> dict[str, TablePlan]:
+    """Every table split into one row range per rank (fewer for tables of fewer rows)."""
+    world = ctx.world
+    ranges = "row range"
+    return {
+        t.name: _rw_plan(t, world, f"row_wise: {_count(min(world, t.num_rows), ranges)}")
+        for t in tables
+    }
+
+
+def _plan_data_parallel(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base
+) -> dict[str, TablePlan]:
+    """Every table replicated on every rank."""
+    why = f"data_parallel: replicated on {_count(ctx.world, 'rank')}"
+    return {t.name: _dp_plan(t, ctx.world, why) for t in tables}
+
+
+# A mode that places every table one way: its rule (tables, context, what is placed already)
+# -> their plans. The runtime reads what each resulting ShardingType means from its traits
+# (hybridrec.types.MODE_TRAITS), so a mode is its rule here, its traits and a conf file.
+RULES: dict[str, Callable[[Sequence[TableConfig], _Context, _Base], dict[str, TablePlan]]] = {
+    "table_wise": _plan_table_wise,
+    "column_wise": _plan_column_wise,
+    "row_wise": _plan_row_wise,
+    "data_parallel": _plan_data_parallel,
+}
+MODES = (*RULES, "auto", "host")
 PINNED = "pinned by sharding.tables: "
 
 
@@ -144,26 +175,8 @@ def plan_sharding(
         plans.update(host_plans)
         base = base.plus(_Base.of(host_plans.values(), by_name, ctx))
         host = []
-    if mode == "table_wise":
-        plans.update(_plan_table_wise(free, ctx, base))
-    elif mode == "column_wise":
-        plans.update(_plan_column_wise(free, ctx, base))
-    elif mode == "row_wise":
-        plans.update(
-            {
-                t.name: _rw_plan(
-                    t, world, f"row_wise: {_count(min(world, t.num_rows), 'row range')}"
-                )
-                for t in free
-            }
-        )
-    elif mode == "data_parallel":
-        plans.update(
-            {
-                t.name: _dp_plan(t, world, f"data_parallel: replicated on {_count(world, 'rank')}")
-                for t in free
-            }
-        )
+    if mode in RULES:
+        plans.update(RULES[mode](free, ctx, base))
     elif mode == "auto" and free:
         # one rank: a replica is the table whole on that rank, so place it like the others
         # (one fused group, no replica sync)
