@@ -116,28 +116,31 @@ def replay(
     total = args.warmup + args.steps
     distinct = args.cycle or total
 
-    def inputs(step: int) -> tuple[list[LookupInput], torch.Tensor]:
+    def inputs(step: int) -> tuple:
+        """The group's lookup of batch `step`: (rows, bags, scale, bags per table)."""
         ids = source.batch(step % distinct, b).ids
         per_table = []
         for t, table in enumerate(tables):
             col = ids[:, offsets[t] : offsets[t + 1]].reshape(-1)
             per_table.append(LookupInput(col, regular_bags(b, table.hotness, col.device), b))
-        return per_table, group.flatten(per_table)[0]  # the group rows, for prefetch
+        return group.flatten(per_table)
 
     start = time.perf_counter()
     counts = getattr(source, "id_counts", None)
     if counts is not None and not cold:  # as the trainer: the hottest rows first
         freq = torch.cat([torch.from_numpy(counts(t)).double() for t in range(len(tables))])
         group.warm_start(freq, b * sum(t.hotness for t in tables))
-    current = inputs(0)
+    current, prefetched = inputs(0), None
     for step in range(total):
         if step == args.warmup:
             group.take_stats()
             selections = group.evictions
-        out = group(current[0])
+        rows, bags, scale, sizes = current
+        out = group.lookup(rows, bags, scale, sum(sizes), prefetched=prefetched)
         upcoming = inputs(step + 1)
-        group.prefetch(upcoming[1])  # as the trainer: the next batch's rows, before backward
-        sum(o.sum() for o in out).backward()
+        # as the trainer: the next batch's rows, before backward; its lookup takes them
+        prefetched = group.prefetch(upcoming[0])
+        out.sum().backward()
         current = upcoming
     st = group.take_stats()
     selections = (group.evictions - selections) / args.steps

@@ -19,6 +19,18 @@ from enum import Enum
 import torch
 
 
+@dataclass(frozen=True)
+class ModeTraits:
+    """What a sharding mode means to the runtime (hybridrec.sparse): the layout and the
+    exchanges read these, never a mode's name. A mode that only combines them needs no
+    exchange code of its own: its planner rule (hybridrec.planner.plan.RULES), its entry
+    here and a conf/sharding/<mode>.yaml."""
+
+    replicated: bool = False  # every rank holds the table whole; gradients synced
+    partial_sums: bool = False  # units hold row ranges: pooled partial sums added in shard order
+    concatenated: bool = False  # units hold column ranges: outputs concatenated
+
+
 class ShardingType(str, Enum):
     """How one table is split across ranks."""
 
@@ -26,6 +38,18 @@ class ShardingType(str, Enum):
     COLUMN_WISE = "column_wise"  # column slices [rows, d_i] on several ranks, outputs concatenated
     ROW_WISE = "row_wise"  # row ranges on several ranks, partial pooled sums added
     DATA_PARALLEL = "data_parallel"  # replicated on every rank, gradients gathered
+
+    @property
+    def traits(self) -> ModeTraits:
+        return MODE_TRAITS[self]
+
+
+MODE_TRAITS = {
+    ShardingType.TABLE_WISE: ModeTraits(),
+    ShardingType.COLUMN_WISE: ModeTraits(concatenated=True),
+    ShardingType.ROW_WISE: ModeTraits(partial_sums=True),
+    ShardingType.DATA_PARALLEL: ModeTraits(replicated=True),
+}
 
 
 # What `sharding.tables` may pin one table to: a ShardingType, or host memory behind a device

@@ -35,3 +35,13 @@ def sample_tsv() -> Path:
             "does when ../shared/data/ holds it)"
         )
     return sample_path(None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_process_groups():
+    """The equivalence suites' process groups (tests/distributed/harness.py run_shared) live
+    for the session; each rank exits 0 at its end."""
+    yield
+    from tests.distributed.harness import close_shared
+
+    close_shared()

@@ -1,7 +1,7 @@
 """Row optimizer updates on the touched rows: one Triton launcher for every optimizer.
 
 `update(opt, weight, state, rows, grads, step, row_sq_mean, count=)` runs one step of row
-optimizer `opt` (hybridrec.kernels.rows.RowMaths: SparseSGD, SparseAdagrad, RowWiseAdagrad,
+optimizer `opt` (hybridrec.kernels.maths.RowMaths: SparseSGD, SparseAdagrad, RowWiseAdagrad,
 SparseAdam of hybridrec.optim.sparse) on weight rows `rows`. The launcher checks the inputs,
 sizes the grid and launches one of two kernels, each calling the optimizer's maths
 (`opt.triton`, a device function passed as a constexpr):
@@ -26,8 +26,6 @@ Legend: R = weight rows, D = width, U = rows updated (rows given, or count).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from hybridrec.kernels import _common
@@ -43,10 +41,8 @@ from hybridrec.kernels._common import (
     tl,
     triton,
 )
+from hybridrec.kernels.maths import RowMaths
 from hybridrec.types import StateKind
-
-if TYPE_CHECKING:
-    from hybridrec.kernels.rows import RowMaths
 
 UPDATE_ROWS = 2048  # rows x columns per program of element-wise updates (rows = this // block_d)
 MAX_STATES = 2  # state tensors the kernels take (s0, s1)

@@ -53,7 +53,7 @@ _CLASSES: dict[str, type[SparseOptimizer]] = {}
 
 
 class SparseOptimizer:
-    """A row optimizer (hybridrec.sparse.fused.RowOptimizer; hybridrec.kernels.rows.RowMaths).
+    """A row optimizer (hybridrec.sparse.fused.RowOptimizer; hybridrec.kernels.maths.RowMaths).
 
     A subclass sets `name` (a key of SPARSE_OPTIMIZER_STATE: its state), `triton`, `native`
     and, if its maths reads each row's mean of g^2 over the full width, `needs_full_row_stat`;

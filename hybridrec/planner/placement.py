@@ -260,19 +260,28 @@ def _plan_column_wise(
     return plans
 
 
+def _host_fraction(
+    tables: Sequence[TableConfig], ctx: _Context, cache: CachePolicy
+) -> float | None:
+    """With `cache.gb`: the one fraction of every host table's rows such that the fullest
+    rank's caches take cache.gb GiB; else None (cache.fraction)."""
+    if cache.gb is None:
+        return None
+    per_rank = [0] * ctx.world
+    for t in tables:
+        for r, (a, b) in enumerate(row_ranges(t.num_rows, min(ctx.world, t.num_rows))):
+            per_rank[r] += (b - a) * cache_row_bytes(t.dim, ctx.optimizer, ctx.weight_bytes)
+    return min(1.0, cache.gb * GIB / max(1, max(per_rank)))
+
+
 def _plan_host(
     tables: Sequence[TableConfig], ctx: _Context, cache: CachePolicy, why: str = ""
 ) -> dict[str, TablePlan]:
     """Every table in host memory: on W ranks, row range i of each table on rank i, each
     range with its own device cache (sized by `cache`; with `cache.gb`, one fraction for all
-    tables such that the fullest rank's caches take cache.gb GiB)."""
-    fraction = None
-    if cache.gb is not None:
-        per_rank = [0] * ctx.world
-        for t in tables:
-            for r, (a, b) in enumerate(row_ranges(t.num_rows, min(ctx.world, t.num_rows))):
-                per_rank[r] += (b - a) * cache_row_bytes(t.dim, ctx.optimizer, ctx.weight_bytes)
-        fraction = min(1.0, cache.gb * GIB / max(1, max(per_rank)))
+    tables such that the fullest rank's caches take cache.gb GiB). A reason names a cache
+    the floor (`cache.min_batches` batches' ids) made larger than asked."""
+    fraction = _host_fraction(tables, ctx, cache)
     plans = {}
     for t in tables:
         ranges = row_ranges(t.num_rows, min(ctx.world, t.num_rows))
@@ -286,5 +295,35 @@ def _plan_host(
         reason = (
             f"{why}host memory, device cache {cached:,} rows ({100 * cached / t.num_rows:.3g}%)"
         )
+        if cached > sum(cache.asked(s.num_rows, fraction) for s in shards):
+            reason += f", raised to hold {cache.min_batches} batches' ids"
         plans[t.name] = TablePlan(t.name, kind, shards, reason)
     return plans
+
+
+def raised_caches_note(
+    plans: Iterable[TablePlan], tables: Sequence[TableConfig], ctx: _Context, cache: CachePolicy
+) -> str | None:
+    """One line saying which host tables' caches the floor made larger than `cache` asks
+    for, and why (None: none). `plans`: the finished plan's tables."""
+    by_name = {t.name: t for t in tables}
+    host = [tp for tp in plans if any(s.on_host for s in tp.shards)]
+    fraction = _host_fraction([by_name[tp.table] for tp in host], ctx, cache)
+    raised = []
+    for tp in host:
+        cached = sum(s.cache_rows for s in tp.shards)
+        if cached > sum(cache.asked(s.num_rows, fraction) for s in tp.shards):
+            raised.append(f"{tp.table} {100 * cached / by_name[tp.table].num_rows:.3g}%")
+    if not raised:
+        return None
+    asked = (
+        f"sharding.cache_fraction={cache.fraction:g}"
+        if fraction is None
+        else f"sharding.cache_gb={cache.gb:g} ({100 * fraction:.3g}% of rows)"
+    )
+    shown = ", ".join(raised[:8]) + (f" and {len(raised) - 8} more" if len(raised) > 8 else "")
+    return (
+        f"host caches larger than {asked} asks: {shown} of their rows; a cache holds at least "
+        f"{cache.min_batches} batches' ids (one step's rows and the next step's prefetched "
+        f"ones, at a global batch of {ctx.batch:,}) and at most the whole table"
+    )

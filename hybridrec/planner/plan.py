@@ -7,12 +7,14 @@ lookups as each rank's starting point. Host tables, pinned or not, are planned t
 one cache budget covers them all. The finished plan is checked against the per-rank budget
 with the memory model (`rank_memory`); a plan over it raises PlannerError naming every rank.
 Pure and deterministic: the same arguments give the same plan on every rank; tables keep
-their input order.
+their input order. It logs one line (INFO, shown on rank 0) when the host caches' floor
+makes a cache larger than sharding.cache_fraction or cache_gb ask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from hybridrec.planner.auto import OVER_BUDGET, _plan_auto, _plan_auto_host
@@ -29,6 +31,7 @@ from hybridrec.planner.placement import (
     _plan_host,
     _plan_table_wise,
     _rw_plan,
+    raised_caches_note,
 )
 from hybridrec.planner.types import (
     NO_OPTIMIZER_STATE,
@@ -40,8 +43,41 @@ from hybridrec.planner.types import (
 )
 from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan, storage_tables
 
+log = logging.getLogger("hybridrec")
+
 # the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
-MODES = ("table_wise", "column_wise", "row_wise", "data_parallel", "auto", "host")
+
+
+def _plan_row_wise(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base
+) -> dict[str, TablePlan]:
+    """Every table split into one row range per rank (fewer for tables of fewer rows)."""
+    world = ctx.world
+    ranges = "row range"
+    return {
+        t.name: _rw_plan(t, world, f"row_wise: {_count(min(world, t.num_rows), ranges)}")
+        for t in tables
+    }
+
+
+def _plan_data_parallel(
+    tables: Sequence[TableConfig], ctx: _Context, base: _Base
+) -> dict[str, TablePlan]:
+    """Every table replicated on every rank."""
+    why = f"data_parallel: replicated on {_count(ctx.world, 'rank')}"
+    return {t.name: _dp_plan(t, ctx.world, why) for t in tables}
+
+
+# A mode that places every table one way: its rule (tables, context, what is placed already)
+# -> their plans. The runtime reads what each resulting ShardingType means from its traits
+# (hybridrec.types.MODE_TRAITS), so a mode is its rule here, its traits and a conf file.
+RULES: dict[str, Callable[[Sequence[TableConfig], _Context, _Base], dict[str, TablePlan]]] = {
+    "table_wise": _plan_table_wise,
+    "column_wise": _plan_column_wise,
+    "row_wise": _plan_row_wise,
+    "data_parallel": _plan_data_parallel,
+}
+MODES = (*RULES, "auto", "host")
 PINNED = "pinned by sharding.tables: "
 
 
@@ -139,26 +175,8 @@ def plan_sharding(
         plans.update(host_plans)
         base = base.plus(_Base.of(host_plans.values(), by_name, ctx))
         host = []
-    if mode == "table_wise":
-        plans.update(_plan_table_wise(free, ctx, base))
-    elif mode == "column_wise":
-        plans.update(_plan_column_wise(free, ctx, base))
-    elif mode == "row_wise":
-        plans.update(
-            {
-                t.name: _rw_plan(
-                    t, world, f"row_wise: {_count(min(world, t.num_rows), 'row range')}"
-                )
-                for t in free
-            }
-        )
-    elif mode == "data_parallel":
-        plans.update(
-            {
-                t.name: _dp_plan(t, world, f"data_parallel: replicated on {_count(world, 'rank')}")
-                for t in free
-            }
-        )
+    if mode in RULES:
+        plans.update(RULES[mode](free, ctx, base))
     elif mode == "auto" and free:
         # one rank: a replica is the table whole on that rank, so place it like the others
         # (one fused group, no replica sync)
@@ -179,6 +197,9 @@ def plan_sharding(
 
     plan = ShardingPlan(world, tuple(plans[t.name] for t in tables))
     _check_fits(plan, tables, mode, ctx)
+    note = raised_caches_note(plan.tables, tables, ctx, cache or CachePolicy())
+    if note is not None:  # the request was not what the run gets: say so, and why
+        log.info(note)
     return plan
 
 

@@ -155,9 +155,13 @@ class CachePolicy:
 
     def rows(self, shard_rows: int, ids_per_step: int, fraction: float | None = None) -> int:
         """Cache rows for a shard of `shard_rows` rows that receives `ids_per_step` ids."""
-        want = math.ceil((self.fraction if fraction is None else fraction) * shard_rows)
         floor = min(shard_rows, self.min_batches * ids_per_step)
-        return max(1, min(shard_rows, max(want, floor)))
+        return max(1, min(shard_rows, max(self.asked(shard_rows, fraction), floor)))
+
+    def asked(self, shard_rows: int, fraction: float | None = None) -> int:
+        """The rows `fraction` (default: self.fraction) asks for, before the floor."""
+        want = math.ceil((self.fraction if fraction is None else fraction) * shard_rows)
+        return max(1, min(shard_rows, want))
 
 
 def human_bytes(n: float) -> str:

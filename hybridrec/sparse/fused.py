@@ -107,17 +107,19 @@ class _GroupLookup(torch.autograd.Function):
         num_bags: int,
         out_dtype: torch.dtype,
         row_sq: RowSqSource | None,
+        prefetched: Any,
     ) -> torch.Tensor:
         ctx.group, ctx.row_sq = group, row_sq
         ctx.save_for_backward(rows, bags, scale)
-        return group.pool(rows, bags, scale, num_bags, out_dtype)
+        pooled, ctx.segments = group.pool(rows, bags, scale, num_bags, out_dtype, prefetched, True)
+        return pooled
 
     @staticmethod
     def backward(ctx: Any, grad_pooled: torch.Tensor) -> tuple:  # type: ignore[override]
         rows, bags, scale = ctx.saved_tensors
         row_sq = ctx.row_sq() if ctx.row_sq is not None else None
-        ctx.group.apply_gradient(rows, bags, scale, grad_pooled, row_sq)
-        return torch.zeros(0, device=grad_pooled.device), None, None, None, None, None, None, None
+        ctx.group.apply_gradient(rows, bags, scale, grad_pooled, row_sq, ctx.segments)
+        return (torch.zeros(0, device=grad_pooled.device), *(None,) * 8)
 
 
 class FusedEmbedding(nn.Module):
@@ -232,14 +234,18 @@ class FusedEmbedding(nn.Module):
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
         row_sq: RowSqSource | None = None,
+        prefetched: Any = None,
     ) -> torch.Tensor:
         """pooled [num_bags, D] (out_dtype, summed in fp32) of group rows `rows` [N] (bags [N]
         non-decreasing, in any bag order the caller likes); training applies the optimizer
-        in the backward, which takes the gradient in out_dtype and sums it in fp32."""
+        in the backward, which takes the gradient in out_dtype and sums it in fp32.
+        `prefetched`: what this group's prefetch() returned for these rows (host caches)."""
         if torch.is_grad_enabled() and self.optimizer is not None:
             anchor = torch.zeros(0, device=self.row_offsets.device, requires_grad=True)
-            return _GroupLookup.apply(anchor, self, rows, bags, scale, num_bags, out_dtype, row_sq)
-        return self.pool(rows, bags, scale, num_bags, out_dtype)
+            return _GroupLookup.apply(
+                anchor, self, rows, bags, scale, num_bags, out_dtype, row_sq, prefetched
+            )
+        return self.pool(rows, bags, scale, num_bags, out_dtype, prefetched)[0]
 
     def pool(
         self,
@@ -248,14 +254,16 @@ class FusedEmbedding(nn.Module):
         scale: torch.Tensor | None,
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
-    ) -> torch.Tensor:
-        """pooled [num_bags, D] of group rows `rows` [N] (see hybridrec.kernels.lookup.pool)."""
-        return pool(self.weight, rows, bags, scale, num_bags, out_dtype)
-
-    def _sorted_segments(self, rows: torch.Tensor) -> Segments | None:
-        """hybridrec.kernels.segment.sorted_segments(rows) when the lookup made it already (a
-        host cache's admission sorts the same rows), else None."""
-        return None
+        prefetched: Any = None,
+        training: bool = False,
+    ) -> tuple[torch.Tensor, Segments | None]:
+        """(pooled [num_bags, D] of group rows `rows` [N] (hybridrec.kernels.lookup.pool),
+        segment.sorted_segments(rows) when the lookup made it (a host cache's admission sorts
+        the rows: the backward's dedupe then takes it), else None). `training`: the backward
+        will update these rows. A device group has no prefetch."""
+        if prefetched is not None:
+            raise TypeError("a device-resident group has no prefetch to take")
+        return pool(self.weight, rows, bags, scale, num_bags, out_dtype), None
 
     def _update_target(
         self, unique_rows: torch.Tensor
@@ -271,9 +279,11 @@ class FusedEmbedding(nn.Module):
         scale: torch.Tensor | None,
         grad_pooled: torch.Tensor,
         row_sq: RowSq | None = None,
+        segments: Segments | None = None,
     ) -> None:
         """Deduplicate the rows' gradients and let the optimizer update them in place;
-        `row_sq`: full-row statistics for some shards (see `update_rows`)."""
+        `row_sq`: full-row statistics for some shards (see `update_rows`); `segments`: the
+        sort of `rows` the lookup made, if it did (see `pool`)."""
         with timing.phase("sparse_update"):
             if not row_sq and available(grad_pooled):
                 # Triton: dedupe into buffers padded to N, the distinct-row count stays on the
@@ -283,7 +293,7 @@ class FusedEmbedding(nn.Module):
                     rows,
                     bags,
                     scale_tensor(scale, rows),
-                    segments=self._sorted_segments(rows),
+                    segments=segments,
                 )
                 self.update_rows(rows_pad, grads_pad, count)
                 return

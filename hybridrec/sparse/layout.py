@@ -30,7 +30,6 @@ import torch
 from hybridrec.sparse.costs import id_wire_bytes
 from hybridrec.types import (
     ShardingPlan,
-    ShardingType,
     ShardSpec,
     TableConfig,
     hot_offsets,
@@ -104,10 +103,10 @@ class ShardedLayout:
         units_on: list[list[Unit]] = [[] for _ in range(plan.world_size)]
         dp_tables = []
         for i, tp in enumerate(plan.tables):
-            if tp.sharding == ShardingType.DATA_PARALLEL:
+            if tp.sharding.traits.replicated:
                 dp_tables.extend(users[i])
                 continue
-            row_wise = tp.sharding == ShardingType.ROW_WISE
+            row_wise = tp.sharding.traits.partial_sums
             for s in tp.shards:
                 units_on[s.rank].extend(Unit(f, tables[f], s, row_wise, i) for f in users[i])
         for q, units in enumerate(units_on):  # group by group, each keeping its units' order
@@ -120,7 +119,7 @@ class ShardedLayout:
         table_units = {
             f: [position[(f, s)] for s in plan.tables[i].shards]
             for f, i in enumerate(storage_of)
-            if plan.tables[i].sharding != ShardingType.DATA_PARALLEL
+            if not plan.tables[i].sharding.traits.replicated
         }
         group_units: dict[str, list[int]] = {}
         for k, u in enumerate(units_on[rank]):
@@ -132,7 +131,7 @@ class ShardedLayout:
         if full_row_stat:
             for k, u in enumerate(units_on[rank]):
                 tp = plan.tables[u.storage_index]
-                if tp.sharding == ShardingType.COLUMN_WISE:
+                if tp.sharding.traits.concatenated:
                     peers[k] = [s.rank for s in tp.shards if s.rank != rank]
         return ShardedLayout(
             tables,
@@ -251,7 +250,7 @@ class ShardedLayout:
     def exchange_row_stats(self) -> bool:
         """Column units share row statistics (on every rank: it is a collective)."""
         return self.full_row_stat and any(
-            tp.sharding == ShardingType.COLUMN_WISE for tp in self.plan.tables
+            tp.sharding.traits.concatenated for tp in self.plan.tables
         )
 
     @cached_property
@@ -277,7 +276,7 @@ class ShardedLayout:
 def whole_values(plan: ShardingPlan) -> bool:
     """Whether every value the output dist carries is a whole pooled value: no table is
     split by rows (whose partial sums must be added in fp32 before any rounding)."""
-    return all(len(tp.shards) == 1 or tp.sharding != ShardingType.ROW_WISE for tp in plan.tables)
+    return all(len(tp.shards) == 1 or not tp.sharding.traits.partial_sums for tp in plan.tables)
 
 
 def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
@@ -287,7 +286,7 @@ def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
         raise ValueError(f"plan tables {names} do not match the model's {[t.name for t in tables]}")
     world = plan.world_size
     for t, tp in zip(tables, plan.tables, strict=True):
-        if tp.sharding == ShardingType.DATA_PARALLEL:
+        if tp.sharding.traits.replicated:
             if sorted(s.rank for s in tp.shards) != list(range(world)):
                 raise ValueError(f"data-parallel table {t.name} needs one shard on every rank")
             continue
@@ -296,7 +295,7 @@ def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
             raise ValueError(
                 f"shards of table {t.name} cover {cells} cells, not {t.num_rows}x{t.dim}"
             )
-        if tp.sharding == ShardingType.COLUMN_WISE:
+        if tp.sharding.traits.concatenated:
             starts = [s.col_start for s in tp.shards]
             if starts != sorted(starts):
                 raise ValueError(f"column shards of table {t.name} must be in column order")

@@ -10,7 +10,7 @@ path bit for bit.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +20,7 @@ from hybridrec.sparse.bags import pooling_scale
 from hybridrec.sparse.exchange.input import Routed
 from hybridrec.sparse.exchange.row_stats import RowStats
 from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer
-from hybridrec.sparse.host import HostCachedEmbedding
+from hybridrec.sparse.host import HostCachedEmbedding, Prefetched
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
 
@@ -100,13 +100,17 @@ def lookup_sample_major(
     group: FusedEmbedding,
     out_dtype: torch.dtype,
     inputs: SampleMajorInputs | None = None,
+    prefetched: Prefetched | None = None,
 ) -> torch.Tensor:
     """ids [B, H] (checked) -> pooled [B, T, D] in out_dtype, through `group.lookup`;
-    `inputs`: sample_major_inputs(ids, layout) when already made (by the prefetch)."""
+    `inputs`: sample_major_inputs(ids, layout) when already made (by the prefetch), with
+    what the group's prefetch admitted for their rows (`prefetched`)."""
     B, T = ids.shape[0], layout.num_tables
     if inputs is None:
         inputs = sample_major_inputs(ids, layout)
-    pooled = group.lookup(inputs.rows, inputs.bags, inputs.scale, B * T, out_dtype)
+    pooled = group.lookup(
+        inputs.rows, inputs.bags, inputs.scale, B * T, out_dtype, prefetched=prefetched
+    )
     return pooled.view(B, T, group.width)
 
 
@@ -157,14 +161,23 @@ def lookup_groups(
     groups: nn.ModuleDict,
     layout: ShardedLayout,
     row_stats: RowStats | None,
+    prefetched: Mapping[str, Prefetched],
 ) -> dict[str, torch.Tensor]:
     """One fused lookup per group, its bags in the output dist's send order: group key ->
     pooled [n_g, w_g]. Groups whose column shards share row statistics get them from
-    `row_stats` in their backward."""
+    `row_stats` in their backward; host groups what their prefetch admitted for these rows
+    (`prefetched`, by group key; none for a batch not prefetched)."""
     out = {}
     for key, inp in routed.groups.items():
         source = None
         if row_stats is not None and any(k in layout.peers for k in layout.group_units[key]):
             source = functools.partial(row_stats.take, key)
-        out[key] = groups[key].lookup(inp.rows, inp.bags, inp.scale, inp.num_bags, row_sq=source)
+        out[key] = groups[key].lookup(
+            inp.rows,
+            inp.bags,
+            inp.scale,
+            inp.num_bags,
+            row_sq=source,
+            prefetched=prefetched.get(key),
+        )
     return out

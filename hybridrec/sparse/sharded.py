@@ -35,7 +35,7 @@ from hybridrec.sparse.exchange.output import output_dist, reassemble
 from hybridrec.sparse.exchange.replicated import ReplicaInputs, replicated_lookup, sync_replicas
 from hybridrec.sparse.exchange.row_stats import RowStats, share_row_stats
 from hybridrec.sparse.fused import RowOptimizer
-from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
+from hybridrec.sparse.host import CacheStats, HostCachedEmbedding, Prefetched
 from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.sparse.local import (
@@ -53,11 +53,13 @@ from hybridrec.types import ShardingPlan, TableConfig
 @dataclass(frozen=True)
 class Staged:
     """A batch's ids, checked, with what prefetch() computed for them: the input dist
-    (several ranks) or the sample-major lookup inputs (one rank)."""
+    (several ranks) or the sample-major lookup inputs (one rank), and per host group what
+    its prefetch admitted (group key -> Prefetched), handed to its lookup of those rows."""
 
     ids: torch.Tensor
     routed: Routed | None
     sample_major: SampleMajorInputs | None
+    prefetched: dict[str, Prefetched]
 
 
 class ShardedEmbeddingCollection(EmbeddingModule):
@@ -215,17 +217,17 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             return None
         with timing.phase("host_prefetch"):
             clean, error = self._check_ids(ids.to(self.device, non_blocking=True))
-            if self.sample_major is not None:
-                # the forward passes the cache these very rows: it knows them prefetched
-                staged = Staged(clean, None, sample_major_inputs(clean, self.sample_major))
-                [group] = self.groups.values()
-                group.prefetch(staged.sample_major.rows)
-                return staged
+            if self.sample_major is not None:  # the forward looks up these rows
+                inputs = sample_major_inputs(clean, self.sample_major)
+                [(key, group)] = self.groups.items()
+                return Staged(clean, None, inputs, {key: group.prefetch(inputs.rows)})
             routed = self._input_dist(clean, error)
-            for key, group in self.groups.items():
-                if isinstance(group, HostCachedEmbedding):  # the forward looks up these rows
-                    group.prefetch(routed.groups[key].rows)
-            return Staged(clean, routed, None)
+            prefetched = {  # the forward looks up these rows
+                key: group.prefetch(routed.groups[key].rows)
+                for key, group in self.groups.items()
+                if isinstance(group, HostCachedEmbedding)
+            }
+            return Staged(clean, routed, None, prefetched)
 
     def use_staged(self, staged: Staged | None) -> None:
         self._staged = staged
@@ -318,12 +320,15 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             ids, error = self._check_ids(ids.to(self.device, non_blocking=True))
         handoff = self.handoff_dtype(ids.device)
         divisors = mean_divisors(ids, self.means, self.layout.offsets)
+        prefetched = staged.prefetched if staged is not None else {}
         if self.sample_major is not None:
-            [group] = self.groups.values()
+            [(key, group)] = self.groups.items()
             with timing.phase("lookup"):
                 made = staged.sample_major if staged is not None else None
                 out_dtype = handoff or torch.float32
-                pooled = lookup_sample_major(ids, self.sample_major, group, out_dtype, made)
+                pooled = lookup_sample_major(
+                    ids, self.sample_major, group, out_dtype, made, prefetched.get(key)
+                )
                 return divide_means(pooled, divisors)
         routed = staged.routed if staged is not None else None
         if routed is None:
@@ -331,7 +336,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                 routed = self._input_dist(ids, error)
         row_stats = RowStats() if self.layout.exchange_row_stats else None
         with timing.phase("lookup"):
-            pooled = lookup_groups(routed, self.groups, self.layout, row_stats)
+            pooled = lookup_groups(routed, self.groups, self.layout, row_stats, prefetched)
         with timing.phase("data_parallel"):
             replicated, dp_inputs = replicated_lookup(ids, self.layout, self.groups)
             if handoff is not None:

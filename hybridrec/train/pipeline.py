@@ -5,8 +5,10 @@
 its backward, reads the following batch, copies it to the device and has every such module
 stage it (its ids checked and distributed, its rows on their way to the device caches, all
 while the backward runs); the next `next()` hands that batch out together with what was
-staged for it (`EmbeddingModule.use_staged`). Without such modules it reads no batch ahead
-beyond the device copy in flight (hybridrec.data.device.DevicePrefetcher).
+staged for it (`EmbeddingModule.use_staged`): a value (hybridrec.sparse.sharded.Staged)
+holding the checked ids, their lookup inputs and what each host cache's prefetch admitted,
+which the lookup of those rows takes (a mismatch is an error there). Without such modules it
+reads no batch ahead beyond the device copy in flight (hybridrec.data.device.DevicePrefetcher).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class TrainPipeline:
         self._next: tuple[Batch, list[Any]] | None = None
 
     def next(self) -> Batch:
-        """The batch to train on now (staged on the modules if it was prefetched)."""
+        """The batch to train on now (staged on the modules if it was prefetched: their next
+        forward, of this batch, takes what prefetch_next() staged for it)."""
         if self._next is not None:
             batch, staged = self._next
             self._next = None

@@ -9,6 +9,13 @@ A rank must exit 0: an abort at interpreter exit, even after all its work, is a 
 `spawn_jobs(world_size, jobs)` runs several labelled jobs (fn, args) in one such spawn, one
 after the other with a barrier between them, as separate spawns would (a process start is
 most of a small job's time); a failing job's traceback names it.
+
+`run_shared(world_size, fn, *args)` runs fn on the session's one process group of that size
+(started on first use, kept until the test session ends): the equivalence suites share it,
+so a world size costs one process start per rank for all of them. A job that fails, or
+outlives its timeout, takes the group down with it (a failed collective leaves a group
+unusable); the next job starts a fresh one. Jobs must leave no state behind that the next
+one could read: each builds its own model and seeds its own generators.
 """
 
 from __future__ import annotations
@@ -125,3 +132,134 @@ def spawn_jobs(
     assert len(set(labels)) == len(labels), f"job labels repeat: {labels}"
     ranks = spawn(world_size, run_jobs, jobs, **kwargs)
     return {label: [r[label] for r in ranks] for label in labels}
+
+
+def _serve(rank: int, world: int, init: str, conn: Any, timeout_s: float) -> None:
+    """A rank of a shared group: run each (fn, args, out dir) it receives, barrier, reply."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    from hybridrec.distributed import init_distributed
+    from hybridrec.distributed.env import shutdown
+
+    env = init_distributed(
+        "cpu", timeout_s=timeout_s, init_method=init, rank=rank, world_size=world
+    )
+    ok = True
+    try:
+        while (job := conn.recv()) is not None:
+            fn, args, out = job
+            try:
+                result = fn(env, *args)
+                torch.save(result, Path(out) / f"result_{rank}.pt")
+                del result
+                gc.collect()
+                if env.group is not None:  # the next job starts together, as a fresh spawn
+                    dist.barrier(group=env.group)
+                conn.send("ok")
+            except BaseException:
+                (Path(out) / f"error_{rank}.txt").write_text(traceback.format_exc())
+                conn.send("error")
+                ok = False
+                return
+    finally:
+        shutdown(barrier=ok)
+
+
+class _Group:
+    """`world` rank processes joined in one gloo group, serving jobs until closed."""
+
+    def __init__(self, world: int, dist_timeout: float = 60) -> None:
+        ctx = mp.get_context("spawn")
+        self.world = world
+        self.tmp = tempfile.TemporaryDirectory()
+        init = f"file://{self.tmp.name}/rendezvous"
+        self.conns, self.procs = [], []
+        for r in range(world):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(r, world, init, theirs, dist_timeout), daemon=True)
+            p.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(p)
+
+    def run(self, fn: Callable, args: tuple, timeout: float) -> list[Any]:
+        out = tempfile.mkdtemp(dir=self.tmp.name)
+        for c in self.conns:
+            c.send((fn, args, out))
+        deadline = time.monotonic() + timeout
+        replies: dict[int, str] = {}
+        waiting = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while len(replies) < self.world and time.monotonic() < deadline:
+            ready = mp_connection.wait(
+                [*waiting, *sentinels], max(0.0, deadline - time.monotonic())
+            )
+            for obj in ready:
+                if obj in waiting:
+                    r = waiting.pop(obj)
+                    try:
+                        replies[r] = obj.recv()
+                    except (EOFError, OSError):  # its end of the pipe closed
+                        replies[r] = "died"
+                elif obj in sentinels:  # a rank exited without replying
+                    replies.setdefault(sentinels.pop(obj), "died")
+        errors = sorted(Path(out).glob("error_*.txt"))
+        if errors or len(replies) < self.world or set(replies.values()) != {"ok"}:
+            self.close(kill=True)
+            if errors:
+                raise AssertionError("\n".join(f"--- {e.stem}\n{e.read_text()}" for e in errors))
+            missing = [r for r in range(self.world) if replies.get(r) != "ok"]
+            raise TimeoutError(f"ranks {missing} did not finish the job within {timeout}s")
+        files = [Path(out) / f"result_{r}.pt" for r in range(self.world)]
+        return [torch.load(f, weights_only=False) for f in files]
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def stop(self) -> None:
+        """Tell every rank to shut down (close() waits for them)."""
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:  # a rank already gone: close() reports its exit code
+                pass
+
+    def close(self, kill: bool = False) -> None:
+        if not kill:
+            self.stop()
+        for p in self.procs:
+            p.join(None if not kill else 0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        bad = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode != 0 and not kill]
+        self.tmp.cleanup()
+        if bad:
+            raise AssertionError(f"shared ranks exited with errors (rank, exit code): {bad}")
+
+
+_groups: dict[int, _Group] = {}
+
+
+def run_shared(world_size: int, fn: Callable, *args: Any, timeout: float = 600) -> list[Any]:
+    """Per-rank results of fn(env, *args) on the session's shared group of `world_size`
+    ranks (module docstring)."""
+    group = _groups.get(world_size)
+    if group is None or not group.alive():
+        group = _groups[world_size] = _Group(world_size)
+    try:
+        return group.run(fn, args, timeout)
+    except BaseException:
+        _groups.pop(world_size, None)
+        raise
+
+
+def close_shared() -> None:
+    """End every shared group (at the end of the test session): each rank exits 0. All are
+    told first, so they shut down side by side."""
+    groups = list(_groups.values())
+    _groups.clear()
+    for group in groups:
+        group.stop()
+    for group in groups:
+        group.close()

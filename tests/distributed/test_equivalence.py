@@ -30,7 +30,7 @@ from hybridrec.train.checkpoint.format import dense_state
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import storage_tables
 from tests.configs import make_config
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +218,7 @@ def _spawned(world: int) -> dict[str, list[dict]]:
         if world in worlds
         for name, cfg in configs(world)
     ]
-    results = spawn(world, run_all, jobs)
+    results = run_shared(world, run_all, jobs)
     return {label: [res[label] for res in results] for label, _ in jobs}
 
 

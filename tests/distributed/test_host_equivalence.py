@@ -21,7 +21,7 @@ from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.sparse.host import HostCachedEmbedding
 from hybridrec.train.trainer import Trainer
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import OPTIMIZERS, compare, make_cfg, snapshot
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_host_tables_match_reference(world):
     configs.append(("host/rowwise_adagrad/prefetch/warm start", warm, True, True))
     auto = host_cfg("auto", "rowwise_adagrad", world)
     configs.append(("auto/rowwise_adagrad/prefetch", auto, True, False))
-    results = spawn(world, run_all, configs)
+    results = run_shared(world, run_all, configs)
     refs = {sparse: _reference(sparse) for sparse in OPTIMIZERS}
     for name, cfg, prefetch, _ in configs:
         mode, sparse = name.split("/")[:2]

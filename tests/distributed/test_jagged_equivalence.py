@@ -21,7 +21,7 @@ import torch
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from tests.configs import make_config
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import OPTIMIZERS, compare, train_and_collect
 from tests.distributed.test_host_equivalence import collect
 
@@ -102,7 +102,7 @@ def _reference(sparse: str, host: bool, arch: str) -> dict:
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_jagged_mixed_width_model_matches_reference(world):
     configs = [(f"{m}/{o}/{a}", jagged_cfg(m, o, world, m == "host", a)) for m, o, a in CASES]
-    results = spawn(world, run_all, configs)
+    results = run_shared(world, run_all, configs)
     for name, cfg in configs:
         mode, sparse, arch = name.split("/")
         ref = _reference(sparse, mode == "host", arch)

@@ -24,7 +24,7 @@ from hybridrec import EmbeddingTables, Feature, KeyedIds, Table
 from hybridrec.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
 from hybridrec.planner import CachePolicy
 from hybridrec.sparse.api import embedding_modules
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ def reference(sparse: str) -> dict:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_user_model_matches_one_process(world):
-    results = spawn(world, run_cases, CASES)
+    results = run_shared(world, run_cases, CASES)
     tol = {"rtol": 1e-4, "atol": 1e-5}
     want = uneven(None)["scores"]
     torch.testing.assert_close(torch.cat([r["uneven"]["scores"] for r in results]), want, **tol)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import cached_reference, compare, make_cfg, run_all
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_pinned_plans_match_reference(world):
         cfg.sharding.tables = dict(pins)
         cfg.sharding.cache_fraction = 0.001  # the planner's floor: two batches' ids
         configs.append((name, cfg))
-    results = spawn(world, run_all, configs)
+    results = run_shared(world, run_all, configs)
     for name, cfg in configs:
         per_rank = [res[name] for res in results]
         plan = per_rank[0]["plan"]

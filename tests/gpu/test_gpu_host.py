@@ -86,11 +86,12 @@ def test_host_cache_on_cuda_equals_cpu_reference(sparse, prefetch, host_copy, wa
 def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
     """sharding=host, kernel copies, a cache that evicts every step: an admission syncs
     once (the distinct rows and misses, read together), twice when it evicts unforeseen (how
-    many slots can go); the backward's dedupe and update never; a lookup of the rows the
-    last prefetch admitted never. With prefetch the one admission runs on the group's
-    background thread, so the main thread, which queues the device's work, never syncs;
-    without, it syncs at most twice a step. Counted with CUDA sync-debug warnings, by
-    thread (as on the CPU: tests/unit/test_host_cache.py)."""
+    many slots can go); the backward's dedupe and update never (marking slots dirty writes
+    no value from the host); a lookup handed what its prefetch admitted never. With prefetch
+    the one admission runs on the group's background thread, so the main thread, which
+    queues the device's work, never syncs, and the step syncs at most twice in all; without,
+    the main thread syncs at most twice a step. Counted with CUDA sync-debug warnings, by
+    thread (as on the CPU: tests/unit/test_host_syncs.py, test_no_sync_ops.py)."""
     import threading
     import warnings
 
@@ -133,6 +134,6 @@ def test_host_step_syncs_with_the_host_a_bounded_number_of_times(prefetch):
     assert stats.rows_written > 0  # it evicted dirty rows: the costly path ran
     main, total = zip(*counts, strict=True)
     if prefetch:
-        assert max(main) == 0 and max(total) <= 1, counts
+        assert max(main) == 0 and max(total) <= 2, counts
     else:
-        assert max(main) <= 2, counts
+        assert max(main) <= 2 and max(total) <= 2, counts

@@ -66,6 +66,14 @@ def _step(group, inputs, coeff):
     return [o.detach() for o in out]
 
 
+def _lookup(group, flat, prefetched=None) -> list[torch.Tensor]:  # noqa: ANN001
+    """The lookup of flattened inputs (group.flatten(inputs)) as the sharded collection makes
+    it, with what group.prefetch(those rows) returned, if it did: one output per input."""
+    rows, bags, scale, sizes = flat
+    out = group.lookup(rows, bags, scale, sum(sizes), prefetched=prefetched)
+    return list(torch.split(out, sizes))
+
+
 def _assert_same(host: HostCachedEmbedding, ref: FusedEmbedding) -> None:
     host.flush()
     assert torch.equal(host.weight, ref.weight)
@@ -105,7 +113,8 @@ def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
 @pytest.mark.parametrize("prefetch", ["none", "background", "admit here"])
 def test_tiny_cache_equals_device_group(opt, prefetch, width):
     """With prefetch admitting on the group's thread (the default) or on this one (rows
-    still moving on the group's thread), or without prefetch; tables of width 8 and 1."""
+    still moving on the group's thread), its admission handed to the lookup of its rows, or
+    without prefetch; tables of width 8 and 1."""
     make = _optimizers()[opt]
     shards = _shards(width)
     ref = FusedEmbedding(shards, make(), seed=3)
@@ -115,11 +124,13 @@ def test_tiny_cache_equals_device_group(opt, prefetch, width):
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(12)]
     coeffs = [[torch.randn(BATCH, width, generator=g) for _ in range(2)] for _ in batches]
+    ahead = None
     for step, (inputs, coeff) in enumerate(zip(batches, coeffs, strict=True)):
         out_ref = _step(ref, inputs, coeff)
-        out = host(inputs)
+        out = _lookup(host, host.flatten(inputs), ahead)
+        ahead = None
         if prefetch != "none" and step + 1 < len(batches):  # the trainer's order: before backward
-            host.prefetch(host.flatten(batches[step + 1])[0])
+            ahead = host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b)
@@ -127,6 +138,7 @@ def test_tiny_cache_equals_device_group(opt, prefetch, width):
     stats = host.take_stats()
     assert stats.rows_written > 0 and stats.rows_loaded > host.capacity  # it really evicted
     assert 0 < stats.hits < stats.rows_requested
+    assert host.prefetched_lookups == (0 if prefetch == "none" else len(batches) - 1)
     for name, kind in make().state_spec().items():  # element-wise state [R, D] and [C, D]
         if kind == StateKind.ELEMENT:
             assert host.state()[name].shape == host.weight.shape, name

@@ -5,14 +5,16 @@ more than two batches need, so rows are evicted, written back and reloaded all t
 the least share of the cache an eviction frees (often more than the misses need: the rest
 join the free list) and whether a prefetch admits on the group's background thread (beside
 the backward) or on the caller's. Then a sequence of training steps: with or without
-prefetching the next batch, looked up through the very rows prefetched (one rank) or the
-same inputs flattened again (several ranks), now and then one whose backward is skipped (as
-`train.nonfinite=skip` does) or whose prefetched batch never comes. Between steps:
-evaluation lookups, flushes, stats, warm starts from random counts and checkpoint loads (new
-values written into the host rows). After every operation the outputs, and after every
-flush the rows and optimizer state, must equal the device group's exactly, and the free-slot
-list must match the slot maps. Odd seeds run the Triton kernels and the copy kernel
-(interpreted), where the backward reuses the admission's sort.
+prefetching the next batch, whose lookup is handed what the prefetch admitted, with the very
+rows tensor prefetched or the same inputs flattened again (by value), now and then one whose
+backward is skipped (as `train.nonfinite=skip` does) or whose prefetched batch never comes.
+Between steps: evaluation lookups (sized to fit beside the rows still pending: a skipped
+backward's, a prefetch's), flushes, stats, warm starts from random counts (which drop a
+pending prefetch: its batch is then looked up without it) and checkpoint loads (new values
+written into the host rows). After every operation the outputs, and after every flush the
+rows and optimizer state, must equal the device group's exactly, and the free-slot list must
+match the slot maps. Odd seeds run the Triton kernels and the copy kernel (interpreted),
+where the backward reuses the lookup's sort.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.unit.test_host_cache import SHARDS, _assert_free_list, _assert_same
+from tests.unit.test_host_cache import SHARDS, _assert_free_list, _assert_same, _lookup
 
 OPTIMIZERS = {
     "sgd": lambda: SparseSGD(0.1),
@@ -77,35 +79,41 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
     host.background = rnd.random() < 0.75  # the prefetch's admission on its thread, or here
     batches = [_batch(g, b, skew) for _ in range(steps + 1)]
     ops = {"step": 0, "prefetched": 0, "skipped": 0, "eval": 0, "flush": 0, "warm": 0, "load": 0}
-    ahead = None  # the flattened batch the last prefetch admitted, if it is the next one
+    ops["by value"] = 0
+    ahead = None  # (flattened batch, what its prefetch returned), if it is the next batch's
+    skipped = False  # the last step's backward did not run: its rows are still protected
     for step in range(steps):
         inputs = batches[step]
         coeff = [torch.randn(b, 8, generator=g) for _ in range(2)]
         want = ref(inputs)
-        if ahead is not None and rnd.random() < 0.5:  # one rank: the very rows prefetched
-            rows, bags, scale, sizes = ahead
-            got = list(torch.split(host.lookup(rows, bags, scale, sum(sizes)), sizes))
-        else:  # several ranks: the same inputs flattened again
+        if ahead is None:
             got = host(inputs)
+        elif rnd.random() < 0.5:  # the very rows tensor prefetched
+            got = _lookup(host, *ahead)
+        else:  # the same inputs flattened again: equal values, another tensor
+            got = _lookup(host, host.flatten(inputs), ahead[1])
+            ops["by value"] += 1
         _equal(got, want, f"seed {seed} step {step}: training lookup")
         ops["step"] += 1
-        ahead = None
+        ahead, pending = None, False
         if rnd.random() < 0.7:  # the trainer's order: prefetch, then the backward
             nxt = batches[step + 1] if rnd.random() < 0.9 else _batch(g, b, skew)  # unused
             flat = host.flatten(nxt)
-            host.prefetch(flat[0])
-            ahead = flat if nxt is batches[step + 1] else None
+            prefetched = host.prefetch(flat[0])
+            ahead = (flat, prefetched) if nxt is batches[step + 1] else None
+            pending = True  # its rows stay cached until the next training lookup
             ops["prefetched"] += 1
-        if rnd.random() < 0.1:  # a non-finite loss: no backward (the rows stay protected)
+        skipped = rnd.random() < 0.1  # a non-finite loss: no backward (rows stay protected)
+        if skipped:
             ops["skipped"] += 1
         else:
             sum((o * c).sum() for o, c in zip(want, coeff, strict=True)).backward()
             sum((o * c).sum() for o, c in zip(got, coeff, strict=True)).backward()
         r = rnd.random()
-        if r < 0.25:  # an evaluation between steps (may evict the prefetched rows)
+        # an evaluation between steps: as many samples as fit beside the batches pending
+        most = (capacity - 3 * b * (skipped + pending)) // 3
+        if r < 0.25 and most >= 1:
             with torch.no_grad():
-                # as many samples as fit beside a step's rows whose backward was skipped
-                most = (capacity - 3 * b) // 3
                 other = _batch(g, rnd.randint(1, most), rnd.choice([0.5, 1.0, 3.0]))
                 _equal(host(other), ref(other), f"seed {seed} step {step}: eval lookup")
             ops["eval"] += 1
@@ -117,6 +125,7 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
         elif r < 0.47:
             counts = torch.rand(host.num_rows, generator=g) ** 4 * 50
             host.warm_start(counts.floor(), ids_per_step=3.0 * b)
+            ahead = None  # the cache starts again: the prefetch is dropped
             ops["warm"] += 1
         elif r < 0.52:
             _load(host, ref, g)

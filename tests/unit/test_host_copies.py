@@ -11,7 +11,7 @@ import torch
 from hybridrec.optim import SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.unit.test_host_cache import BATCH, SHARDS, _batch, _optimizers, _step
+from tests.unit.test_host_cache import BATCH, SHARDS, _batch, _lookup, _optimizers, _step
 
 # Under the interpreter both groups run the Triton kernels, and both dedupe without a host
 # sync (fixed tiles of sorted ids): the same sums in the same order, bit for bit.
@@ -57,16 +57,18 @@ def test_kernel_copies_give_the_same_training(interpreter, opt):
     assert torch.equal(host.weight, ref.weight)
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(8)]
+    ahead = None
     for step, inputs in enumerate(batches):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
         out_ref = _step(ref, inputs, coeff)
-        out = host(inputs)
+        out = _lookup(host, host.flatten(inputs), ahead)
         if step + 1 < len(batches):
-            host.prefetch(host.flatten(batches[step + 1])[0])
+            ahead = host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
             torch.testing.assert_close(a.detach(), b, **TRITON_TOL)
     assert host.take_stats().rows_written > 0
+    assert host.prefetched_lookups == len(batches) - 1
     host.flush()
     torch.testing.assert_close(host.weight, ref.weight, **TRITON_TOL)
     for name, value in ref.state().items():

@@ -1,63 +1,77 @@
-"""Host syncs of a host group, counted on the CPU: an admission reads the device once (twice
-while the cache fills), the training lookup of the rows just prefetched takes the prefetch's
-slots with no sort and no read, the backward reuses the admission's sort, and with prefetch
-the main thread never reads the device. Each case still trains as the device group, bit for
-bit.
+"""Host syncs of a host group, counted on the CPU (tests.syncs.SyncRecorder): an admission
+reads the device once (twice while the cache fills); the lookup of a prefetched batch, handed
+what its prefetch admitted, takes those slots with no sort and no read, and its backward
+reuses the lookup's sort; with prefetch on the group's thread the main thread never reads the
+device. The hand-off is by value: a lookup of equal rows takes it, a mismatched one is an
+error. Each case still trains as the device group, bit for bit.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 
-import hybridrec
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.unit.test_host_cache import BATCH, SHARDS, _assert_free_list, _assert_same, _batch, _step
-
-# Under the interpreter both groups run the Triton kernels, and both dedupe without a host
-# sync (fixed tiles of sorted ids): the same sums in the same order, bit for bit.
-TRITON_TOL = {"rtol": 0, "atol": 0}
+from tests.syncs import SyncRecorder, unrecorded_launches
+from tests.unit.test_host_cache import (
+    BATCH,
+    SHARDS,
+    _assert_free_list,
+    _assert_same,
+    _batch,
+    _lookup,
+)
 
 
 @pytest.fixture
 def interpreter(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    unrecorded_launches(monkeypatch)
+
+
+def _groups(opt, cache_rows: int = 2 * 3 * BATCH + 5, **kw):  # noqa: ANN001, ANN003, ANN202
+    return FusedEmbedding(SHARDS, opt(), seed=3), HostCachedEmbedding(
+        SHARDS, opt(), cache_rows=cache_rows, seed=3, **kw
+    )
+
+
+def _train(out: list[torch.Tensor], coeff: list[torch.Tensor]) -> None:
+    sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_the_backward_dedupes_with_the_admissions_sort(interpreter, monkeypatch, prefetch):
+def test_the_backward_dedupes_with_the_lookups_sort(interpreter, monkeypatch, prefetch):
     """The backward's dedupe sorts the very rows the lookup's admission sorted (or the
-    prefetch's, for the rows it admitted): a host group takes that sort instead of sorting
-    again, and still trains as the device group, bit for bit."""
+    prefetch's, for the rows it admitted): a host group's lookup hands that sort to its own
+    backward (through autograd's context) instead of sorting again, and still trains as the
+    device group, bit for bit."""
     from hybridrec.kernels import segment
 
     calls = []
     real = segment.sorted_segments
     monkeypatch.setattr(segment, "sorted_segments", lambda r: calls.append(1) or real(r))
-    ref = FusedEmbedding(SHARDS, SparseAdam(0.01), seed=3)
-    host = HostCachedEmbedding(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
+    ref, host = _groups(lambda: SparseAdam(0.01))
     g = torch.Generator().manual_seed(0)
     flat = [host.flatten(_batch(g)) for _ in range(6)]
-    for step, (rows, bags, scale, sizes) in enumerate(flat):
-        coeff = torch.randn(sum(sizes), 8, generator=g)
-        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
+    ahead = None
+    for step, batch in enumerate(flat):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        out_ref = _lookup(ref, batch)
         calls.clear()
-        (out_ref * coeff).sum().backward()
+        _train(out_ref, coeff)
         assert calls == [1]  # the device group sorts in its backward
-        out = host.lookup(rows, bags, scale, sum(sizes))
-        if prefetch and step + 1 < len(flat):
-            host.prefetch(flat[step + 1][0])
+        out = _lookup(host, batch, ahead)
+        ahead = host.prefetch(flat[step + 1][0]) if prefetch and step + 1 < len(flat) else None
         calls.clear()
-        (out * coeff).sum().backward()
+        _train(out, coeff)
         assert calls == []
-        assert torch.equal(out.detach(), out_ref.detach())
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b.detach())
     assert host.take_stats().rows_written > 0
     _assert_same(host, ref)
 
@@ -68,24 +82,23 @@ def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
     device's work, reads nothing: the lookup takes the prefetched slots, prefetch() only
     hands the rows over, the backward dedupes and updates without a read (Triton's padded
     dedupe, interpreted here as on CUDA; the staged copies run on the thread)."""
-    host = HostCachedEmbedding(
-        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="staged"
-    )
+    ref, host = _groups(lambda: RowWiseAdagrad(0.1), copy="staged")
     host.background = True  # as on CUDA
-    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
     g = torch.Generator().manual_seed(0)
     flat = [host.flatten(_batch(g)) for _ in range(8)]
-    counts = []
-    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
-        grad = torch.randn(sum(sizes), 8, generator=g)
-        with _HostReads() as reads:
-            out = host.lookup(rows, bags, scale, sum(sizes))
-            host.prefetch(flat[step + 1][0])
-            host.apply_gradient(rows, bags, scale, grad)
-        counts.append(len(reads.calls))
-        assert torch.equal(out, ref.lookup(rows, bags, scale, sum(sizes)).detach())
-        ref.apply_gradient(rows, bags, scale, grad)
-    assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, reads.calls)
+    counts, ahead = [], None
+    for step, batch in enumerate(flat[:-1]):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        with SyncRecorder() as rec:
+            out = _lookup(host, batch, ahead)
+            ahead = host.prefetch(flat[step + 1][0])
+            _train(out, coeff)
+        counts.append(len(rec.syncs))  # on this thread: the recorders are per thread
+        out_ref = _lookup(ref, batch)
+        _train(out_ref, coeff)
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b.detach())
+    assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, rec.syncs)
     assert host.take_stats().rows_written > 0  # it evicted dirty rows meanwhile
     _assert_same(host, ref)
 
@@ -108,107 +121,112 @@ def calls(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("evict_between", [False, True])
-def test_a_lookup_of_the_rows_just_prefetched_reuses_their_slots(calls, evict_between):
-    """The training lookup of the very rows tensor the last prefetch admitted takes that
-    prefetch's slots: no sort, no host sync. Not when an admission evicted rows in between
-    (an evaluation's lookup, say): then it admits them again. Training equals the device
-    group either way."""
-    ref = FusedEmbedding(SHARDS, RowWiseAdagrad(0.1), seed=3)
-    host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
+@pytest.mark.parametrize("evaluate", [False, True])
+def test_a_prefetched_batch_keeps_its_slots_until_its_lookup(calls, evaluate):
+    """The lookup handed what the last prefetch admitted takes its slots: no sort, no host
+    sync. Those slots are kept from eviction until then: an evaluation in between (lookups
+    of rows never seen, which evict) leaves them, so the lookup still takes them. Training
+    equals the device group either way."""
+    ref, host = _groups(lambda: RowWiseAdagrad(0.1))
     g = torch.Generator().manual_seed(0)
     flat = [host.flatten(_batch(g)) for _ in range(6)]
-    reused, expected = [], []
-    for step, (rows, bags, scale, sizes) in enumerate(flat):
-        coeff = torch.randn(sum(sizes), 8, generator=g)
-        out_ref = ref.lookup(rows, bags, scale, sum(sizes))
-        (out_ref * coeff).sum().backward()
+    reused, evicted, ahead = [], 0, None
+    for step, batch in enumerate(flat):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        out_ref = _lookup(ref, batch)
+        _train(out_ref, coeff)
         calls.clear()
-        out = host.lookup(rows, bags, scale, sum(sizes))
+        out = _lookup(host, batch, ahead)
         reused.append(not calls)
-        if step + 1 < len(flat):
-            host.prefetch(flat[step + 1][0])
-            host._wait()  # the prefetch's admission (on the group's thread) has run
-            evictions = host.evictions
-            if evict_between:  # an eval lookup of rows never seen: once full, the cache evicts
-                with torch.no_grad():
-                    other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
-                    host.lookup(other, torch.arange(other.numel()), None, other.numel())
-            expected.append(host.evictions == evictions)
-        (out * coeff).sum().backward()
-        assert torch.equal(out.detach(), out_ref.detach())
+        ahead = host.prefetch(flat[step + 1][0]) if step + 1 < len(flat) else None
+        _train(out, coeff)
+        for a, b in zip(out, out_ref, strict=True):
+            assert torch.equal(a.detach(), b.detach())
+        if evaluate and ahead is not None:  # between steps, as the trainer evaluates
+            before = host.evictions
+            with torch.no_grad():
+                other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
+                host.lookup(other, torch.arange(other.numel()), None, other.numel())
+            evicted += host.evictions - before
         _assert_free_list(host)
-    assert not reused[0] and reused[1:] == expected
-    assert all(expected) != evict_between  # with evaluations, some did evict
+    assert reused == [False] + [True] * (len(flat) - 1)
+    assert host.prefetched_lookups == len(flat) - 1
+    assert (evicted > 0) == evaluate  # the evaluations evicted, never the prefetched rows
     _assert_same(host, ref)
 
 
-def test_a_forward_of_the_inputs_just_prefetched_reuses_their_slots(calls):
-    """On several ranks prefetch() flattens the distributed inputs and the forward flattens
-    the same inputs again: it gets the same rows tensor back, so it takes the prefetch's
-    slots too (no sort, no sync). New inputs are flattened anew."""
-    ref = FusedEmbedding(SHARDS, SparseSGD(0.1), seed=3)
-    host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3)
+def test_the_hand_off_is_by_value(calls):
+    """The lookup takes what the prefetch admitted for rows of equal values in another
+    tensor (inputs flattened again), not only for the very tensor prefetched: no sort, no
+    sync, the device group's results."""
+    ref, host = _groups(lambda: SparseSGD(0.1))
     g = torch.Generator().manual_seed(0)
     batches = [_batch(g) for _ in range(6)]
-    reused = []
+    reused, ahead = [], None
     for step, inputs in enumerate(batches):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _step(ref, inputs, coeff)
+        out_ref = _lookup(ref, ref.flatten(inputs))
+        _train(out_ref, coeff)
         calls.clear()
-        out = host(inputs)
+        out = _lookup(host, host.flatten(inputs), ahead)  # a new rows tensor, equal values
         reused.append(not calls)
         if step + 1 < len(batches):
-            host.prefetch(host.flatten(batches[step + 1])[0])
-        sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
+            ahead = host.prefetch(host.flatten(batches[step + 1])[0])
+        _train(out, coeff)
         for a, b in zip(out, out_ref, strict=True):
-            assert torch.equal(a.detach(), b)
+            assert torch.equal(a.detach(), b.detach())
     assert reused == [False] + [True] * (len(batches) - 1)
-    assert host.prefetched_lookups == len(batches) - 1
     _assert_same(host, ref)
 
 
-TORCH_ROOT = str(Path(torch.__file__).parent)
+def test_a_mismatched_hand_off_is_an_error():
+    """A lookup handed a prefetch that is not this cache's outstanding one of the same rows
+    raises, never quietly admits again: another group's, one already looked up, one replaced
+    by a later prefetch, dropped by a training lookup of other rows or by a warm start, or of
+    another size. One of the same size but other rows (not checkable without a sync) is
+    noted on the device and raised by the next take_stats(), like the eviction guard."""
+    g = torch.Generator().manual_seed(0)
+    flat = [FusedEmbedding(SHARDS, None).flatten(_batch(g)) for _ in range(3)]
+    a, b, c = flat
+    other = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=200, seed=3)
+    not_held = "a lookup was handed a prefetch this cache does not hold"
 
+    def fresh() -> HostCachedEmbedding:
+        host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=200, seed=3)
+        _lookup(host, c)  # a training lookup: rows cached, backward pending
+        return host
 
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts the calls from hybridrec's code that make a CUDA program wait for the device
-    (values read on the host, sizes that depend on data: nonzero, unique, boolean masks)."""
+    host = fresh()
+    with pytest.raises(RuntimeError, match=not_held):
+        _lookup(host, a, other.prefetch(a[0]))
+    p = host.prefetch(a[0])
+    _lookup(host, a, p)
+    with pytest.raises(RuntimeError, match=not_held):
+        _lookup(host, a, p)  # used already
+    p, q = host.prefetch(a[0]), host.prefetch(b[0])
+    with pytest.raises(RuntimeError, match=not_held):
+        _lookup(host, a, p)  # replaced by q
+    _lookup(host, b, q)
+    p = host.prefetch(a[0])
+    _lookup(host, b)  # a training lookup of other rows: a's batch never comes
+    with pytest.raises(RuntimeError, match=not_held):
+        _lookup(host, a, p)
+    p = host.prefetch(a[0])
+    host.warm_start(torch.ones(host.num_rows), ids_per_step=48)
+    with pytest.raises(RuntimeError, match=not_held):
+        _lookup(host, a, p)
+    p = host.prefetch(a[0])
+    short = (a[0][:-1], a[1][:-1], a[2], a[3])
+    with pytest.raises(RuntimeError, match=r"lookup of 47 ids was handed the prefetch of 48"):
+        _lookup(host, short, p)
 
-    READS = {
-        torch.Tensor.tolist,
-        torch.Tensor.item,
-        torch.Tensor.__bool__,
-        torch.Tensor.__int__,
-        torch.Tensor.__float__,
-        torch.Tensor.__index__,
-        torch.Tensor.nonzero,
-        torch.nonzero,
-        torch.unique,
-        torch.Tensor.unique,
-        torch.unique_consecutive,
-        torch.masked_select,
-        torch.Tensor.masked_select,
-        torch.Tensor.cpu,
-    }
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-        self.root = str(Path(hybridrec.__file__).parent)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        frame = sys._getframe(1)
-        while frame.f_code.co_filename.startswith(TORCH_ROOT):  # torch's own wrappers
-            frame = frame.f_back
-        if frame.f_code.co_filename.startswith(self.root):  # hybridrec's call, not triton's
-            read = func in self.READS
-            if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
-                read = isinstance(args[1], torch.Tensor) and args[1].dtype == torch.bool
-            if read:
-                where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
-                self.calls.append(f"{func.__name__} at {where}")
-        return func(*args, **(kwargs or {}))
+    host = fresh()
+    p = host.prefetch(a[0])
+    with torch.no_grad():  # an evaluation between: the prefetch stays
+        _lookup(host, b)
+    _lookup(host, (a[0].flip(0), *a[1:]), p)  # same size, other order: other rows
+    with pytest.raises(RuntimeError, match="handed the prefetch of other rows"):
+        host.take_stats()
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -216,22 +234,23 @@ def test_a_host_step_reads_the_device_once(interpreter, prefetch):
     """What a CUDA step would wait for, counted on the CPU (kernels interpreted, kernel
     copies, a cache that evicts every step): an evicting admission reads the device once
     (its sizes and how many slots may go, together, once misses outnumber free slots); the
-    backward never; a lookup of the rows just prefetched never. So one read per step, two
-    at most while the cache fills."""
-    host = HostCachedEmbedding(
-        SHARDS, RowWiseAdagrad(0.1), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel"
-    )
+    backward never; a lookup of a prefetched batch never. So one read per step, two at most
+    while the cache fills, and none anywhere else."""
+    ref, host = _groups(lambda: RowWiseAdagrad(0.1), copy="kernel")
     g = torch.Generator().manual_seed(0)
     flat = [host.flatten(_batch(g)) for _ in range(8)]
-    counts = []
-    for step, (rows, bags, scale, sizes) in enumerate(flat[:-1]):
-        with _HostReads() as reads:
-            out = host.lookup(rows, bags, scale, sum(sizes))
+    counts, ahead = [], None
+    for step, batch in enumerate(flat[:-1]):
+        coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        with SyncRecorder() as rec:
+            out = _lookup(host, batch, ahead)
             if prefetch:
-                host.prefetch(flat[step + 1][0])
-            # what the lookup's backward runs (called here: modes are off inside autograd)
-            host.apply_gradient(rows, bags, scale, torch.randn(out.shape, generator=g))
-        counts.append(len(reads.calls))
-        assert len(reads.calls) <= 2, reads.calls
+                ahead = host.prefetch(flat[step + 1][0])
+            _train(out, coeff)
+        counts.append(len(rec.syncs))
+        assert not rec.unexpected(), rec.unexpected()
+        assert len(rec.syncs) <= 2, rec.syncs
+        _train(_lookup(ref, batch), coeff)
     assert counts[2:] == [1] * len(counts[2:]), counts
     assert host.take_stats().rows_written > 0  # it evicted dirty rows: the costly path ran
+    _assert_same(host, ref)

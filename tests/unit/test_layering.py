@@ -279,4 +279,4 @@ def test_only_entry_points_use_the_validation_above_the_components():
     """hybridrec.configure imports every component: a module it imports must not import it
     back (the circle test), and no component does; the commands do."""
     users = sorted(m for m, deps in _import_graph().items() if "hybridrec.configure" in deps)
-    assert users == ["hybridrec.main", "hybridrec.planner.cli"]
+    assert users == ["hybridrec.main", "hybridrec.plan_cli"]

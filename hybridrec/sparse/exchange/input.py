@@ -102,7 +102,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
     base = 0
     for f, t in enumerate(layout.tables):
         tp = plan.tables[layout.storage_of[f]]
-        row_wise = tp.sharding.value == "row_wise"
+        row_wise = tp.sharding.traits.partial_sums
         if f in layout.dp_tables or not (row_wise or t.jagged):
             continue
         ranges = sorted({s.row_start for s in tp.shards}) if row_wise else [0]

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.sparse.exchange.input import Routed
 from hybridrec.sparse.layout import ShardedLayout
-from hybridrec.types import ShardingType
 
 AfterBackward = Callable[[torch.Tensor, torch.Tensor], None]
 
@@ -165,10 +164,10 @@ def reassemble(
             piece = replicated[:, a:b]
         else:
             where = layout.table_units[i]
-            sharding = layout.plan.tables[layout.storage_of[i]].sharding
-            if sharding == ShardingType.COLUMN_WISE:
+            traits = layout.plan.tables[layout.storage_of[i]].sharding.traits
+            if traits.concatenated:
                 piece = torch.cat([received[p] for p in where], dim=1)
-            elif sharding == ShardingType.ROW_WISE:  # partial sums, added in shard order
+            elif traits.partial_sums:  # added in shard order
                 first = received[where[0]]
                 piece = first.new_zeros(b_local, first.shape[1])
                 for p in where:

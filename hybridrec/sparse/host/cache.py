@@ -12,6 +12,9 @@ the slots holding no row; a slot of this batch or of a step whose backward is pe
 never evicted; a row leaves the cache only with its latest values and state (dirty ones are
 written back). Every lookup admits its rows, then lookup and optimizer run on the cache as
 FusedEmbedding runs on its weight: results equal the all-on-device group bit for bit.
+A prefetch's admission is handed to the lookup of its rows by value (prefetch.Prefetched,
+carried by the staged batch): that lookup takes its slots and sort, and the backward takes
+the sort from its own lookup (through autograd's context), never by identity or a flag.
 The policy lives in policy.py; row moves (copies.MoverMixin) and prefetch
 (prefetch.PrefetchMixin) are mixed in. docs/host-cache.md explains the design.
 """
@@ -28,10 +31,10 @@ from hybridrec.kernels import segment
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.segment import Segments
 from hybridrec.sparse.costs import CACHE_META_BYTES, SLOT_BYTES
-from hybridrec.sparse.fused import FusedEmbedding, LookupInput, RowOptimizer, RowSqSource
+from hybridrec.sparse.fused import FusedEmbedding, RowOptimizer
 from hybridrec.sparse.host import copies, policy
 from hybridrec.sparse.host.memory import GIB, _empty_host
-from hybridrec.sparse.host.prefetch import Background, PrefetchMixin, _Prefetched
+from hybridrec.sparse.host.prefetch import Admitted, Background, Prefetched, PrefetchMixin
 from hybridrec.sparse.host.stats import CacheStats
 from hybridrec.sparse.init import init_shard
 from hybridrec.types import CACHE_HALFLIFE, ShardSpec, TableConfig
@@ -79,8 +82,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         self.prefetched_lookups = 0  # training lookups that took a prefetch's slots as is
         self.warm_hits = (0.0, 0.0)  # see warm_start
         self._protected: torch.Tensor | None = None  # slots whose backward is pending
-        self._training_lookup = False
-        self._counted_ahead = False  # the next training lookup's rows were counted by prefetch
+        self._reserved: Prefetched | None = None  # the last prefetch, until its lookup
         self._stale = False  # host rows were changed from outside: reload the cached ones
         self._worker = Background(self.device)
         self._lock = threading.Lock()  # guards stats between the prefetch thread and callers
@@ -92,7 +94,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         if not 1 <= self.capacity <= R:
             raise ValueError(f"cache of {self.capacity} rows for a group of {R} rows: need 1..{R}")
         self.device = device
-        names = ", ".join(sorted({s.table for _, _, s in shards}))
+        self._names = names = ", ".join(sorted({s.table for _, _, s in shards}))
         row_bytes = D * dtype.itemsize + sum(
             (shape[1] if len(shape) > 1 else 1) * 4 for shape in self.state_shapes.values()
         )
@@ -125,14 +127,10 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         self._admissions = 0
         # free slots, taken from the front (their count is a shape: known without a sync)
         self._free_slots = torch.arange(C, device=device)
+        # bugs noted on the device (no sync), raised by take_stats() and flush(): a row evicted
+        # between its lookup and its update; a lookup of other rows than its prefetch's
         self._evicted_early = torch.zeros((), dtype=torch.bool, device=device)
-        self._ahead: _Prefetched | None = None  # what the last prefetch admitted
-        # (rows, rows sorted) of the last training lookup: its backward dedupes the same
-        # rows, so it takes this sort instead of sorting them again
-        self._segments: tuple[torch.Tensor, Segments | None] | None = None
-        # (inputs, flatten(inputs)) of the last flatten: a forward of the inputs prefetch()
-        # flattened (the several-rank path) gets the very rows tensor the prefetch admitted
-        self._flat: tuple[list[LookupInput], tuple] | None = None
+        self._mismatched = torch.zeros((), dtype=torch.bool, device=device)
         self._evictions = 0
         self._last_misses = 0  # the last admission's: more than the free slots, it evicts
         # rows written back by the kernel path, counted where they are known (on the device)
@@ -170,33 +168,6 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         return pairs
 
     # -- lookups and updates ---------------------------------------------------------------
-    def flatten(
-        self, inputs: Sequence[LookupInput]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]:
-        """FusedEmbedding.flatten, the same tensors again for the same (frozen) inputs as the
-        last call: the forward of inputs whose rows prefetch() admitted then reuses its slots
-        and its sort (which are keyed by the rows tensor)."""
-        last = self._flat
-        if last is not None and len(last[0]) == len(inputs):
-            if all(a is b for a, b in zip(last[0], inputs, strict=True)):
-                return last[1]
-        out = super().flatten(inputs)
-        self._flat = (list(inputs), out)
-        return out
-
-    def lookup(
-        self,
-        rows: torch.Tensor,
-        bags: torch.Tensor,
-        scale: torch.Tensor | None,
-        num_bags: int,
-        out_dtype: torch.dtype = torch.float32,
-        row_sq: RowSqSource | None = None,
-    ) -> torch.Tensor:
-        # pool() runs inside an autograd Function, where grad mode is off: note it here
-        self._training_lookup = torch.is_grad_enabled() and self.optimizer is not None
-        return super().lookup(rows, bags, scale, num_bags, out_dtype, row_sq)
-
     def pool(
         self,
         rows: torch.Tensor,
@@ -204,20 +175,38 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         scale: torch.Tensor | None,
         num_bags: int,
         out_dtype: torch.dtype = torch.float32,
-    ) -> torch.Tensor:
+        prefetched: Prefetched | None = None,
+        training: bool = False,
+    ) -> tuple[torch.Tensor, Segments | None]:
+        """Admit `rows` [N] (or take what `prefetched`, this cache's prefetch of the same
+        rows, admitted), then pool from the cache through their slots. `training`: their
+        backward is pending, so their slots are protected until it ran; a training lookup
+        without its prefetch drops the outstanding one (that batch never comes)."""
         start = time.perf_counter()
-        slots_per_id, slots = self._admit(rows)
-        if self._training_lookup:
-            self._protected = slots  # their backward is pending: never evict them before it
+        self._wait()
+        if self._stale:
+            self._refresh()
+        admitted = None
+        if prefetched is not None:
+            admitted = self._claim(prefetched, rows)
+        elif training:
+            self._reserved = None
+        if admitted is None:  # a prefetch's rows were counted when prefetched
+            admitted = self._admit(
+                rows,
+                protected=self._protected,
+                reserved=self._reserved_slots(),
+                count=prefetched is None,
+            )
+        else:
+            self.prefetched_lookups += 1
+        self._count_admission()
+        if training:
+            self._protected = admitted.slots  # never evict them before their backward
         with self._lock:
             self.stats.wait_s += time.perf_counter() - start
-        return pool(self.cache_weight, slots_per_id, bags, scale, num_bags, out_dtype)
-
-    def _sorted_segments(self, rows: torch.Tensor) -> Segments | None:
-        """The admission's sort of the very `rows` tensor of the lookup being updated (the
-        backward's dedupe sorts the same rows: it takes this instead), used once."""
-        known, self._segments = self._segments, None
-        return known[1] if known is not None and known[0] is rows else None
+        out = pool(self.cache_weight, admitted.per_id, bags, scale, num_bags, out_dtype)
+        return out, admitted.segments
 
     def _update_target(
         self, unique_rows: torch.Tensor
@@ -229,15 +218,22 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         if slots.numel():
             self._evicted_early |= (slots < 0).any()
             slots = slots.clamp(min=0)
-        self.dirty[slots] = True
+        self.dirty.index_fill_(0, slots, True)  # a scalar argument: no copy to the device
         self._protected = None
         return self.cache_weight, self.cache_state(), slots
 
-    def _raise_if_evicted_early(self) -> None:
-        if bool(self._evicted_early):
+    def _raise_if_broken(self) -> None:
+        """Raise what the sync-free checks noted on the device (bugs, named as such)."""
+        early, mismatched = torch.stack([self._evicted_early, self._mismatched]).tolist()
+        if early:
             raise RuntimeError(
                 "host cache: a row was evicted between its lookup and its update (a bug: "
                 "please report it with the config)"
+            )
+        if mismatched:
+            raise RuntimeError(
+                f"host cache of tables {self._names}: a lookup was handed the prefetch of other "
+                "rows (another batch's, of the same size): its results used that batch's slots"
             )
 
     # -- admission ---------------------------------------------------------------------------
@@ -245,44 +241,25 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
     def _admit(
         self,
         rows: torch.Tensor,
+        *,
         prefetch: bool = False,
         protected: torch.Tensor | None = None,
+        reserved: torch.Tensor | None = None,
+        count: bool = True,
         move_later: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Make every row of `rows` [N] cached; returns (slot of each id [N], slots of the
-        distinct rows [U]). `prefetch`: the next batch's rows (counted now, reused by its
-        lookup), admitted beside `protected`, the slots of the step whose backward is to run
-        (prefetch() runs this on its background thread and passes them). `move_later`: the
-        rows move on the background thread (an admission here, rows moved there).
+    ) -> Admitted | None:
+        """Make every row of `rows` [N] cached: their slots and sort. `protected`: slots of
+        the step whose backward is pending; `reserved`: those of the outstanding prefetch;
+        neither is evicted. `count`: count the rows' uses (a prefetched batch's are counted
+        when prefetched, not again by its lookup). `prefetch`: the next batch's rows
+        (prefetch() runs this on its background thread): None when they do not fit.
+        `move_later`: the rows move on the background thread.
 
-        None for the training lookup of the rows the last prefetch admitted (its slots are
-        reused); else one host sync (U and the misses, read together, with how many slots
-        may be evicted when the last admission's misses outnumbered the free slots), and a
-        second only when it must evict unforeseen; sizes come from those, so nothing else
-        waits for the device."""
-        if not prefetch:
-            self._wait()
-            if self._stale:
-                self._refresh()
-            protected = self._protected
-        ahead = self._ahead
-        if (
-            not prefetch
-            and ahead is not None
-            and ahead.rows is rows
-            and ahead.evictions == self._evictions
-            and self._training_lookup
-            and self._counted_ahead
-        ):
-            # the rows the last prefetch admitted (and counted), all still in its slots
-            self._ahead, self._counted_ahead = None, False
-            self._segments = (rows, ahead.segments)
-            self.prefetched_lookups += 1
-            self._count_admission()
-            return ahead.per_id, ahead.slots
+        One host sync (U and the misses, read together, with how many slots may be evicted
+        when the last admission's misses outnumbered the free slots), and a second only when
+        it must evict unforeseen; sizes come from those, so nothing else waits for the
+        device."""
         segments = segment.sorted_segments(rows) if rows.numel() else None
-        if self._training_lookup and not prefetch:
-            self._segments = (rows, segments)
         uniq, inverse, counts, n_unique = policy.unique_padded(rows, segments)
         slots = self.slot_of.index_select(0, uniq).long()  # -1: a miss (padding: a valid row)
         miss = slots < 0
@@ -291,7 +268,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
             real = torch.arange(miss.numel(), device=miss.device) < n_unique
             wanted = [n_unique, (miss & real).sum()]
             if self._n_free < self._last_misses:  # it will likely evict: read how many can go
-                masked = self._eviction_scores(policy.kept(slots, protected))  # in the same sync
+                masked = self._eviction_scores(policy.kept(slots, protected, reserved))
                 wanted.append(policy.evictable(masked))
             u, n_miss, *rest = torch.stack(wanted).tolist()
             evictable = rest[0] if rest else None
@@ -299,10 +276,6 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
             u, n_miss = 0, 0
         self._last_misses = n_miss
         uniq, counts, slots, miss = uniq[:u], counts[:u], slots[:u], miss[:u]
-        # A prefetched batch is counted when prefetched (what was cached before it was
-        # known), not again by its own lookup, which then finds everything cached.
-        count = prefetch or not (self._training_lookup and self._counted_ahead)
-        self._counted_ahead = prefetch or (self._counted_ahead and not self._training_lookup)
         if count:
             policy.record_uses(self.freq, uniq, counts)
             with self._lock:
@@ -311,9 +284,11 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         if n_miss:
             # the missing rows' positions, ascending (so are their rows: sorted host reads)
             at = torch.sort(miss.to(torch.uint8), descending=True, stable=True).indices[:n_miss]
-            chosen = self._choose_slots(n_miss, slots, protected, prefetch, masked, evictable)
+            chosen = self._choose_slots(
+                n_miss, slots, protected, reserved, prefetch, masked, evictable
+            )
             if chosen is None:
-                return slots, slots  # a prefetch that does not fit: the lookup will admit
+                return None  # a prefetch that does not fit: the lookup will admit
             new_slots, victims = chosen
             miss_rows = uniq.index_select(0, at)
             victim_rows = self.row_of_slot.index_select(0, victims)
@@ -331,12 +306,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
                 self._worker.submit(lambda: self._move(*job), job)
             else:
                 self._move(*job)
-        per_id = slots.index_select(0, inverse)
-        if prefetch:
-            self._ahead = _Prefetched(rows, per_id, slots, self._evictions, segments)
-        else:
-            self._count_admission()
-        return per_id, slots
+        return Admitted(slots.index_select(0, inverse), slots, segments)
 
     def _count_admission(self) -> None:
         """A lookup's admission: every `age_every` of them, use counts halve (ageing)."""
@@ -352,16 +322,17 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         n_miss: int,
         slots: torch.Tensor,
         protected: torch.Tensor | None,
+        reserved: torch.Tensor | None,
         prefetch: bool,
         masked: torch.Tensor | None = None,
         evictable: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(`n_miss` slots for new rows, victims): free slots first, then the lowest-score
-        slots outside this batch's `slots` [U] (-1 entries ignored) and `protected`, evicted
-        (victims, returned so dirty ones are written back; in bulk, so there may be more
-        victims than needed: they join the free slots). None when they do not fit and this
-        is only a prefetch. `masked`, `evictable`: the eviction scores of those slots and
-        their finite count, when read already."""
+        slots outside this batch's `slots` [U] (-1 entries ignored), `protected` and
+        `reserved`, evicted (victims, returned so dirty ones are written back; in bulk, so there
+        may be more victims than needed: they join the free slots). None when they do not
+        fit and this is only a prefetch. `masked`, `evictable`: the eviction scores of those
+        slots and their finite count, when read already."""
         take = min(n_miss, self._n_free)
         free = self._free_slots[:take]
         short = n_miss - take
@@ -369,17 +340,16 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
             self._free_slots = self._free_slots[take:]
             return free, free.new_empty(0)
         if masked is None or evictable is None:
-            masked = self._eviction_scores(policy.kept(slots, protected))
+            masked = self._eviction_scores(policy.kept(slots, protected, reserved))
             evictable = int(policy.evictable(masked))  # a second sync
         victims = policy.choose_victims(masked, short, evictable, self.evict_share)
         if victims is None:
             if prefetch:
                 return None
             raise CacheTooSmallError(
-                f"host cache of tables {', '.join(sorted({s.table for s in self.shards}))}: "
-                f"{self.capacity:,} rows cannot hold the {slots.numel():,} distinct rows of one "
-                "batch next to the rows still in use; raise sharding.cache_fraction or "
-                "sharding.cache_gb, or lower train.batch_size"
+                f"host cache of tables {self._names}: {self.capacity:,} rows cannot hold the "
+                f"{slots.numel():,} distinct rows of one batch next to the rows still in use; "
+                "raise sharding.cache_fraction or sharding.cache_gb, or lower train.batch_size"
             )
         self._evictions += 1
         self._free_slots = victims[short:]
@@ -390,7 +360,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
     def flush(self) -> None:
         """Write every dirty cached row back to host memory (rows stay cached)."""
         self._wait()
-        self._raise_if_evicted_early()
+        self._raise_if_broken()
         dirty = self.dirty.nonzero().squeeze(1)
         if dirty.numel():
             start = time.perf_counter()
@@ -436,7 +406,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         self.slot_of.fill_(-1)
         self.row_of_slot.fill_(-1)
         self.dirty.zero_()
-        self._ahead = None  # its slots are gone
+        self._reserved = None  # its slots are gone
         self._free_slots = torch.arange(self.capacity, device=self.device)
         n = policy.warm_size(frequency, self.capacity)
         if n == 0:
@@ -455,7 +425,7 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
     def take_stats(self) -> CacheStats:
         """The counters since the last call (and reset them); waits for a prefetch in flight."""
         self._wait()
-        self._raise_if_evicted_early()
+        self._raise_if_broken()
         written = int(self._written_on_device)
         self._written_on_device.zero_()
         with self._lock:

@@ -55,20 +55,21 @@ def slot_scores(freq: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
     return torch.where(used, freq.index_select(0, row_of_slot.clamp(min=0)), 0.0)
 
 
-def kept(slots: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
-    """Slots new rows may not take: this batch's (`slots`, -1 for its misses) and those
-    whose backward is pending (`protected`)."""
-    return slots if protected is None else torch.cat([slots, protected])
+def kept(*slots: torch.Tensor | None) -> torch.Tensor:
+    """Slots new rows may not take, one tensor: this batch's (-1 for its misses), those
+    whose backward is pending, those a prefetch admitted for its lookup (None: none)."""
+    return torch.cat([s for s in slots if s is not None])
 
 
 def eviction_scores(
     score: torch.Tensor, free_slots: torch.Tensor, keep: torch.Tensor
 ) -> torch.Tensor:
     """[C]: `score` [C] with inf for the free slots and for `keep` (slots; -1 ignored): the
-    finite entries are the slots an eviction may take."""
+    finite entries are the slots an eviction may take. No host sync: index_fill_ takes its
+    value as a kernel argument (`masked[i] = inf` would copy it from pageable host memory)."""
     C = score.numel()
     masked = torch.cat([score, score.new_zeros(1)])  # [C + 1]: index C takes the -1s
-    masked[free_slots] = float("inf")  # taken first, before any eviction
+    masked.index_fill_(0, free_slots, float("inf"))  # taken first, before any eviction
     masked.index_fill_(0, torch.where(keep < 0, C, keep), float("inf"))
     return masked[:C]
 

@@ -33,10 +33,9 @@ from hybridrec.safeload import UnsafeFileError, load_convertible, load_tensors
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
     list_checkpoints,
-    refusal,
     write_file,
 )
-from hybridrec.train.checkpoint.load import read_manifest
+from hybridrec.train.checkpoint.load import read_manifest, refusal
 
 _ATOMS = (bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype, torch.device)
 

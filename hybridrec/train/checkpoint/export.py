@@ -24,13 +24,12 @@ from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
-    ShardFiles,
     dense_state,
     load_dense_state,
     shard_views,
     write_file,
 )
-from hybridrec.train.checkpoint.load import load_dense, read_manifest
+from hybridrec.train.checkpoint.load import ShardFiles, load_dense, read_manifest
 from hybridrec.types import TableConfig, storage_tables
 
 

@@ -20,15 +20,14 @@ from torch import nn
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, embedding_modules
 from hybridrec.train.checkpoint.format import (
+    CONVERT,
     FILE_NAME,
     FORMAT_VERSION,
     CheckpointError,
     CorruptCheckpointError,
-    ShardFiles,
     TrainState,
     list_checkpoints,
     load_dense_state,
-    load_file,
     sha256,
     shard_views,
     signature_differences,
@@ -212,3 +211,52 @@ def load_checkpoint(
     if dense["rng_cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(dense["rng_cuda"][: torch.cuda.device_count()])
     return TrainState(manifest["step"], manifest["data_position"], manifest.get("extra", {}))
+
+
+def load_file(path: Path, mmap: bool = False) -> Any:
+    """A checkpoint file as data only; a file holding anything else is refused with one
+    line (`refusal`)."""
+    try:
+        return load_tensors(path, mmap=mmap)
+    except UnsafeFileError as e:
+        raise CheckpointError(refusal(e, Path(path).parent)) from None
+
+
+def refusal(e: UnsafeFileError, step_dir: Path) -> str:
+    """What was refused in checkpoint `step_dir`, and what to do: the conversion only where
+    it can work (numpy data an older writer left; never for a pickled callable or unknown
+    class, which nothing should load), and the newest intact checkpoint before it."""
+    if e.convertible:
+        fix = (
+            f"It holds numpy data, as an older writer left it: convert it once with {CONVERT} "
+            f"{step_dir} (which builds numpy data only, never code)"
+        )
+    else:
+        fix = (
+            "That is code, not data hybridrec writes (a planted or foreign file): neither load "
+            "nor convert it"
+        )
+    try:
+        older = intact_before(step_dir)
+    except CheckpointError:
+        older = []
+    if older:
+        fix += (
+            f"; the newest intact checkpoint before it is {older[0]}: resume from it with "
+            f"checkpoint.resume={older[0]}"
+        )
+    elif not e.convertible:
+        fix += f"; no older intact checkpoint is in {step_dir.parent}"
+    return f"{e}. {fix}"
+
+
+class ShardFiles:
+    """Memory-mapped shard files, opened once each."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.cache = root, {}
+
+    def __call__(self, name: str) -> dict[str, Any]:
+        if name not in self.cache:
+            self.cache[name] = load_file(self.root / name, mmap=True)
+        return self.cache[name]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 
+from hybridrec.plan_cli import load_tables
 from hybridrec.planner import OptimizerFootprint, rank_memory
-from hybridrec.planner.cli import _load_tables
 from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
 
 GIB = 1 << 30
@@ -36,7 +36,7 @@ UNEVEN = [
 
 
 def kaggle() -> list[TableConfig]:
-    return _load_tables("dlrm_kaggle")[1]
+    return load_tables("dlrm_kaggle")[1]
 
 
 def check_plan(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from hybridrec.plan_cli import load_tables
 from hybridrec.planner import (
     CachePolicy,
     OptimizerFootprint,
@@ -15,7 +16,6 @@ from hybridrec.planner import (
     plan_sharding,
 )
 from hybridrec.planner.auto import BALANCE_TOLERANCE, _Cuts
-from hybridrec.planner.cli import _load_tables
 from hybridrec.planner.placement import _Base, _Context
 from hybridrec.types import ShardingType, TableConfig
 from tests.unit.planner.cases import GIB, MIB, UNEVEN, check_plan, kaggle
@@ -68,7 +68,7 @@ def test_auto_balances_kaggle(world):
 
 def test_auto_fits_nvidia_113b_example_on_8_ranks():
     """Criteo 1TB uncapped (largest table 292,775,614 x 128 fp32 = 150 GB) on 8 x 80 GB."""
-    name, tables = _load_tables("dlrm_1tb_uncapped")
+    name, tables = load_tables("dlrm_1tb_uncapped")
     assert max(t.num_rows for t in tables) == 292_775_614
     topo = Topology(8, 75 * GIB)  # 80 GiB minus 5 GiB for the dense model and activations
     plan = plan_sharding(tables, topo, "auto", 65536)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hybridrec.optim.sparse import SPARSE_OPTIMIZERS
+from hybridrec.plan_cli import main
 from hybridrec.planner import OPTIMIZERS
-from hybridrec.planner.cli import main
 
 
 def test_cli_plans_the_113b_model(capsys):
@@ -72,3 +72,22 @@ def test_cli_sizes_every_optimizer_the_trainer_offers(capsys):
     with pytest.raises(SystemExit):
         main("--model dlrm_tiny --optimizer adamw".split())
     assert "invalid choice: 'adamw'" in capsys.readouterr().err
+
+
+def test_cli_plans_any_model_the_trainer_builds(capsys):
+    """The tables planned are the ones the model declares: a model class by name (its tables
+    named by module path) and a user's class by import path (imported on purpose)."""
+    argv = "--world-size 2 --batch-size 64 --mode row_wise".split()
+    two_tower = [
+        "model.arch=two_tower",
+        "+model.args.user_features=[cat_0,cat_1]",
+        "+model.args.item_features=[cat_2,cat_3]",
+    ]
+    assert main([*argv, *two_tower]) == 0
+    out = capsys.readouterr().out
+    assert "model two_tower" in out or "model.arch=two_tower" in out
+    assert "users.cat_0" in out and "item_bias.cat_2" in out
+    assert main([*argv, "model._target_=tests.models.user_model.TinyUser"]) == 0
+    assert "TinyUser" in capsys.readouterr().out
+    assert main([*argv, "model._target_=no_such.Model"]) == 2
+    assert "does not import" in capsys.readouterr().err

@@ -117,3 +117,26 @@ def test_bad_pins_are_named():
         plan_sharding(UNEVEN, topo, "auto", 64, pins={"big": "rows"})
     with pytest.raises(PlannerError, match="table 'huge' pinned table_wise .* fits on no rank"):
         plan_sharding(UNEVEN, Topology(2, 200 * MIB), "row_wise", 64, pins={"huge": "table_wise"})
+
+
+def test_a_cache_the_floor_raises_is_logged_with_the_reason(caplog):
+    """sharding.cache_fraction=0.1 of a 1,200-row table is 120 rows, fewer than two batches'
+    ids (2 x 1,024): the cache holds the whole table. One INFO line says so and why, and the
+    plan's reason names it; a fraction the floor leaves alone logs nothing."""
+    tables = [TableConfig("big", 100_000, 8), TableConfig("small", 1200, 8)]
+    with caplog.at_level("INFO", logger="hybridrec"):
+        plan = plan_sharding(tables, Topology(1, GIB), "host", 1024, cache=CachePolicy(0.1))
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("host caches larger than sharding.cache_fraction=0.1 asks: small 100%")
+    assert "big" not in line and "2 batches' ids" in line and "global batch of 1,024" in line
+    assert plan.table("small").reason.endswith("(100%), raised to hold 2 batches' ids")
+    assert plan.table("big").reason.endswith("device cache 10,000 rows (10%)")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hybridrec"):
+        plan_sharding(tables[:1], Topology(1, GIB), "host", 1024, cache=CachePolicy(0.1))
+        plan_sharding(tables, Topology(1, GIB), "table_wise", 1024, cache=CachePolicy(0.1))
+    assert not caplog.records
+    with caplog.at_level("INFO", logger="hybridrec"):  # with cache_gb: the fraction it gives
+        plan_sharding(tables, Topology(1, GIB), "host", 1024, cache=CachePolicy(gb=0.0001))
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("host caches larger than sharding.cache_gb=0.0001 (")

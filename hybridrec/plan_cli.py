@@ -1,12 +1,19 @@
-"""`hybridrec-plan`: print the sharding plan of a model config for a given cluster.
+"""`hybridrec-plan`: print the sharding plan of any model for a given cluster, without GPUs.
 
     hybridrec-plan --model dlrm_1tb_uncapped --world-size 8 --hbm-gb 80
     hybridrec-plan --model dlrm_1tb --world-size 1 --hbm-gb 80 --reserve-gb 64   # host caches
+    hybridrec-plan data=table data.path=/data/ml100k/bin model.arch=two_tower \
+        '+model.args.user_features=[user_id]' '+model.args.item_features=[movie_id]'
+    hybridrec-plan model._target_=my_pkg.MyModel +model.args.dim=64 --world-size 4
 
-`--model` is a name under conf/model/ or a path to a model yaml. Memory sizes given in "GB"
-are GiB (2**30 bytes, how GPU memory is sized: an "80 GB" H100 has 80 GiB); bandwidths are
-decimal (GB/s = 1e9 bytes/s, TB/s = 1e12), as links are rated. Returns 0 with a plan, 2 when
-the plan does not fit or an argument is wrong.
+The model is chosen as hybridrec-train chooses it: `--model` (a name under conf/model/ or a
+path to a model yaml) or hybridrec-train's own overrides (`model=...`, `model.arch=...`,
+`model._target_=...` with `model.args`, `data=table data.path=...` for a dataset's tables);
+the tables planned are the ones the model declares (hybridrec.builder.model_features: a model
+class is imported and built without rows). Memory sizes given in "GB" are GiB (2**30 bytes,
+how GPU memory is sized: an "80 GB" H100 has 80 GiB); bandwidths are decimal (GB/s = 1e9
+bytes/s, TB/s = 1e12), as links are rated. Returns 0 with a plan, 2 when the plan does not fit
+or an argument is wrong.
 """
 
 from __future__ import annotations
@@ -14,9 +21,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from hybridrec.config import TABLE_DTYPES
-from hybridrec.configure import load_model_config
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridrec.builder import model_features
+from hybridrec.config import CONF_DIR, TABLE_DTYPES, compose
+from hybridrec.config.cli import model_file
+from hybridrec.configure import validate
+from hybridrec.model.registry import model_name
 from hybridrec.planner.cost import estimate_cost
 from hybridrec.planner.memory import host_memory
 from hybridrec.planner.plan import MODES, plan_sharding
@@ -31,11 +46,28 @@ from hybridrec.planner.types import (
 )
 from hybridrec.types import PIN_MODES, TableConfig
 
+DEFAULT_MODEL = "dlrm_kaggle"
 
-def _load_tables(model: str) -> tuple[str, list[TableConfig]]:
-    """(model name, tables cat_0..cat_{T-1}) of a model, loaded as hybridrec-train loads it."""
-    m = load_model_config(model)
-    return m.name, list(m.tables())
+
+def load_tables(model: str | None, overrides: Sequence[str] = ()) -> tuple[str, list[TableConfig]]:
+    """(model name, the features its tables are declared for) of the model `model` (a name
+    under conf/model/ or a yaml path; None: the overrides' choice, else DEFAULT_MODEL) and
+    hybridrec-train's `overrides`, as hybridrec-train would build it."""
+    overrides = list(overrides)
+    chosen = any(o.lstrip("+").startswith(("model=", "model.", "data=")) for o in overrides)
+    yaml = model is not None and Path(model).suffix != ""
+    if not yaml and (model is not None or not chosen):
+        overrides.insert(0, f"model={model or DEFAULT_MODEL}")
+    try:
+        raw = compose(overrides)
+    except (HydraException, OmegaConfBaseException) as e:  # a misspelt group choice or key
+        models = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+        why = str(e).splitlines()[0]
+        raise ValueError(f"{why} (models in conf/model: {', '.join(models)})") from None
+    if yaml:  # a model file of one's own, as a model group file
+        raw.model = OmegaConf.merge(raw.model, model_file(str(model)))
+    cfg = validate(raw)
+    return model_name(cfg.model), model_features(cfg)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,8 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        default="dlrm_kaggle",
-        help="model name in conf/model/ or path to a model yaml (default dlrm_kaggle)",
+        default=None,
+        help="model name in conf/model/ or path to a model yaml (default: the overrides' "
+        "model, else dlrm_kaggle)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="hybridrec-train overrides choosing any other model: model.arch=..., "
+        "model._target_=pkg.Class +model.args.k=v, data=table data.path=DIR, ...",
     )
     p.add_argument("--world-size", type=int, default=8, help="number of ranks (default 8)")
     p.add_argument(
@@ -140,8 +179,8 @@ def _parse_pins(items: Sequence[str]) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        name, tables = _load_tables(args.model)
+    try:  # a model that does not build is a usage error too, one line
+        name, tables = load_tables(args.model, args.overrides)
         budget = int((args.hbm_gb - args.reserve_gb) * GIB)
         if budget <= 0:
             raise ValueError(
