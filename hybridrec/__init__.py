@@ -3,9 +3,9 @@ tables, data-parallel everything else), exactly equal to one process at any scal
 
 As a library (docs/library.md): declare `EmbeddingTables` (of `Table`s and the `Feature`s that
 look them up) in your own nn.Module, then `parallelize(model, ...)` shards them over the
-ranks; feed the model `KeyedIds`; end with `shutdown()`. Retrieval: `retrieval_loss` (a softmax
-over every rank's items, given the group), `candidate_ids` (a step's item lookup). As a trainer: `hybridrec-train`
-(README.md).
+ranks; feed the model `KeyedIds`; end with `shutdown()`. Retrieval: `retrieval_loss` (a
+softmax over every rank's items, given the group), `candidate_ids` (a step's item lookup). As
+a trainer: `hybridrec-train` (README.md).
 """
 
 from __future__ import annotations

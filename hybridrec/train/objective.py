@@ -29,6 +29,7 @@ from hybridrec.model.retrieval import candidate_ids
 from hybridrec.model.tables import EmbeddingTables
 from hybridrec.model.task import LossBatch, task_outputs
 from hybridrec.train.retrieval import RetrievalObjective
+from hybridrec.train.topk import CatalogueEval
 from hybridrec.types import Batch, KeyedIds, TableConfig, hot_offsets
 
 
@@ -86,6 +87,12 @@ class Objective:
                     f"look up its item feature {self.item_feature!r} in EmbeddingTables of that "
                     "feature alone, once per step (hybridrec.model.retrieval.candidate_ids)"
                 )
+
+    def catalogue_eval(self, split: str, env: DistEnv, lookup: int | None) -> CatalogueEval:
+        """An evaluation of dataset split `split` over the whole catalogue (retrieval only),
+        looking items up `lookup` at a time (None: 8192)."""
+        assert self.interactions is not None, "a retrieval model's evaluation"
+        return CatalogueEval(self.model, self.interactions, split, env, self.user_rows, lookup)
 
     def forward_kwargs(self, step: int) -> dict[str, Any]:
         """The forward's arguments besides (dense, ids) for training step `step` (from 1)."""

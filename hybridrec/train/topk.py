@@ -24,12 +24,13 @@ scores agree to float32 round-off (a matmul over other shapes), as training does
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from hybridrec.config.schema import EvalConfig
 from hybridrec.data.interactions import Interactions
 from hybridrec.distributed.comm import all_gather_rows, any_rank
 from hybridrec.distributed.env import DistEnv
@@ -57,17 +58,20 @@ def _codes(users: np.ndarray, items: np.ndarray, width: int) -> np.ndarray:
 
 
 class CatalogueEval:
-    """One evaluation of a retrieval model over `split` (a dataset split: val or test)."""
+    """One evaluation of retrieval model `model` (query, candidates: not wrapped in DDP)
+    over dataset split `split` (val or test); `user_rows`: the user table's rows."""
 
     def __init__(
         self,
+        model: torch.nn.Module,
         pairs: Interactions,
         split: str,
         env: DistEnv,
         user_rows: int,
-        lookup: int = 8192,
+        lookup: int | None = None,
     ) -> None:
-        self.pairs, self.split, self.env, self.lookup = pairs, split, env, lookup
+        self.model, self.pairs, self.split, self.env = model, pairs, split, env
+        self.lookup = lookup or 8192
         catalogue = pairs.catalogue()
         self.catalogue = catalogue
         n, world = len(catalogue), env.world_size
@@ -161,22 +165,22 @@ class CatalogueEval:
 
 @torch.no_grad()
 def evaluate_retrieval(
-    model: torch.nn.Module,
     run: CatalogueEval,
     loader: Iterator[Batch],
     keyed: Callable[[torch.Tensor], KeyedIds],
-    batch_size: int,
+    cfg: EvalConfig,
     batches: int | None,
-    ks: Sequence[int],
     autocast: torch.autocast,
     check_inputs: Callable[[], None],
     chunk: int | None = None,
     lists: bool = False,
 ) -> tuple[dict[str, float], TopKLists | None]:
-    """HR@K, Recall@K and NDCG@K for each K of `ks` (module docstring) over the users whose
-    first row of the split lies in its first `batches` global batches of `batch_size` (None:
-    all), with `eval_samples` the users counted; and, with `lists`, every user's top-K.
-    `model`: the retrieval model (query, candidates: hybridrec.model.retrieval), not wrapped."""
+    """HR@K, Recall@K and NDCG@K for each K of `cfg.topk` (module docstring) over the users
+    whose first row of the split lies in its first `batches` global batches of
+    `cfg.batch_size` (None: all), with `eval_samples` the users counted; with `lists`, also
+    every user's top-K. `loader`: this rank's slices of those batches; `chunk`: samples per
+    lookup (None: a slice at once)."""
+    model, ks, batch_size = run.model, cfg.topk, cfg.batch_size
     env, k = run.env, max(ks)
     world = env.world_size
     local = -(-batch_size // world)

@@ -53,7 +53,7 @@ from hybridrec.train.pipeline import TrainPipeline, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.train.resume import Checkpointer, check_resume
-from hybridrec.train.topk import CatalogueEval, TopKLists, evaluate_retrieval
+from hybridrec.train.topk import TopKLists, evaluate_retrieval
 from hybridrec.types import Batch, KeyedIds
 
 log = logging.getLogger("hybridrec")
@@ -274,8 +274,7 @@ class Trainer:
                 self.autocast,
                 self.check_inputs,
                 self.cfg.model.task,
-                # host caches hold one training batch's rows: evaluate in chunks that fit
-                chunk=self.local_batch if any(m.prefetches for m in self.embeddings) else None,
+                chunk=self._eval_chunk(),
                 check_dense=self.dense_checks.get("eval"),
             )
 
@@ -286,26 +285,16 @@ class Trainer:
         (hybridrec.train.topk), and with `lists` each user's top-K; in eval mode."""
         self.model.eval()
         name = self.cfg.data.eval_split if split == "eval" else split
-        objective = self.objective
-        assert objective.interactions is not None, "a retrieval model's evaluation"
-        # host caches hold one training batch's rows: look up in chunks that fit
-        chunk = self.local_batch if any(m.prefetches for m in self.embeddings) else None
-        run = CatalogueEval(
-            objective.interactions, name, self.env, objective.user_rows, chunk or 8192
-        )
+        run = self.objective.catalogue_eval(name, self.env, self._eval_chunk())
+        batches = None if whole else self.cfg.eval.batches
         return evaluate_retrieval(
-            objective.model,
-            run,
-            self.loader(split),
-            self.keyed,
-            self.cfg.eval.batch_size,
-            None if whole else self.cfg.eval.batches,
-            self.cfg.eval.topk,
-            self.autocast,
-            self.check_inputs,
-            chunk=chunk,
-            lists=lists,
-        )
+            run, self.loader(split), self.keyed, self.cfg.eval, batches, self.autocast,
+            self.check_inputs, self._eval_chunk(), lists,
+        )  # fmt: skip
+
+    def _eval_chunk(self) -> int | None:
+        """Samples per lookup in evaluation: host caches hold one training batch's rows."""
+        return self.local_batch if any(m.prefetches for m in self.embeddings) else None
 
     def _eval_rows(self, split: str = "eval") -> int | None:
         """Rows of a held-out split (a file source; None for an endless stream)."""

@@ -1,6 +1,6 @@
 """Retrieval and a model's own loss on W gloo ranks == the single-process reference.
 
-For W = 1, 2, 3, 4 (one spawn each, every case a job in it), on a leave-last-out
+For W = 1, 2, 3, 4 (the session's shared group of each size), on a leave-last-out
 implicit-feedback table (tests/retrieval/tables.py):
 - model.task=retrieval through the Trainer: the built-in two_tower (with tower MLPs, unit
   vectors, logQ, sampled negatives, accidental hits removed; and embeddings only) and a
@@ -32,7 +32,7 @@ from hybridrec.optim import RowWiseAdagrad
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
-from tests.distributed.harness import spawn_jobs
+from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import assemble, snapshot
 from tests.retrieval.tables import small_dataset
 
@@ -182,10 +182,6 @@ def own_loop(group) -> dict:  # noqa: ANN001
     return {"losses": losses, "rows": rows, "tower": inner.tower.weight.detach().clone()}
 
 
-def own_loop_job(env: DistEnv) -> dict:
-    return own_loop(env.group)
-
-
 def whole(parts: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> tuple:
     parts = sorted(parts, key=lambda p: p[0])
     return torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts])
@@ -205,13 +201,16 @@ def reference(data: Path, case: str) -> dict:
     return train_and_collect(init_distributed("cpu"), make_cfg(data, case, "none", 1))
 
 
-def jobs(data: Path, world: int) -> list:
-    configs = [
+def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
+    return {"cases": run_cases(env, configs), "own_loop": own_loop(env.group)}
+
+
+def configs(data: Path, world: int) -> list[tuple[str, Config]]:
+    return [
         (f"{case}/{mode}", make_cfg(data, case, mode, world))
         for case, modes in MODES.items()
         for mode in modes
     ]
-    return [("cases", run_cases, (configs,)), ("own_loop", own_loop_job, ())]
 
 
 def same_lists(got: tuple, want: tuple, label: str) -> None:
@@ -226,7 +225,8 @@ def same_lists(got: tuple, want: tuple, label: str) -> None:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_retrieval_and_own_losses_match_one_process(data, world):
-    results = spawn_jobs(world, jobs(data, world), timeout=900)
+    ranks = run_shared(world, run_all, configs(data, world), timeout=900)
+    results = {"cases": [r["cases"] for r in ranks], "own_loop": [r["own_loop"] for r in ranks]}
     tol = {"rtol": 1e-4, "atol": 1e-5}
     for case, modes in MODES.items():
         ref = reference(data, case)

@@ -22,9 +22,7 @@ class L2MF(nn.Module):
         rows = {f.name: f.num_rows for f in features}
         self.users = hybridrec.EmbeddingTables([hybridrec.Table("user_id", rows["user_id"], dim)])
         self.items = hybridrec.EmbeddingTables([hybridrec.Table("item_id", rows["item_id"], dim)])
-        self.user_bias = hybridrec.EmbeddingTables(
-            [hybridrec.Table("user_id", rows["user_id"], 1)]
-        )
+        self.user_bias = hybridrec.EmbeddingTables([hybridrec.Table("user_id", rows["user_id"], 1)])
         self.bias = nn.Parameter(torch.tensor(3.0))
         self.l2 = l2
 

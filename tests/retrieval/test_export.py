@@ -83,7 +83,9 @@ def test_retrieval_export_refuses_what_it_cannot_do(data, tmp_path, capsys):
     missing = tmp_path / "nowhere"
     assert export_main([str(tmp_path / "ck"), str(plain), "--retrieval", "--data", str(missing)])
     err = capsys.readouterr().err
-    assert err.startswith("hybridrec-export: --retrieval needs the dataset") and err.count("\n") == 1
+    assert (
+        err.startswith("hybridrec-export: --retrieval needs the dataset") and err.count("\n") == 1
+    )
     mf = make_config(
         "data=table", f"data.path={data}", "device=cpu", "train.batch_size=16", "train.steps=2",
         "eval.every=0", f"checkpoint.dir={tmp_path / 'mf'}", "model.arch=two_tower",
