@@ -78,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = export_checkpoint(path, args.file, verify=not args.no_verify)
         if args.retrieval:
             data = args.data or (extra.get("stream") or {}).get("data.path")
-            n = write_catalogue(args.file, data)
-            print(f"{args.file}: {n} items' vectors from the dataset {data}")
+            items = write_catalogue(args.file, data)
     except (CheckpointError, ValueError) as e:  # refused files or config, damaged files
         print(f"hybridrec-export: {e}", file=sys.stderr)
         return 1
@@ -88,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
+    if args.retrieval:
+        print(f"and the vectors of {items} items, every item of the dataset {data}")
     model = extra.get("model")
     target = model.get("_target_") if isinstance(model, dict) else None
     trust = ", trust_import=True" if target else ""  # the class is imported: the user's call

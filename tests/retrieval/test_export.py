@@ -37,7 +37,7 @@ def test_exported_topk_equals_the_trainers_evaluation(data, tmp_path, capsys):
     out = tmp_path / "model.pt"
     assert export_main([str(tmp_path / "ck"), str(out), "--retrieval"]) == 0
     printed = capsys.readouterr().out
-    assert "items' vectors from the dataset" in printed and ".topk(dense, ids, k" in printed
+    assert "every item of the dataset" in printed and ".topk(dense, ids, k" in printed
     model = load_export(out)
     assert isinstance(model, RetrievalExport)
     catalogue = sorted({i for s in ("train", "val", "test") for _, i, _ in _rows(data, s)})
