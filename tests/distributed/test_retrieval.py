@@ -10,7 +10,9 @@ implicit-feedback table (tests/retrieval/tables.py):
   ties by item id) on val (seen: train) and test (seen: train and val);
 - a model's own loss on a regression task (matrix factorisation with L2 on the rows it
   looked up) through the Trainer;
-- hybridrec.retrieval_loss in a user's own loop, with the group.
+- hybridrec.retrieval_loss in a user's own loop, with the group;
+- hybridrec-export --retrieval of the W-rank run's checkpoint: its topk gives the
+  one-process evaluation's lists.
 Tolerances as tests/distributed/test_equivalence.py (float32 round-off); top-K item lists
 must be identical (the evaluation batch, 10, leaves padding on 3 and 4 ranks).
 """
@@ -28,13 +30,16 @@ from torch import nn
 import hybridrec
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
+from hybridrec.model import load_export
 from hybridrec.optim import RowWiseAdagrad
 from hybridrec.sparse.api import embedding_modules
+from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
 from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import assemble, snapshot
 from tests.retrieval.tables import small_dataset
+from tests.retrieval.test_retrieval import _rows
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +124,8 @@ def train_and_collect(env: DistEnv, cfg: Config) -> dict:
     for m in trainer.embeddings:
         for g in m.host_groups():
             g.flush()  # host tables: cached rows back into host memory
+    if cfg.checkpoint.dir:  # exported after the spawn: its topk against the reference's lists
+        trainer.save()
     return {**out, **snapshot(trainer)}
 
 
@@ -206,11 +213,35 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:
 
 
 def configs(data: Path, world: int) -> list[tuple[str, Config]]:
-    return [
+    out = [
         (f"{case}/{mode}", make_cfg(data, case, mode, world))
         for case, modes in MODES.items()
         for mode in modes
     ]
+    out[0][1].checkpoint.dir = str(data.parent / f"checkpoints_{world}")  # exported below
+    return out
+
+
+def check_export(data: Path, world: int, want: tuple) -> None:
+    """hybridrec-export --retrieval of the W-rank run's checkpoint ranks the test split's
+    users as the one-process run's evaluation did."""
+    out = data.parent / f"model_{world}.pt"
+    assert export_main([str(data.parent / f"checkpoints_{world}"), str(out), "--retrieval"]) == 0
+    model = load_export(out)
+    firsts, seen = {}, {}
+    for u, i, age in _rows(data, "test"):
+        firsts.setdefault(u, (i, age))
+    for split in ("train", "val"):
+        for u, i, _ in _rows(data, split):
+            seen.setdefault(u, []).append(i)
+    _, lists = want
+    users = lists.users.tolist()
+    dense = torch.tensor([[firsts[u][1]] for u in users], dtype=torch.float32)
+    ids = torch.tensor([[u, firsts[u][0]] for u in users])
+    k = lists.items.shape[1]
+    items, scores = model.topk(dense, ids, k, exclude=[seen.get(u, []) for u in users])
+    assert torch.equal(items, lists.items), f"W={world}: exported top-K lists"
+    torch.testing.assert_close(scores, lists.scores, rtol=1e-4, atol=1e-5)
 
 
 def same_lists(got: tuple, want: tuple, label: str) -> None:
@@ -256,6 +287,8 @@ def test_retrieval_and_own_losses_match_one_process(data, world):
                 same_lists(r["eval"], ref["eval"], f"{label} val")
                 same_lists(r["test"], ref["test"], f"{label} test")
                 assert r["partial"] == pytest.approx(ref["partial"], rel=1e-9)
+    first = next(iter(MODES))
+    check_export(data, world, reference(data, first)["test"])
     want = own_loop(None)
     for r in results["own_loop"]:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(want["losses"]), **tol)
