@@ -52,6 +52,7 @@ class Objective:
         self.task = task_of(cfg.model.task)
         self.retrieval: RetrievalObjective | None = None
         self.interactions: Interactions | None = None
+        self._evals: dict[tuple[str, int | None], CatalogueEval] = {}
         if cfg.model.task != "retrieval":
             return
         names = [f.name for f in features]
@@ -92,7 +93,12 @@ class Objective:
         """An evaluation of dataset split `split` over the whole catalogue (retrieval only),
         looking items up `lookup` at a time (None: 8192)."""
         assert self.interactions is not None, "a retrieval model's evaluation"
-        return CatalogueEval(self.model, self.interactions, split, env, self.user_rows, lookup)
+        key = (split, lookup)
+        if key not in self._evals:  # what it reads from the data does not change: read once
+            self._evals[key] = CatalogueEval(
+                self.model, self.interactions, split, env, self.user_rows, lookup
+            )
+        return self._evals[key]
 
     def forward_kwargs(self, step: int) -> dict[str, Any]:
         """The forward's arguments besides (dense, ids) for training step `step` (from 1)."""
