@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridrec.config import TABLE_DTYPES, Config
+from hybridrec.config.checks import default_sharding
 from hybridrec.distributed.comm import CommStats, all_gather_object
 from hybridrec.distributed.env import DistEnv
 from hybridrec.kernels.dispatch import set_kernels
@@ -46,14 +47,15 @@ def model_features(cfg: Config) -> list[TableConfig]:
     return declared_features(build_model(cfg.model))
 
 
-def parallelize_options(cfg: Config) -> dict[str, Any]:
+def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
     """hybridrec.parallelize's keyword arguments from the config (all but the model, group,
-    device and stats)."""
+    device and stats), for `world_size` ranks (a config that chose no sharding gets the
+    validation's default for them)."""
     s = cfg.sharding
     return {
         "batch_size": cfg.train.batch_size,
         "sparse_optimizer": build_sparse_optimizer(cfg.optim.sparse),
-        "sharding": s.type,
+        "sharding": s.type if s.type is not None else default_sharding(world_size),
         "pins": s.tables,
         "hbm_gb": s.hbm_gb,
         "host_gb": s.host_gb,
@@ -72,7 +74,7 @@ def parallelize_options(cfg: Config) -> dict[str, Any]:
 
 def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
     """The plan parallelize makes for cfg's model on `world_size` ranks (pure, no group)."""
-    o = parallelize_options(cfg)
+    o = parallelize_options(cfg, world_size)
     mode = "table_wise" if o["sharding"] == "none" else o["sharding"]
     return plan_sharding(
         model_features(cfg),
@@ -101,7 +103,7 @@ def build(
         group=env.group,
         device=env.device,
         stats=stats,
-        **parallelize_options(cfg),
+        **parallelize_options(cfg, env.world_size),
     )
     compile_model(model, cfg.train.compile, env.device)
     return model, plan_of(model)

@@ -337,7 +337,13 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
     _check_task(c)
     _check_tables(m)
-    _positive("model.num_dense_features", m.num_dense_features)
+    _positive("model.num_dense_features", m.num_dense_features, allow_zero=True)
+    if m.num_dense_features == 0 and not m.built_by_class():
+        raise ValueError(
+            f"model.arch={m.arch} needs dense inputs (its bottom MLP reads them) but the data has "
+            "none (model.num_dense_features=0); train a model that reads none (model.arch="
+            "two_tower, or your own model._target_), or add a dense column to the spec"
+        )
     # a model class is imported and checked by hybridrec.configure; DLRM's keys here
     if not m.built_by_class():
         if m.args:

@@ -64,7 +64,8 @@ def pack(batch: Batch) -> tuple[torch.Tensor, int]:
         fits = int(low) >= _INT32.min and int(high) <= _INT32.max
     id_dtype = torch.int32 if fits else torch.int64
     parts = [ids.to(id_dtype), batch.dense.to(torch.float32), batch.labels.to(torch.float32)]
-    payload = torch.cat([p.contiguous().view(torch.uint8).reshape(-1) for p in parts])
+    # flat first: a batch without dense columns has dense [B, 0], whose stride view() refuses
+    payload = torch.cat([p.contiguous().reshape(-1).view(torch.uint8) for p in parts])
     return payload, id_dtype.itemsize
 
 

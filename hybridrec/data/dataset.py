@@ -2,7 +2,8 @@
 
     ds = open_dataset("criteo_bin/")
     ds.labels       [N]      uint8   (memmap; float32 for a table made from a dataset spec)
-    ds.dense        [N, 13]  float32 (memmap; already log(1 + max(x, 0)); [N, F] for a table)
+    ds.dense        [N, 13]  float32 (memmap; already log(1 + max(x, 0)); [N, F] for a table,
+                                      F = 0 when its spec lists no dense column)
     ds.categorical  [N, 26]  int32   (memmap; table t's ids in column t; a table's list
                                       features take `hotness` columns each, padded with -1)
     ds.manifest     the Manifest (splits, cardinalities, encoding, counts files, ...)
@@ -79,11 +80,11 @@ class Dataset:
             if name not in m.arrays:
                 raise ValueError(f"{self.path / 'manifest.json'}: no array {name!r}")
             self._blocks[name] = self._open(name, m.arrays[name])
-        n = self.num_rows
-        self.labels = self._blocks["labels"].reshape(-1)[:n]
-        self.dense = self._blocks["dense"].reshape(-1, *m.arrays["dense"].row_shape)[:n]
+        n, padded = self.num_rows, m.num_blocks * m.block_rows  # padded, not -1: F may be 0
+        self.labels = self._blocks["labels"].reshape(padded)[:n]
+        self.dense = self._blocks["dense"].reshape(padded, *m.arrays["dense"].row_shape)[:n]
         self.categorical = self._blocks["categorical"].reshape(
-            -1, *m.arrays["categorical"].row_shape
+            padded, *m.arrays["categorical"].row_shape
         )[:n]
         self._verified: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
@@ -124,7 +125,8 @@ class Dataset:
         crcs = self.manifest.arrays[name].block_crc32
         if crcs is None:
             return
-        actual = zlib.crc32(memoryview(np.ascontiguousarray(self._blocks[name][block])).cast("B"))
+        data = np.ascontiguousarray(self._blocks[name][block])
+        actual = zlib.crc32(data.tobytes() if data.size == 0 else memoryview(data).cast("B"))
         if actual != crcs[block]:
             path = self.path / self.manifest.arrays[name].file
             r = self.block_rows

