@@ -1,31 +1,48 @@
 """hybridrec vs TorchRec on CPU/gloo: the whole training step, side by side in the same processes.
 
-For each world size W (default 1 and 2) it starts W gloo processes (one torch thread each) and,
-for each sharding mode, builds on every rank:
+What is timed is the whole training step (forward, backward with the sparse update, dense
+optimizer step), of three systems built on every rank of W gloo processes (one torch thread
+each), for each sharding mode:
 - hybridrec: `Trainer` on a validated Hydra config (what `hybridrec-train` runs, defaults
   included: id checks on), timed through `Trainer.train_step`;
-- TorchRec: an `EmbeddingBagCollection` with the same tables and the same initial rows
-  (hybridrec.sparse.init.init_shard of each whole table), sharded by
-  `DistributedModelParallel` with the same plan (table-, row- or column-wise; one rank: all
-  tables table-wise on it), FBGEMM's fused CPU kernels with the optimizer applied in the
-  backward (`apply_optimizer_in_backward`: SGD or row-wise Adagrad), and a copy of hybridrec's
-  dense part (same weights) under DDP with the same dense optimizer. Its pooled embeddings pass
-  through ScaleGrad(1/W), hybridrec's gradient-scaling rule, so both train the same model.
-W=1 also runs plain PyTorch (benchmarks.baseline.PlainDLRM: nn.EmbeddingBag(sparse=True) +
-torch.optim) in the same process.
+- TorchRec's own DLRM (torchrec.models.dlrm.DLRM, MLP weights copied from hybridrec's);
+- TorchRec's EmbeddingBagCollection under a copy of hybridrec's dense part (same weights):
+  both embedding sides under one dense part, so this pair differs in the embedding side alone.
+Both TorchRec systems hold the same tables and initial rows (hybridrec.sparse.init.init_shard
+of each whole table), sharded by `DistributedModelParallel` with the same plan (table-, row- or
+column-wise; one rank: all tables table-wise on it), on FBGEMM's fused CPU kernels with the
+optimizer applied in the backward (`apply_optimizer_in_backward`: SGD or row-wise Adagrad,
+the latter not column-wise: there TorchRec's shards keep their own row statistics, a
+different optimizer from one table's);
+their dense parts run under DDP with the same dense optimizer. W=1 also runs plain PyTorch
+(benchmarks.baseline.PlainDLRM: nn.EmbeddingBag(sparse=True) + torch.optim).
 
-Steps are interleaved (a hybridrec step, a TorchRec step, ...), each after a barrier, on the
-same batches; a step's time is the slowest rank's. Every step's losses are compared: the
-systems start from the same weights and see the same data, so they agree to float32
-round-off; sums run in other orders, and at this learning rate round-off grows from step to
-step, so the largest difference over the first 10 steps and over the whole run are both
-printed. The ratio is TorchRec's median step over hybridrec's (> 1: hybridrec faster).
+Gradient scaling: each rank's loss is the mean over its B/W samples. hybridrec multiplies the
+embedding gradients by 1/W where they leave its model (hybridrec/shard.py); TorchRec does the
+same in its output dist's backward (torchrec.distributed.comm_ops.get_gradient_division(), on
+by default). So no scaling is added to TorchRec's side; only were its division switched off
+would ScaleGrad(1/W) stand in for it. Scaling twice trains TorchRec on half its gradient.
+
+Parity, checked before any time is reported: the systems start from the same weights and see
+the same batches, so their losses agree to float32 round-off. The largest loss difference
+from hybridrec's over the first 10 steps (any rank) is printed per system and mode, and above
+1e-6 the benchmark stops with exit code 1 and one line naming the mode, the system, the step
+and the gap (a wrong gradient scale gives 3e-6 at 2 ranks within 10 steps). Round-off grows
+from step to step at this learning rate, so the largest gap over the whole run is printed too.
+
+Timing: on every step the systems run one after another on the same batch, each after a
+barrier, in alternating order (hybridrec first on even steps, last on odd ones), so none
+always runs first or after the same neighbour; a step's time is the slowest rank's. The ratio
+is paired: the median over steps of (their step / hybridrec's step in the same step), with its
+quartiles (> 1: hybridrec faster). On a shared machine, a burst of load hits both sides of a
+pair alike; the report names the CPU, its cores and the load averages before and after.
 
 TorchRec is not a dependency of hybridrec. Install it beside hybridrec in its own venv
 (TorchRec 1.8 with fbgemm-gpu-cpu 1.8 runs on torch 2.13's CPU wheel; fbgemm-gpu-cpu must come
 without its CUDA twin, which torchrec's requirements pull in):
 
-    python3 -m venv /tmp/trvenv && /tmp/trvenv/bin/pip install torch==2.13.0
+    python3 -m venv /tmp/trvenv
+    /tmp/trvenv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
     /tmp/trvenv/bin/pip install torchrec==1.8.0 && /tmp/trvenv/bin/pip uninstall -y fbgemm-gpu
     /tmp/trvenv/bin/pip install --no-deps fbgemm-gpu-cpu==1.8.0 && /tmp/trvenv/bin/pip install -e .
     OMP_NUM_THREADS=1 /tmp/trvenv/bin/python -m benchmarks.torchrec_step \\
@@ -51,11 +68,22 @@ from torch import nn
 from benchmarks.baseline import PlainDLRM, plain_sparse_optimizer
 from benchmarks.common import (
     command_line,
+    cpu_seconds,
     git_state,
     hardware,
+    host_cores,
     load_average,
     markdown_table,
     median,
+)
+from benchmarks.paired import (
+    PARITY_STEPS,
+    PARITY_TOL,
+    loss_gaps,
+    paired_ratio,
+    parity_failures,
+    slowest,
+    step_order,
 )
 from benchmarks.sharding_gloo import MODELS, SPARSE_LR, make_cfg
 from hybridrec.config import Config
@@ -70,6 +98,7 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 
 MODES = ("table_wise", "row_wise", "column_wise")
+CONF_MODELS = Path(__file__).resolve().parents[1] / "conf" / "model"
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
 
 
@@ -93,13 +122,24 @@ def _kjt(ids: torch.Tensor, keys: list[str]):  # noqa: ANN202
     )
 
 
+def torchrec_scale(world: int) -> float | None:
+    """The factor TorchRec's pooled embeddings' gradients still need to be hybridrec's, or
+    None: TorchRec's output dist divides them by W in its backward unless its gradient
+    division is off (torchrec.distributed.comm_ops.get_gradient_division), and then 1/W is
+    missing; hybridrec's model divides by W once (hybridrec/shard.py)."""
+    from torchrec.distributed.comm_ops import get_gradient_division
+
+    return None if world == 1 or get_gradient_division() else 1.0 / world
+
+
 class EbcWithHybridrecDense(nn.Module):
     """TorchRec's sharded EmbeddingBagCollection under hybridrec's dense part: the embedding
     side alone differs from hybridrec's model."""
 
     def __init__(self, ebc: nn.Module, dense: nn.Module, keys: list[str], world: int) -> None:
         super().__init__()
-        self.ebc, self.dense, self.keys, self.world = ebc, dense, keys, world
+        self.ebc, self.dense, self.keys = ebc, dense, keys
+        self.scale = torchrec_scale(world)
 
     def pooled(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B_l, T] -> pooled [B_l, T, D] in table order."""
@@ -112,8 +152,8 @@ class EbcWithHybridrecDense(nn.Module):
 
     def forward(self, dense_x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         pooled = self.pooled(ids)
-        if self.world > 1:
-            pooled = ScaleGrad.apply(pooled, 1.0 / self.world)
+        if self.scale is not None:
+            pooled = ScaleGrad.apply(pooled, self.scale)
         return self.dense(dense_x, pooled)
 
 
@@ -156,20 +196,21 @@ class TorchRecSystems:
         source = dense_module(trainer.model)  # DLRM: the dense arch and its tables
         world = env.world_size
 
-        # TorchRec's DLRM; its ranks' pooled gradients scaled by 1/W as hybridrec's
+        # TorchRec's DLRM; its output dist divides the pooled gradients by W (torchrec_scale)
         m = cfg.model
         dlrm = DLRM(self._ebc(), m.num_dense_features, list(m.bottom_mlp), list(m.top_mlp))
         _copy_dense(source, dlrm, len(self.tables))
         self.dlrm = self._shard(dlrm, "sparse_arch.embedding_bag_collection")
-        if world > 1:
+        scale = torchrec_scale(world)
+        if scale is not None:
             sparse_arch = self.dlrm.module.sparse_arch
-            sparse_arch.register_forward_hook(lambda mod, i, o: ScaleGrad.apply(o, 1.0 / world))
+            sparse_arch.register_forward_hook(lambda mod, i, o: ScaleGrad.apply(o, scale))
         params = dict(in_backward_optimizer_filter(self.dlrm.named_parameters()))
         self.dlrm_opt = build_dense_optimizer(params.values(), cfg.optim.dense, env.device)
 
         # TorchRec's EmbeddingBagCollection under a copy of hybridrec's dense part
         dense = DenseArch(cfg.model)
-        dense.load_state_dict(source.state_dict())
+        dense.load_state_dict(dense_state(trainer.model))
         if world > 1:
             dense = nn.parallel.DistributedDataParallel(dense, broadcast_buffers=False)
         self.ebc = EbcWithHybridrecDense(self._shard(self._ebc(), ""), dense, self.keys, world)
@@ -236,8 +277,11 @@ class TorchRecSystems:
             plan=ShardingPlan({path: module_plan}),
             sharders=[sharder],
         )
-        _copy_rows(sharded.module.get_submodule(path) if path else sharded.module, self.tables,
-                   self.cfg.seed)
+        _copy_rows(
+            sharded.module.get_submodule(path) if path else sharded.module,
+            self.tables,
+            self.cfg.seed,
+        )
         return sharded
 
     def dlrm_step(self, b) -> torch.Tensor:  # noqa: ANN001
@@ -302,10 +346,17 @@ def _plain(cfg: Config, trainer: Trainer, env: DistEnv):  # noqa: ANN202
 
 
 SYSTEMS = ("hybridrec", "torchrec", "torchrec_ebc", "plain")
+NAMES = {
+    "hybridrec": "hybridrec",
+    "torchrec": "TorchRec DLRM",
+    "torchrec_ebc": "TorchRec EBC + our dense",
+    "plain": "plain",
+}
 
 
 def run_rank(env: DistEnv, jobs: list[tuple[str, Config]], steps: int, warmup: int) -> dict:
-    """Per mode: this rank's step times and losses of each system, interleaved."""
+    """Per mode: this rank's step times and losses of each system, interleaved in alternating
+    order (step_order), every step on the same batch after a barrier."""
     out = {}
     barrier = (lambda: dist.barrier(group=env.group)) if env.group is not None else None
     for mode, cfg in jobs:
@@ -322,11 +373,11 @@ def run_rank(env: DistEnv, jobs: list[tuple[str, Config]], steps: int, warmup: i
         times: dict[str, list[float]] = {k: [] for k in systems}
         losses: dict[str, list[float]] = {k: [] for k in systems}
         for i, b in enumerate(batches):
-            for name, step in systems.items():
+            for name in step_order(list(systems), i):
                 if barrier is not None:
                     barrier()
                 t0 = time.perf_counter()
-                loss = step(b)
+                loss = systems[name](b)
                 if i >= warmup:
                     times[name].append(time.perf_counter() - t0)
                 losses[name].append(float(loss))
@@ -345,7 +396,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-sizes", default="1,2", help="comma-separated world sizes")
     p.add_argument("--modes", default=",".join(MODES), help="sharding modes for W > 1")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
-    p.add_argument("--model", default="mid", help="'mid' (8 tables, 1e3..1e6 rows, dim 32)")
+    p.add_argument(
+        "--model",
+        default="mid",
+        help="'mid' (8 tables, 1e3..1e6 rows, dim 32) or a conf/model name (dlrm_tiny)",
+    )
     p.add_argument("--batch-size", type=int, default=4096, help="global batch")
     p.add_argument("--steps", type=int, default=30, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=5)
@@ -358,9 +413,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [m for m in args.modes.split(",") if m]
     if set(args.modes) - set(MODES):
         p.error(f"--modes takes {', '.join(MODES)}")
-    if args.model not in MODELS:
-        p.error(f"--model takes {', '.join(MODELS)}")
+    if args.model not in MODELS and not (CONF_MODELS / f"{args.model}.yaml").is_file():
+        p.error(f"--model takes {', '.join(MODELS)} or a name under {CONF_MODELS}")
+    if args.optimizer == "rowwise_adagrad" and "column_wise" in args.modes:
+        p.error(
+            "--optimizer rowwise_adagrad with column_wise compares two optimizers: TorchRec's "
+            "column shards each keep their own row statistic (mean g^2 over the shard's "
+            "columns), hybridrec's the full row's, as one table would: pass --modes "
+            "table_wise,row_wise"
+        )
+    if args.warmup + args.steps < PARITY_STEPS:
+        p.error(f"--warmup + --steps must be at least {PARITY_STEPS}: the parity check's steps")
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
     return args
+
+
+def summarise(world: int, mode: str, per_rank: list[dict]) -> tuple[list, list[str], str]:
+    """(the report's row, parity failures, the parity line) of one (world size, mode)."""
+    ours = slowest([r["times"]["hybridrec"] for r in per_rank])
+    cells, ratios = [], []
+    for k in SYSTEMS:
+        if k not in per_rank[0]["times"]:
+            cells.append("-")
+            ratios += ["-"] if k != "hybridrec" else []
+            continue
+        theirs = slowest([r["times"][k] for r in per_rank])
+        cells.append(f"{1e3 * median(theirs):.2f}")
+        if k != "hybridrec":
+            mid, q1, q3 = paired_ratio(theirs, ours)
+            ratios.append(f"{mid:.2f} ({q1:.2f}-{q3:.2f})")
+    losses = [r["losses"] for r in per_rank]
+    first = loss_gaps(losses, "hybridrec", PARITY_STEPS)
+    whole = loss_gaps(losses, "hybridrec", None)
+    label = f"W={world} {'one process' if world == 1 else mode}"
+    failures = parity_failures(label, first, NAMES, "hybridrec")
+    gaps = ", ".join(
+        f"{NAMES[k]} {first[k][0]:.0e} / {whole[k][0]:.0e}" for k in SYSTEMS if k in first
+    )
+    parity = f"{label}: loss gap to hybridrec, first {PARITY_STEPS} / all steps: {gaps}"
+    row = [world, "one process" if world == 1 else mode, *cells, *ratios]
+    row += [f"{losses[0]['hybridrec'][-1]:.6f}", gaps]
+    return row, failures, parity
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,55 +472,56 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     args.lr = SPARSE_LR[args.optimizer]
     load_before = load_average()
+    busy0, own0, t0 = *cpu_seconds(), time.monotonic()
     print(f"# {hardware()}; load average {load_before}", flush=True)
-    rows = []
+    rows, failures = [], []
     for world in args.world_sizes:
         modes = ["none"] if world == 1 else args.modes
         jobs = [(mode, make_cfg(args, mode, world)) for mode in modes]
         results = spawn(world, run_rank, jobs, args.steps, args.warmup, timeout=args.timeout)
         for mode, _ in jobs:
-            per_rank = [r[mode] for r in results]
-            ms = {}  # median over steps of the slowest rank's time
-            for k in per_rank[0]["times"]:
-                slowest = [max(ts) for ts in zip(*(r["times"][k] for r in per_rank), strict=True)]
-                ms[k] = 1e3 * median(slowest)
-            losses = per_rank[0]["losses"]
-            gaps = {
-                k: [abs(a - b) for a, b in zip(losses["hybridrec"], v, strict=True)]
-                for k, v in losses.items()
-            }
-            cells = [f"{ms[k]:.2f}" if k in ms else "-" for k in SYSTEMS]
-            ratios = [f"{ms[k] / ms['hybridrec']:.2f}" if k in ms else "-" for k in SYSTEMS[1:]]
-            diffs = ", ".join(
-                f"{max(gaps[k][:10]):.0e} / {max(gaps[k]):.0e}" for k in SYSTEMS[1:] if k in gaps
-            )
-            label = "one process" if world == 1 else mode
-            rows.append([world, label, *cells, *ratios, f"{losses['hybridrec'][-1]:.6f}", diffs])
-            print(" | ".join(map(str, rows[-1])), flush=True)
+            row, failed, parity = summarise(world, mode, [r[mode] for r in results])
+            rows.append(row)
+            failures += failed
+            print(parity, flush=True)
+            print(" | ".join(map(str, row)), flush=True)
     load_after = load_average()
-    names = {"hybridrec": "hybridrec", "torchrec": "TorchRec DLRM",
-             "torchrec_ebc": "TorchRec EBC + our dense", "plain": "plain"}
-    headers = ["W", "mode", *(f"{names[k]} ms" for k in SYSTEMS)]
-    headers += [f"{names[k]} / hybridrec" for k in SYSTEMS[1:]]
-    headers += ["last loss", "max loss diff, first 10 / all steps (TorchRec DLRM, EBC, plain)"]
+    busy1, own1 = cpu_seconds()
+    busy, own, wall = busy1 - busy0, own1 - own0, time.monotonic() - t0
+    headers = ["W", "mode", *(f"{NAMES[k]} ms" for k in SYSTEMS)]
+    headers += [f"{NAMES[k]} / hybridrec, paired (quartiles)" for k in SYSTEMS[1:]]
+    headers += ["last loss", f"max loss gap to hybridrec, first {PARITY_STEPS} / all steps"]
     table = markdown_table(headers, rows)
     print(table)
+    if failures:
+        for line in failures:
+            print(f"torchrec_step: {line}", file=sys.stderr)
+        print("torchrec_step: no report written", file=sys.stderr)
+        return 1
     if args.out is not None:
+        model = MODELS[args.model] if args.model in MODELS else f"conf/model/{args.model}.yaml"
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(
             "# hybridrec vs TorchRec on CPU/gloo: whole training steps, interleaved\n\n"
             f"Command: `{command_line()}`\n\n"
-            f"- Hardware: {hardware()}; one torch thread per rank\n"
+            f"- Machine: {hardware()}; one torch thread per rank\n"
+            f"- CPU time on the machine during the run: {busy:.0f} CPU-s in {wall:.0f} s on "
+            f"{host_cores()} cores, {own:.0f} of them this benchmark's (the rest: other "
+            "processes)\n"
             f"- TorchRec {torchrec.__version__}, fbgemm-gpu-cpu (FBGEMM's fused CPU "
             "backward-update)\n"
             f"- Git: {git_state()}\n"
             f"- Load average (1, 5, 15 min) before: {load_before}; after: {load_after}\n"
-            f"- Model `{args.model}`: {MODELS[args.model]}; optimizer {args.optimizer} "
+            f"- Model `{args.model}`: {model}; optimizer {args.optimizer} "
             f"(lr {args.lr}); global batch {args.batch_size}; median of {args.steps} steps "
-            f"after {args.warmup} warmup, slowest rank per step. Method: the docstring of "
-            "benchmarks/torchrec_step.py.\n\n"
+            f"after {args.warmup} warmup, slowest rank per step; ratios paired per step. "
+            "Method: the docstring of benchmarks/torchrec_step.py.\n"
+            f"- Parity: every loss gap to hybridrec within the first {PARITY_STEPS} steps is "
+            f"at most {PARITY_TOL:.0e} (checked; the run stops otherwise)\n\n"
             f"{table}\n"
         )
+        tmp.replace(args.out)
         print(f"wrote {args.out}")
     return 0
 

@@ -67,7 +67,9 @@ def load_tables(model: str | None, overrides: Sequence[str] = ()) -> tuple[str, 
     if yaml:  # a model file of one's own, as a model group file
         raw.model = OmegaConf.merge(raw.model, model_file(str(model)))
     cfg = validate(raw)
-    return model_name(cfg.model), model_features(cfg)
+    m = cfg.model
+    name = m.name if m._target_ is None and m.arch in ("dlrm", "dcnv2") else model_name(m)
+    return name, model_features(cfg)
 
 
 def _parser() -> argparse.ArgumentParser:

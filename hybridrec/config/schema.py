@@ -232,8 +232,9 @@ class ShardingConfig:
     host_gb: float | None = None  # host RAM for tables per rank (default: what is free)
     pin_host: bool = True  # pinned host tables (on CUDA): faster copies, locked memory
     host_copy: str = "auto"  # rows move by a UVA kernel | staged copies | auto (the faster)
-    # the caches' use counts halve every this many steps (LFU with ageing): longer remembers
-    # which rows are popular better, shorter follows data whose popularity drifts faster
+    # the caches' use counts halve every this many lookups of the cache (LFU with ageing; one
+    # lookup per training step, and one per evaluation batch): longer remembers which rows are
+    # popular better, shorter follows data whose popularity drifts faster
     cache_halflife: int = CACHE_HALFLIFE
     # tables whose sharding is fixed, {table: table_wise|column_wise|row_wise|data_parallel|
     # host}; `type` plans the others around them

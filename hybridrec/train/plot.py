@@ -1,12 +1,14 @@
 """`hybridrec-plot`: learning curves of runs and sweeps, from their metrics.jsonl, in one PNG.
 
-    hybridrec-plot outputs/2026-11-23/10-00-00                  # one run
-    hybridrec-plot multirun/2026-11-23/10-00-00 -o sweep.png   # every job of a sweep
-    hybridrec-plot runA runB --metrics loss,eval/auc --smooth 20
+    hybridrec-plot outputs/2026-11-23/10-00-00      # one run: writes <run dir>/curves.png
+    hybridrec-plot multirun/2026-11-23/10-00-00     # every job of a sweep: <sweep dir>/curves.png
+    hybridrec-plot runA runB -o ab.png --metrics loss,eval/auc --smooth 20
 
 One panel per metric, one line per run, against the training step. A sweep's jobs are
-labelled by the overrides that differ between them (from their job.json). The plotted points
-also go to a CSV beside the PNG (run, metric, step, value), for other tools. Needs
+labelled by the overrides that differ between them (from their job.json). The PNG goes into
+the run's (or sweep's) own directory as curves.png unless -o names another path; several
+paths need -o. The plotted points also go to a CSV beside the PNG (run, metric, step,
+value), for other tools; both are written atomically and the command prints where. Needs
 matplotlib (`pip install 'hybridrec[plot]'`).
 """
 
@@ -15,8 +17,9 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from hybridrec.train.sweep import common_overrides, job_records
 log = logging.getLogger("hybridrec")
 
 METRICS_FILE = "metrics.jsonl"
+PNG_NAME = "curves.png"  # in the run's or sweep's directory, unless -o says otherwise
 # those logged (binary runs: AUC and log loss; regression: RMSE and MAE) are drawn by default
 DEFAULT_METRICS = (
     "train/loss",
@@ -123,6 +127,30 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def default_out(paths: Sequence[Path]) -> Path:
+    """Where the PNG goes without -o: into the one run's directory (the one a metrics.jsonl
+    is in) or the one sweep's directory, as PNG_NAME. Several paths have no directory of
+    their own: PlotError."""
+    if len(paths) > 1:
+        raise PlotError(
+            f"{len(paths)} runs or sweeps given: name the PNG to write with -o (one run or sweep "
+            f"is plotted into its own directory, as {PNG_NAME})"
+        )
+    p = paths[0]
+    return (p.parent if p.is_file() else p) / PNG_NAME
+
+
+def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """write() into a temporary file beside `path`, then rename it over `path`: a failed
+    write leaves an earlier file there as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def plot(
     runs: list[Run],
     metrics: Sequence[str],
@@ -173,14 +201,20 @@ def plot(
         fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    with out.with_suffix(".csv").open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["run", "metric", "step", "value"])
-        for m in drawn:
-            for label, (steps, values) in data[m].items():
-                w.writerows([label, m, s, v] for s, v in zip(steps, values, strict=True))
+    try:
+        _write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
+
+    def write_csv(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["run", "metric", "step", "value"])
+            for m in drawn:
+                for label, (steps, values) in data[m].items():
+                    w.writerows([label, m, s, v] for s, v in zip(steps, values, strict=True))
+
+    _write_atomically(out.with_suffix(".csv"), write_csv)
     return drawn
 
 
@@ -192,7 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", type=Path, help="run dirs, sweep dirs or metrics.jsonl")
-    p.add_argument("-o", "--out", type=Path, default=Path("curves.png"), help="PNG to write")
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=None,
+        help=f"PNG to write (default: {PNG_NAME} in the run's or sweep's directory; several "
+        "paths need it)",
+    )
     p.add_argument(
         "--metrics",
         default=None,
@@ -213,15 +254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not metrics:
         p.error("--metrics is empty")
     try:
+        out = args.out if args.out is not None else default_out(args.paths)
         runs = find_runs(args.paths)
-        drawn = plot(runs, metrics, args.out, args.smooth, args.title)
+        drawn = plot(runs, metrics, out, args.smooth, args.title)
     except (PlotError, OSError) as e:
         print(f"hybridrec-plot: {e}", file=sys.stderr)
         return 2
     # a default metric the runs' task does not log (AUC of a regression run) is no news
     skipped = [m for m in metrics if m not in drawn] if given else []
     print(
-        f"wrote {args.out} and {args.out.with_suffix('.csv')}: {len(runs)} run(s), "
+        f"wrote {out} and {out.with_suffix('.csv')}: {len(runs)} run(s), "
         f"{', '.join(drawn)}" + (f" (not logged: {', '.join(skipped)})" if skipped else "")
     )
     return 0

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from hybridrec.config import Config  # noqa: E402
 from hybridrec.distributed import DistEnv  # noqa: E402
 from hybridrec.train.plot import main, parse_metric, smooth  # noqa: E402
 from hybridrec.train.trainer import Trainer  # noqa: E402
+from tests.configs import make_config  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -42,9 +42,9 @@ def _csv(path: Path) -> list[dict]:
 def test_a_real_run_is_plotted(tmp_path, capsys, caplog):
     """The trainer's own metrics.jsonl: its train and eval rows become the default panels;
     the run's closing log line says where they are and how to plot them."""
-    cfg = Config()
-    cfg.device, cfg.train.steps, cfg.train.log_every = "cpu", 30, 10
-    cfg.eval.every, cfg.eval.batches = 15, 2
+    cfg = make_config(
+        "device=cpu", "train.steps=30", "train.log_every=10", "eval.every=15", "eval.batches=2"
+    )
     with caplog.at_level(logging.INFO, logger="hybridrec"):
         Trainer(cfg, DistEnv(), run_dir=tmp_path / "run").fit()
     done = [r.message for r in caplog.records if r.message.startswith("done: 30 steps in ")]
@@ -165,3 +165,65 @@ def test_a_regression_run_gets_its_own_default_panels(tmp_path, capsys):
         "train/samples_per_sec",
     }
     assert parse_metric("rmse") == ("eval", "rmse")
+
+
+def _run_dir(root: Path) -> Path:
+    run = root / "outputs" / "2026-11-23" / "10-00-00"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(1.0)))
+    return run
+
+
+def test_a_run_or_sweep_is_plotted_into_its_own_directory(tmp_path, monkeypatch, capsys):
+    """Without -o the PNG and CSV go into the run's directory (or the sweep's), never into
+    the current one, and the command says where."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    run = _run_dir(tmp_path)
+    assert main([str(run)]) == 0
+    assert (run / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    assert (run / "curves.csv").is_file()
+    assert (
+        f"wrote {run / 'curves.png'} and {run / 'curves.csv'}: 1 run(s)" in capsys.readouterr().out
+    )
+    (run / "curves.png").unlink()
+    assert main([str(run / "metrics.jsonl")]) == 0  # the file's directory
+    assert (run / "curves.png").is_file()
+    sweep = tmp_path / "multirun" / "2026-11-23" / "11-00-00"
+    _job(sweep, 0, ["seed=1"], _rows(1.0))
+    _job(sweep, 1, ["seed=2"], _rows(2.0))
+    assert main([str(sweep)]) == 0
+    assert (sweep / "curves.png").is_file() and not (sweep / "0" / "curves.png").exists()
+    assert f"wrote {sweep / 'curves.png'}" in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
+
+
+def test_several_paths_need_o(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    a, b = _run_dir(tmp_path / "a"), _run_dir(tmp_path / "b")
+    assert main([str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hybridrec-plot: 2 runs or sweeps given: name the PNG to write with -o")
+    assert not list(tmp_path.glob("*.png")) and not (a / "curves.png").exists()
+    assert main([str(a), str(b), "-o", str(tmp_path / "ab.png")]) == 0
+    assert (tmp_path / "ab.png").is_file()
+
+
+def test_a_failed_write_keeps_the_earlier_plot(tmp_path, monkeypatch, capsys):
+    """The PNG is written beside its path and renamed into place: a disk that fills halfway
+    through leaves the earlier plot as it was, and no temporary file."""
+    import matplotlib.figure
+
+    run = _run_dir(tmp_path)
+    (run / "curves.png").write_bytes(b"earlier")
+
+    def full_disk(self, fname, *args, **kwargs):
+        Path(fname).write_bytes(b"half a PNG")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    assert main([str(run), "-o", str(run / "curves.png")]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert (run / "curves.png").read_bytes() == b"earlier"
+    assert sorted(p.name for p in run.iterdir()) == ["curves.png", "metrics.jsonl"]

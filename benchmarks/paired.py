@@ -1,0 +1,74 @@
+"""Paired, interleaved comparisons of training systems on a shared machine, and their parity.
+
+Systems that train the same model on the same batches run one after another within each step
+(step_order alternates who goes first); each step's pair of times then met the same load, so
+the ratio of the pair divides out load that comes and goes, and the median of those ratios
+(paired_ratio) is a fair speed ratio where medians of each side taken apart are not. A
+comparison of speed means something only if both train the same model: their losses must
+agree to float32 round-off over the first steps (loss_gaps, parity_failures).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+PARITY_STEPS = 10  # the parity check reads the losses of the first steps, warmup included
+PARITY_TOL = 1e-6  # the largest loss difference from the reference's allowed there
+
+
+def step_order(systems: Sequence[str], step: int) -> list[str]:
+    """The order the systems run in at `step`: as given on even steps, reversed on odd ones,
+    so each pair meets in both orders equally often."""
+    return list(systems) if step % 2 == 0 else list(reversed(systems))
+
+
+def slowest(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Per step, the slowest rank's time (ranks meet at every exchange)."""
+    return [max(ts) for ts in zip(*per_rank, strict=True)]
+
+
+def paired_ratio(theirs: Sequence[float], ours: Sequence[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) over steps of theirs[i] / ours[i]: each step's
+    pair ran back to back, so load that comes and goes divides out."""
+    ratios = sorted(t / o for t, o in zip(theirs, ours, strict=True))
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), q1, q3
+
+
+def loss_gaps(
+    per_rank: Sequence[Mapping[str, Sequence[float]]], reference: str, steps: int | None
+) -> dict[str, tuple[float, int]]:
+    """Per system but `reference`: (the largest |its loss - the reference's| over the first
+    `steps` steps (None: all) on any rank, the step it was at). NaN counts as a gap."""
+    out = {}
+    for name in per_rank[0]:
+        if name == reference:
+            continue
+        worst = (0.0, 0)
+        for losses in per_rank:
+            pairs = list(zip(losses[reference], losses[name], strict=True))[:steps]
+            for i, (a, b) in enumerate(pairs):
+                if not abs(a - b) <= worst[0]:
+                    worst = (abs(a - b), i)
+        out[name] = worst
+    return out
+
+
+def parity_failures(
+    label: str,
+    gaps: Mapping[str, tuple[float, int]],
+    names: Mapping[str, str],
+    reference: str,
+    tol: float = PARITY_TOL,
+) -> list[str]:
+    """One line per system whose loss gap (loss_gaps over PARITY_STEPS) exceeds `tol`."""
+    return [
+        f"parity failed: {label}, {names[name]}: its loss differs from {reference}'s by "
+        f"{gap:.1e} at step {step} (> {tol:.0e} within the first {PARITY_STEPS} steps): the "
+        "systems do not train the same model, so their times do not compare"
+        for name, (gap, step) in gaps.items()
+        if not gap <= tol
+    ]
