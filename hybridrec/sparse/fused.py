@@ -29,6 +29,7 @@ from hybridrec import timing
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.pages import huge_pages
+from hybridrec.kernels.rows import seen_grads
 from hybridrec.kernels.segment import (
     Segments,
     dedupe,
@@ -45,13 +46,20 @@ class RowOptimizer(Protocol):
 
     `needs_full_row_stat`: its maths reads each row's mean of g^2 over the row's full width,
     so a table split column-wise shares it across its column shards (`row_sq_mean`).
+    `weight_decay_mode` and `weight_decay_for(table)`: each table's decay (see
+    hybridrec.kernels.decay); a group holding tables of different decays passes one per row.
     """
 
     name: str
     needs_full_row_stat: bool
+    weight_decay_mode: str
 
     def state_spec(self) -> dict[str, StateKind]:
         """Optimizer state: name -> its kind, one fp32 per row ([R]) or per element ([R, D])."""
+        ...
+
+    def weight_decay_for(self, table: str) -> float:
+        """The weight decay of storage table `table` (its qualified name)."""
         ...
 
     def update(
@@ -63,13 +71,15 @@ class RowOptimizer(Protocol):
         step: int,
         row_sq_mean: torch.Tensor | None = None,
         count: torch.Tensor | None = None,
+        weight_decay: float | torch.Tensor | None = None,
     ) -> None:
         """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1.
 
         `row_sq_mean` [U], when given, is mean(g^2) over each row's full width (a column
-        shard only sees part of the row); optimizers with row-wise state use it. `count`
-        ([1] int64 on the device), when given, says only the first count rows are real (the
-        rest is padding from Triton's sync-free dedupe).
+        shard only sees part of the row; with L2 decay, of g + wd * w); optimizers with
+        row-wise state use it. `count` ([1] int64 on the device), when given, says only the
+        first count rows are real (the rest is padding from Triton's sync-free dedupe).
+        `weight_decay`: the rows' decay, one float or [U] fp32 per row (None: its own).
         """
         ...
 
@@ -151,6 +161,8 @@ class FusedEmbedding(nn.Module):
         self.input_slots = list(range(len(shards)) if input_slots is None else input_slots)
         self.optimizer = optimizer
         self.step_count = 0
+        # (each shard's weight decay, as a device tensor): see row_decay
+        self._slot_decay: tuple[tuple[float, ...], torch.Tensor] | None = None
         offsets = [0]
         for s in self.shards:
             offsets.append(offsets[-1] + s.num_rows)
@@ -317,16 +329,35 @@ class FusedEmbedding(nn.Module):
         one table share it, see hybridrec.sparse.exchange.row_stats); other rows use their own."""
         assert self.optimizer is not None
         self.step_count += 1
+        decay = self.row_decay(unique_rows)
+        weight, state, index = self._update_target(unique_rows)
         row_sq_mean = None
         if row_sq:
-            row_sq_mean = grads.pow(2).mean(dim=1)
+            seen = seen_grads(self.optimizer, weight, index, grads, decay)
+            row_sq_mean = seen.pow(2).mean(dim=1)
             bounds = torch.searchsorted(unique_rows, self.row_offsets).tolist()
             for u, stat in row_sq.items():
                 row_sq_mean[bounds[u] : bounds[u + 1]] = stat
-        weight, state, index = self._update_target(unique_rows)
         self.optimizer.update(
-            weight, state, index, grads, self.step_count, row_sq_mean, count=count
-        )
+            weight, state, index, grads, self.step_count, row_sq_mean, count=count,
+            weight_decay=decay,
+        )  # fmt: skip
+
+    def row_decay(self, rows: torch.Tensor) -> float | torch.Tensor:
+        """The weight decay of group rows `rows` [U]: one float when every shard here has the
+        same (one table, or tables of one decay), else [U] fp32, each row its shard's table's
+        (one searchsorted and one gather on the device; no host sync). Padding past a padded
+        input's count maps to some shard: the kernels never read it."""
+        assert self.optimizer is not None
+        decays = tuple(self.optimizer.weight_decay_for(s.table) for s in self.shards)
+        if len(set(decays)) == 1:
+            return decays[0]
+        known = self._slot_decay
+        if known is None or known[0] != decays or known[1].device != self.row_offsets.device:
+            table = torch.tensor(decays, dtype=torch.float32, device=self.row_offsets.device)
+            self._slot_decay = (decays, table)
+        slot = torch.searchsorted(self.row_offsets[1:], rows, right=True)
+        return self._slot_decay[1].index_select(0, slot.clamp_(max=len(decays) - 1))
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}
