@@ -262,7 +262,7 @@ class SparseOptimConfig:
     # L2 regularisation of the rows each batch touches (lazy: untouched rows do not decay)
     weight_decay: float = 0.0
     weight_decay_mode: str = "l2"  # l2 (wd * w added to the gradient) | decoupled (AdamW)
-    # tables with their own decay, {table: decay} (names as sharding.tables); others: the above
+    # tables with their own decay, {table: decay} (names as sharding.tables); the rest: weight_decay
     table_weight_decay: dict[str, float] | None = None
 
 

@@ -150,7 +150,9 @@ class SparseOptimizer:
 
     def __repr__(self) -> str:
         params = inspect.signature(type(self)).parameters
-        return f"{type(self).__name__}({', '.join(f'{p}={getattr(self, p)!r}' for p in params)})"
+        values = {p: getattr(self, p) for p in params}
+        shown = {p: dict(v) if isinstance(v, Mapping) else v for p, v in values.items()}
+        return f"{type(self).__name__}({', '.join(f'{p}={v!r}' for p, v in shown.items())})"
 
 
 @device_function

@@ -338,3 +338,67 @@ def test_optimizers_refuse_bad_decay_in_one_line():
                 make(**bad)
     opt = SparseAdam(0.01, weight_decay=0.1, table_weight_decay={"a.b": 0.0})
     assert opt.weight_decay_for("a.b") == 0.0 and opt.weight_decay_for("c") == 0.1
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["optim.sparse.weight_decay=-0.1"], r"^optim.sparse.weight_decay must be >= 0, got -0.1$"),
+        (
+            ["optim.sparse.weight_decay_mode=adamw"],
+            r"^optim.sparse.weight_decay_mode='adamw' is not one of: l2, decoupled$",
+        ),
+        (
+            ["optim.sparse.table_weight_decay={cat_9:0.1}"],
+            r"^optim.sparse.table_weight_decay.cat_9: model dlrm_tiny has no table 'cat_9'",
+        ),
+        (
+            ["optim.sparse.table_weight_decay={cat_1:-1}"],
+            r"^optim.sparse.table_weight_decay.cat_1 must be >= 0, got -1.0$",
+        ),
+        (
+            ["+optim.sparse.table_weight_decay.users.user=0.1"],
+            r"a table name with a dot \(users.user\) is given as "
+            r"'optim.sparse.table_weight_decay=\{users.user: 0.01\}'",
+        ),
+    ],
+)
+def test_config_refuses_bad_decay_in_one_line(overrides, message):
+    from tests.configs import make_config
+
+    with pytest.raises(ValueError, match=message):
+        make_config(*overrides)
+
+
+def test_config_and_library_build_the_same_optimizer():
+    """optim.sparse.* -> the optimizer hybridrec.parallelize takes (builder), and parallelize
+    refuses a per-table decay for a table the model does not declare."""
+    from torch import nn
+
+    import hybridrec
+    from hybridrec import EmbeddingTables, Feature, Table
+    from hybridrec.builder import parallelize_options
+    from tests.configs import make_config
+
+    cfg = make_config(
+        "optim.sparse.name=adam", "optim.sparse.weight_decay=0.01",
+        "optim.sparse.weight_decay_mode=decoupled", "optim.sparse.table_weight_decay={cat_2:0.5}",
+    )  # fmt: skip
+    opt = parallelize_options(cfg)["sparse_optimizer"]
+    assert isinstance(opt, SparseAdam) and opt.weight_decay_mode == "decoupled"
+    assert opt.weight_decay_for("cat_2") == 0.5 and opt.weight_decay_for("cat_0") == 0.01
+    assert "table_weight_decay={'cat_2': 0.5}" in repr(opt)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.users = EmbeddingTables([Table("user", 10, 4)], [Feature("user_id", "user")])
+
+    bad = SparseSGD(0.1, table_weight_decay={"users.usr": 0.1})
+    with pytest.raises(ValueError, match=r"names unknown table\(s\) users.usr; the model's "
+                                         r"tables are users.user"):  # fmt: skip
+        hybridrec.parallelize(Model(), batch_size=4, sparse_optimizer=bad, sharding="none")
+    hybridrec.parallelize(
+        Model(), batch_size=4, sparse_optimizer=SparseSGD(0.1, table_weight_decay={"users.user": 0.1}),
+        sharding="none",
+    )  # fmt: skip
