@@ -161,13 +161,15 @@ class FusedEmbedding(nn.Module):
         self.input_slots = list(range(len(shards)) if input_slots is None else input_slots)
         self.optimizer = optimizer
         self.step_count = 0
-        # (each shard's weight decay, as a device tensor): see row_decay
-        self._slot_decay: tuple[tuple[float, ...], torch.Tensor] | None = None
         offsets = [0]
         for s in self.shards:
             offsets.append(offsets[-1] + s.num_rows)
         self.offsets_list = offsets
         self.register_buffer("row_offsets", torch.tensor(offsets, dtype=torch.int64, device=device))
+        # each shard's weight decay, where they differ (row_decay): made here, not in a step
+        self._slot_decays = self._decays()
+        slot_decay = torch.tensor(self._slot_decays or [0.0] * len(self.shards), device=device)
+        self.register_buffer("slot_decay", slot_decay, persistent=False)
         self.state_names: list[str] = []
         self.state_shapes: dict[str, tuple[int, ...]] = {}
         if optimizer is not None:
@@ -348,16 +350,20 @@ class FusedEmbedding(nn.Module):
         same (one table, or tables of one decay), else [U] fp32, each row its shard's table's
         (one searchsorted and one gather on the device; no host sync). Padding past a padded
         input's count maps to some shard: the kernels never read it."""
-        assert self.optimizer is not None
-        decays = tuple(self.optimizer.weight_decay_for(s.table) for s in self.shards)
+        decays = self._decays()
         if len(set(decays)) == 1:
             return decays[0]
-        known = self._slot_decay
-        if known is None or known[0] != decays or known[1].device != self.row_offsets.device:
-            table = torch.tensor(decays, dtype=torch.float32, device=self.row_offsets.device)
-            self._slot_decay = (decays, table)
+        if decays != self._slot_decays:  # the optimizer's decays were changed since
+            self.slot_decay.copy_(torch.tensor(decays))
+            self._slot_decays = decays
         slot = torch.searchsorted(self.row_offsets[1:], rows, right=True)
-        return self._slot_decay[1].index_select(0, slot.clamp_(max=len(decays) - 1))
+        return self.slot_decay.index_select(0, slot.clamp_(max=len(decays) - 1))
+
+    def _decays(self) -> tuple[float, ...]:
+        """Each shard's weight decay (its table's), () without an optimizer."""
+        if self.optimizer is None:
+            return ()
+        return tuple(self.optimizer.weight_decay_for(s.table) for s in self.shards)
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

@@ -402,3 +402,35 @@ def test_config_and_library_build_the_same_optimizer():
         Model(), batch_size=4, sparse_optimizer=SparseSGD(0.1, table_weight_decay={"users.user": 0.1}),
         sharding="none",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("sparse,mode", [("rowwise_adagrad", "l2"), ("adam", "decoupled")])
+def test_a_decayed_triton_step_has_no_syncing_op(sparse, mode, monkeypatch):
+    """Per-table decays in DLRM's one fused group (a per-row decay the kernels read) add no
+    op that makes CUDA wait: the step stays sync-free (tests/unit/test_no_sync_ops.py)."""
+    pytest.importorskip("triton")
+    from hybridrec.distributed import DistEnv
+    from hybridrec.train.trainer import Trainer
+    from tests.distributed.test_equivalence import make_cfg
+    from tests.syncs import SyncRecorder, unrecorded_launches
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    unrecorded_launches(monkeypatch)
+    cfg = make_cfg("none", sparse, 1)
+    cfg.train.kernels = "triton"
+    cfg.train.check_ids = False
+    cfg.optim.sparse.weight_decay, cfg.optim.sparse.weight_decay_mode = 0.01, mode
+    cfg.optim.sparse.table_weight_decay = {"cat_1": 0.2, "cat_3": 0.0}
+    try:
+        trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
+        [group] = [g for m in trainer.embeddings for g in m.groups.values()]
+        assert isinstance(group.row_decay(torch.arange(5)), torch.Tensor)  # per row
+        batches = [trainer.train_batch(s) for s in range(3)]
+        trainer.train_step(batches[0])
+        with SyncRecorder() as rec:
+            for b in batches[1:]:
+                trainer.train_step(b)
+    finally:
+        dispatch.set_kernels("auto")
+    assert rec.total > 200
+    assert not rec.syncs, f"ops that make CUDA wait for the device: {rec.unexpected()}"
