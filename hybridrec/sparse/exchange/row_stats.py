@@ -72,12 +72,12 @@ def share_row_stats(
         scale = inp.scale.index_select(0, at) if inp.scale is not None else None
         rows, bags = inp.rows.index_select(0, at), inp.bags.index_select(0, at)
         unique_rows, g_rows = dedupe(rows, bags, scale, grads[key])
-        group = groups[key]
-        decay = group.optimizer.weight_decay_for(group.shards[pos].table)
-        if decay and group.optimizer.weight_decay_mode == "l2":
+        fused = groups[key]
+        decay = fused.optimizer.weight_decay_for(fused.shards[pos].table)
+        if decay and fused.optimizer.weight_decay_mode == "l2":
             if key.startswith("h"):  # (the planner never puts column shards in host memory)
                 raise NotImplementedError("a host-resident column shard's L2 row statistic")
-            g_rows = seen_grads(group.optimizer, group.weight, unique_rows, g_rows, decay)
+            g_rows = seen_grads(fused.optimizer, fused.weight, unique_rows, g_rows, decay)
         partial[(key, pos)] = g_rows.pow(2).sum(dim=1)
     slot_peers = {slot: peers[ks[0]] for slot, ks in slot_units.items()}
     sends = [[partial[x] for x in partial if q in slot_peers[x]] for q in range(world)]

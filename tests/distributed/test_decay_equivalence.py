@@ -1,0 +1,118 @@
+"""Sparse weight decay under the equivalence principle: sharded == one process, at 1-4 ranks.
+
+The DLRM of tests/distributed/test_equivalence.py (5 tables of 3 to 20,000 rows, all of width
+8: one fused group per rank holds several tables) trains 4 steps with weight decay on, in both
+modes (l2, decoupled), with every sparse optimizer, and with a per-table override
+(`optim.sparse.table_weight_decay={cat_2: 0.3, cat_4: 0.0}`: a group whose tables decay
+differently, so its kernels read one decay per row). Row-wise Adagrad runs column-wise too:
+under L2 its full-row statistic is the mean of (g + wd * w)^2 over all columns, each owner
+adding its columns' share (hybridrec.sparse.exchange.row_stats), so sharded == unsharded.
+Logits, losses, every row and its optimizer state, and the dense weights are compared with
+the single-process run of the same config, as test_equivalence.compare does (float32
+round-off). The decay is strong enough to matter: a run without it, or without the
+override, is far outside that tolerance.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from hybridrec.config import Config
+from tests.distributed.harness import spawn
+from tests.distributed.test_equivalence import (
+    assemble,
+    cached_reference,
+    compare,
+    make_cfg,
+    reference,
+    run_all,
+)
+
+pytestmark = pytest.mark.slow
+
+OVERRIDE = "optim.sparse.table_weight_decay={cat_2:0.3,cat_4:0.0}"
+CASES = [  # (sharding, sparse optimizer, decay mode)
+    ("column_wise", "rowwise_adagrad", "l2"),
+    ("column_wise", "rowwise_adagrad", "decoupled"),
+    ("auto", "rowwise_adagrad", "l2"),
+    ("row_wise", "sgd", "l2"),
+    ("data_parallel", "sgd", "decoupled"),
+    ("table_wise", "adagrad", "l2"),
+    ("row_wise", "adagrad", "decoupled"),
+    ("column_wise", "adam", "l2"),
+    ("auto", "adam", "decoupled"),
+]
+
+
+def decay_cfg(mode: str, sparse: str, decay: str, world: int, override: bool = True) -> Config:
+    extra = [
+        "optim.sparse.weight_decay=0.05",
+        f"optim.sparse.weight_decay_mode={decay}",
+        *([OVERRIDE] if override else []),
+    ]
+    return make_cfg(mode, sparse, world, "sum", *extra)
+
+
+@functools.cache
+def decay_reference(sparse: str, decay: str, override: bool = True) -> dict:
+    return reference(decay_cfg("none", sparse, decay, 1, override))
+
+
+def _configs(world: int) -> list[tuple[str, Config]]:
+    return [(f"{m}/{o}/{d}", decay_cfg(m, o, d, world)) for m, o, d in CASES]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_weight_decay_matches_one_process(world):
+    configs = _configs(world)
+    results = spawn(world, run_all, configs)
+    for name, cfg in configs:
+        mode, sparse, decay = name.split("/")
+        per_rank = [r[name] for r in results]
+        plan = per_rank[0]["plan"]
+        if mode == "column_wise" and world > 1:
+            assert any(len(tp.shards) > 1 for tp in plan.tables), "no table was split"
+        compare(decay_reference(sparse, decay), per_rank, cfg, f"W={world} {name}")
+
+
+def _apart(a: dict, b: dict, cfg: Config, table: str | None = None) -> float:
+    """How far outside compare()'s tolerance two runs' weights are (or one table's): the
+    largest |a - b| / (1e-5 + 1e-4 |b|); within it is <= 1."""
+    got, want = assemble(cfg, [a]), assemble(cfg, [b])
+    names = [table] if table else list(want)
+    return max(
+        float(((got[t]["weight"] - w).abs() / (1e-5 + 1e-4 * w.abs())).max())
+        for t in names
+        for w in [want[t]["weight"]]
+    )
+
+
+@pytest.mark.parametrize("sparse", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("decay", ["l2", "decoupled"])
+def test_the_decay_and_its_override_change_the_run(sparse, decay):
+    """The comparison above could not pass by accident: without the decay the rows end far
+    outside its tolerance (10x), and the overridden table's rows with its own value; the two
+    modes differ where the optimizer is adaptive."""
+    cfg = decay_cfg("none", sparse, decay, 1)
+    decayed = decay_reference(sparse, decay)
+    assert _apart(decayed, cached_reference(sparse), cfg) > 10
+    assert _apart(decayed, decay_reference(sparse, decay, override=False), cfg, "cat_2") > 10
+    if decay == "decoupled" and sparse != "sgd":  # SGD's two modes are the same maths
+        assert _apart(decayed, decay_reference(sparse, "l2"), cfg) > 10
+
+
+def test_untouched_rows_of_a_decayed_run_keep_their_initial_values():
+    """Lazy decay: the 20,000-row table's rows that no batch of the run touched hold their
+    initial values, bit for bit, while touched rows decayed."""
+    from tests.distributed.test_equivalence import reference_initial
+
+    cfg = decay_cfg("none", "adam", "decoupled", 1)
+    initial = assemble(cfg, [reference_initial(cfg)])["cat_4"]["weight"]
+    final = assemble(cfg, [decay_reference("adam", "decoupled")])["cat_4"]["weight"]
+    same = (final == initial).all(dim=1)
+    assert same.any() and (~same).any(), "some rows touched, most not"
+    state = assemble(cfg, [decay_reference("adam", "decoupled")])["cat_4"]["exp_avg_sq"]
+    assert torch.equal(same, (state == 0).all(dim=1)), "unchanged rows == rows never touched"
