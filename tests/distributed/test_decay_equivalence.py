@@ -116,3 +116,80 @@ def test_untouched_rows_of_a_decayed_run_keep_their_initial_values():
     assert same.any() and (~same).any(), "some rows touched, most not"
     state = assemble(cfg, [decay_reference("adam", "decoupled")])["cat_4"]["exp_avg_sq"]
     assert torch.equal(same, (state == 0).all(dim=1)), "unchanged rows == rows never touched"
+
+
+# -- a user's model through hybridrec.parallelize (tests/distributed/test_library.py) ---------
+
+# qualified table names: the users group (user, age: width 8) and the items group (item,
+# genre: width 4) each hold two tables of different decays
+TABLE_DECAY = {"users.user": 0.2, "items.genre": 0.0}
+LIBRARY_CASES = [  # (sharding, pins, optimizer/decay mode)
+    ("column_wise", None, "rowwise_adagrad/l2"),
+    ("row_wise", None, "adam/decoupled"),
+    ("host", None, "adagrad/l2"),
+    ("host", None, "rowwise_adagrad/l2"),
+    ("data_parallel", None, "sgd/decoupled"),
+    ("auto", None, "sgd/l2"),
+    ("column_wise", None, "adam/l2"),
+    ("table_wise", {"users.user": "row_wise", "items.item": "column_wise"}, "adagrad/decoupled"),
+    ("table_wise", {"users.user": "column_wise"}, "rowwise_adagrad/decoupled"),
+]
+
+
+def _decayed(key: str):  # noqa: ANN202
+    from tests.distributed import test_library as lib
+
+    name, mode = key.split("/")
+    base = lib.OPTIMIZERS[name]()
+    params = {k: v for k, v in vars(base).items() if k in ("lr", "eps", "beta1", "beta2")}
+    return lambda: type(base)(
+        **params, weight_decay=0.05, weight_decay_mode=mode, table_weight_decay=TABLE_DECAY
+    )
+
+
+def _library_train(group, sharding, pins, key):  # noqa: ANN001, ANN202
+    """test_library.train with the decayed optimizer `key` (registered in this process)."""
+    from tests.distributed import test_library as lib
+
+    lib.OPTIMIZERS.setdefault(key, _decayed(key))
+    return lib.train(group, sharding, pins, key)
+
+
+def run_library_cases(env, cases):  # noqa: ANN001, ANN201
+    return [_library_train(env.group, *case) for case in cases]
+
+
+@functools.cache
+def library_reference(key: str) -> dict:
+    torch.set_num_threads(1)
+    return _library_train(None, "none", None, key)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_user_model_with_decay_matches_one_process(world):
+    from tests.distributed.test_library import full_tables, reference
+
+    results = spawn(world, run_library_cases, LIBRARY_CASES)
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    for k, (sharding, pins, key) in enumerate(LIBRARY_CASES):
+        label = f"W={world} {sharding} {pins or ''} {key}"
+        ref = library_reference(key)
+        per_rank = [r[k] for r in results]
+        torch.testing.assert_close(
+            torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), **tol
+        )
+        got, want = full_tables(per_rank), full_tables([ref])
+        undecayed = full_tables([reference(key.split("/")[0])])
+        for table, entries in want.items():
+            for name, value in entries.items():
+                assert not got[table][name].isnan().any(), f"{label} {table}.{name}: gaps"
+                torch.testing.assert_close(
+                    got[table][name], value, **tol,
+                    msg=lambda m, t=table, n=name, c=label: f"{c} {t}.{n}: {m}",
+                )  # fmt: skip
+        w, w0 = want["users.user"]["weight"], undecayed["users.user"]["weight"]
+        outside = ((w - w0).abs() / (1e-5 + 1e-4 * w0.abs())).max()
+        assert outside > 10, f"{label}: the decay is within the tolerance ({outside:.3g})"
+        for name, value in ref["dense"].items():
+            for r in per_rank:
+                torch.testing.assert_close(r["dense"][name], value, **tol)
