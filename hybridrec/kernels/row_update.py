@@ -47,6 +47,9 @@ from hybridrec.kernels.decay import DECOUPLED, L2, Decay, decay_of
 from hybridrec.kernels.maths import RowMaths
 from hybridrec.types import StateKind
 
+if (L2, DECOUPLED) != (1, 2):  # the kernels test DECAY against these literals
+    raise ImportError("hybridrec.kernels.decay's L2 and DECOUPLED must be 1 and 2")
+
 UPDATE_ROWS = 2048  # rows x columns per program of element-wise updates (rows = this // block_d)
 MAX_STATES = 2  # state tensors the kernels take (s0, s1)
 MAX_SCALARS = 4  # scalars the kernels take (h0..h3)
@@ -101,9 +104,9 @@ def _tile_update_kernel(
         wdr = wd
         if WD_ROWS:
             wdr = tl.load(wd_ptr + us, mask=row_mask, other=0.0)[:, None]
-        if DECAY == L2:
+        if DECAY == 1:  # L2 (a literal: a kernel reads no non-constexpr global)
             g = g + w * wdr
-        else:
+        else:  # DECOUPLED
             w = w * (1.0 - decay_lr * wdr)
     w, s0, s1 = MATHS(w, g, s0, s1, 0.0, h0, h1, h2, h3)
     if STATES > 0:
@@ -159,7 +162,7 @@ def _row_update_kernel(
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             g = tl.load(grads_ptr + u * D + cols, mask=cols < D, other=0.0)
-            if DECAY == L2:
+            if DECAY == 1:  # L2
                 w0 = tl.load(weight_ptr + row * D + cols, mask=cols < D, other=0.0)
                 g = g + w0.to(tl.float32) * wdr
             sq += g * g
@@ -178,9 +181,9 @@ def _row_update_kernel(
         g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
         w_ptrs = weight_ptr + row * D + cols
         w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
-        if DECAY == L2:
+        if DECAY == 1:  # L2
             g = g + w * wdr
-        if DECAY == DECOUPLED:
+        if DECAY == 2:  # DECOUPLED
             w = w * keep
         w, new0, new1 = MATHS(w, g, s0, s1, stat, h0, h1, h2, h3)
         tl.store(w_ptrs, round_for_store(w, weight_ptr), mask=mask)
