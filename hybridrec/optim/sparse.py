@@ -9,7 +9,7 @@ D = 1. Per group of R rows x D columns:
 - sgd              none                         w -= lr * g
 - adagrad          sum    [R, D]  per element   s += g^2 ; w -= lr * g / (sqrt(s) + eps)
                    (torch.optim.Adagrad, FBGEMM's EXACT_ADAGRAD: the MLPerf DCNv2 recipe;
-                   accumulators start at 0, no lr decay, no weight decay)
+                   accumulators start at 0, no lr decay, weight decay off by default)
 - rowwise_adagrad  sum    [R]     one per row   s += mean(g^2 over the row)
                                                 w -= lr * g / (sqrt(s) + eps)
                    (FBGEMM's row-wise Adagrad: 4 bytes per row instead of 4*D)
