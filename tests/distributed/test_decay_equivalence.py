@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hybridrec.config import Config
-from tests.distributed.harness import spawn
+from tests.distributed.harness import run_shared
 from tests.distributed.test_equivalence import (
     assemble,
     cached_reference,
@@ -68,7 +68,7 @@ def _configs(world: int) -> list[tuple[str, Config]]:
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_weight_decay_matches_one_process(world):
     configs = _configs(world)
-    results = spawn(world, run_all, configs)
+    results = run_shared(world, run_all, configs)
     for name, cfg in configs:
         mode, sparse, decay = name.split("/")
         per_rank = [r[name] for r in results]
@@ -148,11 +148,15 @@ def _decayed(key: str):  # noqa: ANN202
 
 
 def _library_train(group, sharding, pins, key):  # noqa: ANN001, ANN202
-    """test_library.train with the decayed optimizer `key` (registered in this process)."""
+    """test_library.train with the decayed optimizer `key` (known to it for this call only:
+    a shared group's next job finds test_library as it was)."""
     from tests.distributed import test_library as lib
 
-    lib.OPTIMIZERS.setdefault(key, _decayed(key))
-    return lib.train(group, sharding, pins, key)
+    lib.OPTIMIZERS[key] = _decayed(key)
+    try:
+        return lib.train(group, sharding, pins, key)
+    finally:
+        del lib.OPTIMIZERS[key]
 
 
 def run_library_cases(env, cases):  # noqa: ANN001, ANN201
@@ -169,7 +173,7 @@ def library_reference(key: str) -> dict:
 def test_user_model_with_decay_matches_one_process(world):
     from tests.distributed.test_library import full_tables, reference
 
-    results = spawn(world, run_library_cases, LIBRARY_CASES)
+    results = run_shared(world, run_library_cases, LIBRARY_CASES)
     tol = {"rtol": 1e-4, "atol": 1e-5}
     for k, (sharding, pins, key) in enumerate(LIBRARY_CASES):
         label = f"W={world} {sharding} {pins or ''} {key}"
