@@ -105,7 +105,9 @@ def parallelize(
     process); `pins` fixes some tables' modes by qualified name ("users.user": "row_wise").
     `hbm_gb`: each rank's device budget for embeddings; `host_gb`: its host budget for
     host-resident tables (None: the free host memory); `cache`: host tables' device caches;
-    `data_parallel_max_bytes`: auto replicates tables up to this size. `dtype`: the rows'
+    `data_parallel_max_bytes`: auto replicates tables up to this size. `sparse_optimizer`
+    (hybridrec.optim) also carries the tables' weight decay, per qualified table name in its
+    `table_weight_decay` (checked here against the declared tables). `dtype`: the rows'
     storage dtype; `comm_dtype`: pooled embeddings in the all-to-alls (fp32 exact; bf16/fp16
     halve the bytes). `autocast`: the autocast dtype the forward runs under, if any (only
     for the bytes the printed plan counts). `equal_batches`: you promise that every rank feeds
@@ -133,6 +135,7 @@ def parallelize(
     rank = dist.get_rank(group) if group is not None else 0
     features = [t.qualified(path) for path, t in declared]
     every = [f for fs in features for f in fs]
+    _check_table_decay(sparse_optimizer, [t.name for t in storage_tables(every)])
     device = torch.device(device)
     mode = sharding
     if sharding == "none":
@@ -207,6 +210,17 @@ def parallelize(
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def _check_table_decay(optimizer: RowOptimizer | None, names: list[str]) -> None:
+    """A per-table weight decay must name tables the model declares (qualified names)."""
+    named = getattr(optimizer, "table_weight_decay", None) or {}
+    unknown = sorted(set(named) - set(names))
+    if unknown:
+        raise ValueError(
+            f"the sparse optimizer's table_weight_decay (optim.sparse.table_weight_decay) names "
+            f"unknown table(s) {', '.join(unknown)}; the model's tables are {', '.join(names)}"
+        )
 
 
 def wire_dtype(

@@ -99,6 +99,12 @@ SPARSE_OPTIMIZER_STATE: dict[str, dict[str, StateKind]] = {
     "adagrad": {"sum": StateKind.ELEMENT},
 }
 
+# How a sparse optimizer's weight decay enters its step (`optim.sparse.weight_decay_mode`):
+# l2 adds wd * w to the gradient, which then goes through the optimizer's maths (FBGEMM's L2
+# mode, torch.optim's weight_decay); decoupled shrinks the row, w -= lr * wd * w, beside the
+# adaptive step (AdamW; FBGEMM's DECOUPLE). Either way only the rows a batch touches decay.
+WEIGHT_DECAY_MODES = ("l2", "decoupled")
+
 
 # What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE),
 # regression (MSE; RMSE, MAE) or retrieval (every row a positive (user, item) pair: softmax

@@ -31,7 +31,14 @@ from hybridrec.config.schema import (
     ScheduleConfig,
     fields_at,
 )
-from hybridrec.types import PIN_MODES, SHARDING_TYPES, TASKS, Pooling, storage_tables
+from hybridrec.types import (
+    PIN_MODES,
+    SHARDING_TYPES,
+    TASKS,
+    WEIGHT_DECAY_MODES,
+    Pooling,
+    storage_tables,
+)
 
 log = logging.getLogger("hybridrec")
 
@@ -87,6 +94,29 @@ def _check_pins(c: Config) -> None:
                 f"tables are {names[0]} .. {names[-1]}"
             )
         _choice(f"sharding.tables.{name}", mode, PIN_MODES)
+
+
+def _check_sparse_decay(c: Config) -> None:
+    """optim.sparse's weight decay: >= 0, a known mode, and per-table values for tables the
+    model has (a model class's tables are checked by hybridrec.parallelize)."""
+    o = c.optim.sparse
+    _positive("optim.sparse.weight_decay", o.weight_decay, allow_zero=True)
+    _choice("optim.sparse.weight_decay_mode", o.weight_decay_mode, WEIGHT_DECAY_MODES)
+    names = [t.name for t in storage_tables(c.model.tables())]
+    for name, value in (o.table_weight_decay or {}).items():
+        key = f"optim.sparse.table_weight_decay.{name}"
+        if isinstance(value, dict):  # optim.sparse.table_weight_decay.users.user=... split
+            inner = next(iter(value), "<table>")
+            raise ValueError(
+                f"{key}: a table name with a dot ({name}.{inner}) is given as "
+                f"'optim.sparse.table_weight_decay={{{name}.{inner}: 0.01}}'"
+            )
+        if name not in names and not c.model.built_by_class():
+            raise ValueError(
+                f"{key}: model {c.model.name} has no table {name!r}; its tables are "
+                f"{names[0]} .. {names[-1]}"
+            )
+        _positive(key, value, allow_zero=True)
 
 
 def _check_schedule(s: ScheduleConfig) -> None:
@@ -383,6 +413,7 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     _positive("eval.batch_size", c.eval.batch_size)
     _positive("optim.dense.lr", c.optim.dense.lr)
     _positive("optim.sparse.lr", c.optim.sparse.lr)
+    _check_sparse_decay(c)
     _check_schedule(c.optim.schedule)
     _positive("dist.timeout_s", c.dist.timeout_s)
     _positive("launcher.nproc_per_node", c.launcher.nproc_per_node)

@@ -261,6 +261,11 @@ class SparseOptimConfig:
     eps: float = 1e-8  # rowwise_adagrad, adam, adagrad (torch.optim.Adagrad's default: 1e-10)
     beta1: float = 0.9  # adam
     beta2: float = 0.999  # adam
+    # L2 regularisation of the rows each batch touches (lazy: untouched rows do not decay)
+    weight_decay: float = 0.0
+    weight_decay_mode: str = "l2"  # l2 (wd * w added to the gradient) | decoupled (AdamW)
+    # tables with their own decay, {table: decay} (names as sharding.tables); the rest: weight_decay
+    table_weight_decay: dict[str, float] | None = None
 
 
 @dataclass

@@ -25,13 +25,17 @@ class RowMaths(Protocol):
     change), row_sq_mean [U] where needs_full_row_stat; the weight moves by -scale * delta
     [U, D] and the state becomes the returned rows. `triton`: the same maths as a device
     function (hybridrec.kernels.row_update); `native`: the name of its C function in
-    native/sparse_rows.c, or None (then the CPU takes torch_maths).
+    native/sparse_rows.c, or None (then the CPU takes torch_maths). Weight decay is the
+    backends' (hybridrec.kernels.decay), from `weight_decay`, `weight_decay_mode` and `lr`.
     """
 
     name: str
     needs_full_row_stat: bool
     triton: Any
     native: str | None
+    lr: float  # read by decoupled weight decay
+    weight_decay: float  # for rows the caller gives no decay of their own
+    weight_decay_mode: str  # one of hybridrec.types.WEIGHT_DECAY_MODES
 
     def state_spec(self) -> dict[str, StateKind]: ...
 

@@ -42,8 +42,10 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 _P = ctypes.c_void_p
 _SIGNATURES = {"hr_dedupe": ([_P, _P, _P, _F32, _P, _I64, _I64, _P, _P], _I64)}
-# every row update: (w, state pointers, idx, g, stat or NULL, u, d, scalars)
-_ROW_UPDATE = ([_P, _P, _P, _P, _P, _I64, _I64, _P], None)
+# every row update: (w, state pointers, idx, g, stat or NULL, u, d, scalars,
+# decay kind, wd, decay lr, wd per row or NULL)
+_ROW_UPDATE = ([_P, _P, _P, _P, _P, _I64, _I64, _P, _I64, _F32, _F32, _P], None)
+NO_DECAY = (0, 0.0, 0.0, None)  # row_update's decay=: (kind, wd, lr, wd per row or None)
 _state: dict[str, ctypes.CDLL | None] = {}
 _off = [False]  # `disabled()` in force
 
@@ -203,16 +205,22 @@ def row_update(
     grads: torch.Tensor,
     stat: torch.Tensor | None,
     scalars: tuple[float, ...],
+    decay: tuple[int, float, float, torch.Tensor | None] = NO_DECAY,
 ) -> None:
     """One step of the row optimizer whose C function is `kernel` (an `hr_*` of sparse_rows.c)
     on weight rows idx [U] (unique), in place: weight [R, D] and `states` (its state in
     state_spec order, [R] or [R, D]) CPU fp32 contiguous (callers check `usable`); grads
     [U, D] fp32; stat [U] each row's mean(g^2) over its full width, or None; `scalars`
-    rounded to fp32 as ctypes rounds."""
+    rounded to fp32 as ctypes rounds. `decay`: (kind, wd, lr, wd_rows [U] or None), as
+    hybridrec.kernels.rows.Decay (0: none, 1: L2, 2: decoupled)."""
     idx, grads = idx.contiguous(), grads.contiguous()  # kept alive over the call
     assert idx.dtype == torch.int64 and grads.shape == (idx.numel(), weight.shape[1])
     if stat is not None:
         stat = stat.float().contiguous()
+    kind, wd, lr, wd_rows = decay
+    if wd_rows is not None:
+        wd_rows = wd_rows.float().contiguous()
+        assert wd_rows.shape == (idx.numel(),)
     state_ptrs = (_P * max(1, len(states)))(*[t.data_ptr() for t in states])
     h = (_F32 * max(1, len(scalars)))(*scalars)
     _kernel(kernel)(
@@ -224,6 +232,10 @@ def row_update(
         idx.numel(),
         weight.shape[1],
         h,
+        int(kind),
+        float(wd),
+        float(lr),
+        _ptr(wd_rows),
     )
 
 

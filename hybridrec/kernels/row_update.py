@@ -16,10 +16,12 @@ one fma as torch's sub_ with alpha) and the new state. At most MAX_STATES state 
 MAX_SCALARS scalars; unused ones are placeholders, neither loaded nor stored.
 
 fp32 state and arithmetic, one rounding to the weight's dtype per updated value
-(`round_for_store`; torch: `round_to`). Inputs may be padded (from segment_grads_padded):
-`count=` [1] int64 on the device, and the kernels skip entries u >= count, so nothing waits
-for the host. Row ids are not range-checked (that would sync with the host); callers pass
-valid, unique rows as for the torch path.
+(`round_for_store`; torch: `round_to`). Weight decay (DECAY, hybridrec.kernels.decay.Decay)
+is applied to the values before the maths: L2 g += w * wd, decoupled w *= 1 - lr * wd, with
+wd the scalar `wd` or, with WD_ROWS, wd_rows[u] (a group of tables with their own decays).
+Inputs may be padded (from segment_grads_padded): `count=` [1] int64 on the device, and the
+kernels skip entries u >= count, so nothing waits for the host. Row ids are not range-checked
+(that would sync with the host); callers pass valid, unique rows as for the torch path.
 
 Legend: R = weight rows, D = width, U = rows updated (rows given, or count).
 """
@@ -41,8 +43,12 @@ from hybridrec.kernels._common import (
     tl,
     triton,
 )
+from hybridrec.kernels.decay import DECOUPLED, L2, Decay, decay_of
 from hybridrec.kernels.maths import RowMaths
 from hybridrec.types import StateKind
+
+if (L2, DECOUPLED) != (1, 2):  # the kernels test DECAY against these literals
+    raise ImportError("hybridrec.kernels.decay's L2 and DECOUPLED must be 1 and 2")
 
 UPDATE_ROWS = 2048  # rows x columns per program of element-wise updates (rows = this // block_d)
 MAX_STATES = 2  # state tensors the kernels take (s0, s1)
@@ -56,20 +62,26 @@ def _tile_update_kernel(
     count_ptr,
     s0_ptr,
     s1_ptr,
+    wd_ptr,
     n_rows,
     h0,
     h1,
     h2,
     h3,
+    wd,
+    decay_lr,
     D,
     MATHS: tl.constexpr,
     STATES: tl.constexpr,
     HAS_COUNT: tl.constexpr,
+    DECAY: tl.constexpr,
+    WD_ROWS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Element-wise maths on weight[rows[u], cols] and its STATES state tensors [R, D], for
-    BLOCK_R entries u per program (u < count[0] if HAS_COUNT, else u < n_rows)."""
+    BLOCK_R entries u per program (u < count[0] if HAS_COUNT, else u < n_rows), after the
+    DECAY of the values (wd_ptr[u] per row if WD_ROWS, else wd)."""
     us = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     if HAS_COUNT:
         n_rows = tl.load(count_ptr)
@@ -88,6 +100,14 @@ def _tile_update_kernel(
     if STATES > 1:
         s1 = tl.load(s1_ptr + off, mask=mask, other=0.0)
     w = tl.load(weight_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if DECAY != 0:
+        wdr = wd
+        if WD_ROWS:
+            wdr = tl.load(wd_ptr + us, mask=row_mask, other=0.0)[:, None]
+        if DECAY == 1:  # L2 (a literal: a kernel reads no non-constexpr global)
+            g = g + w * wdr
+        else:  # DECOUPLED
+            w = w * (1.0 - decay_lr * wdr)
     w, s0, s1 = MATHS(w, g, s0, s1, 0.0, h0, h1, h2, h3)
     if STATES > 0:
         tl.store(s0_ptr + off, s0, mask=mask)
@@ -104,26 +124,37 @@ def _row_update_kernel(
     s0_ptr,
     s1_ptr,
     row_sq_ptr,
+    wd_ptr,
     h0,
     h1,
     h2,
     h3,
+    wd,
+    decay_lr,
     inv_d,
     D,
     MATHS: tl.constexpr,
     STATES: tl.constexpr,
     HAS_ROW_SQ: tl.constexpr,
     HAS_COUNT: tl.constexpr,
+    DECAY: tl.constexpr,
+    WD_ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     """Row maths on weight[rows[u]] with stat = row_sq[u] (HAS_ROW_SQ) or mean(g^2) over the
-    row, and STATES row-wise state tensors [R], one program per entry u (u < count[0] if
-    HAS_COUNT). The state is read once, before the row's column blocks, and written after."""
+    row (of the gradient the maths see: under L2 decay g + w * wd), and STATES row-wise state
+    tensors [R], one program per entry u (u < count[0] if HAS_COUNT), after the DECAY of the
+    values (wd_ptr[u] if WD_ROWS, else wd). The state is read once, before the row's column
+    blocks, and written after."""
     u = tl.program_id(0).to(tl.int64)
     if HAS_COUNT:
         if u >= tl.load(count_ptr):
             return
     row = tl.load(rows_ptr + u)
+    wdr = wd
+    if WD_ROWS:
+        wdr = tl.load(wd_ptr + u)
+    keep = 1.0 - decay_lr * wdr  # decoupled decay's factor
     if HAS_ROW_SQ:
         stat = tl.load(row_sq_ptr + u)
     else:
@@ -131,6 +162,9 @@ def _row_update_kernel(
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             g = tl.load(grads_ptr + u * D + cols, mask=cols < D, other=0.0)
+            if DECAY == 1:  # L2
+                w0 = tl.load(weight_ptr + row * D + cols, mask=cols < D, other=0.0)
+                g = g + w0.to(tl.float32) * wdr
             sq += g * g
         stat = tl.reduce(sq, 0, tl.standard._sum_combine) * inv_d
     s0 = stat  # placeholders where the optimizer keeps less state
@@ -147,6 +181,10 @@ def _row_update_kernel(
         g = tl.load(grads_ptr + u * D + cols, mask=mask, other=0.0)
         w_ptrs = weight_ptr + row * D + cols
         w = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if DECAY == 1:  # L2
+            g = g + w * wdr
+        if DECAY == 2:  # DECOUPLED
+            w = w * keep
         w, new0, new1 = MATHS(w, g, s0, s1, stat, h0, h1, h2, h3)
         tl.store(w_ptrs, round_for_store(w, weight_ptr), mask=mask)
     if STATES > 0:
@@ -223,9 +261,11 @@ def update(
     row_sq_mean: torch.Tensor | None = None,
     *,
     count: torch.Tensor | None = None,
+    decay: Decay | None = None,
 ) -> None:
     """One step of row optimizer `opt` at optimizer step `step` on weight rows `rows`, in
-    place: as opt's torch maths (hybridrec.kernels.rows), in one kernel.
+    place: as opt's torch maths (hybridrec.kernels.rows), in one kernel, after `decay`
+    (hybridrec.kernels.rows.Decay; None: opt's own weight_decay for every row).
 
     weight [R, D] fp32/bf16/fp16 contiguous; state name -> [R] or [R, D] fp32 contiguous, as
     opt.state_spec(); rows [U] int64, unique; grads [U, D] fp32; row_sq_mean [U] fp32 or None
@@ -244,8 +284,16 @@ def update(
     elif row_sq_mean is not None:
         row_sq_mean = _check_vector("row_sq_mean", row_sq_mean, rows.numel())
     _check_count(count)
+    if decay is None:
+        decay = decay_of(opt)
+    wd_rows = decay.rows
+    if wd_rows is not None:
+        wd_rows = _check_vector("weight decay per row", wd_rows, rows.numel())
     named = {f"state {n!r}": t for n, t in zip(opt.state_spec(), states, strict=True)}
-    _check_device(weight, rows=rows, grads=grads, row_sq_mean=row_sq_mean, count=count, **named)
+    _check_device(
+        weight, rows=rows, grads=grads, row_sq_mean=row_sq_mean, count=count,
+        weight_decay=wd_rows, **named,
+    )  # fmt: skip
     scalars = [float(h) for h in opt.scalars(step)]
     _require(len(scalars) <= MAX_SCALARS, f"the row kernels take at most {MAX_SCALARS} scalars")
     h = scalars + [0.0] * (MAX_SCALARS - len(scalars))
@@ -253,6 +301,9 @@ def update(
     if rows.numel() == 0 or width == 0:
         return
     counted = count if count is not None else rows  # a placeholder pointer without count
+    decay_args = (decay.value, decay.lr)
+    decay_flags = {"DECAY": decay.kind, "WD_ROWS": wd_rows is not None}
+    wd_ptr = wd_rows if wd_rows is not None else grads  # a placeholder: never read
     block_d = _block_d(width)
     if per_row:
         _common.jitted(_row_update_kernel)[(rows.numel(),)](
@@ -262,13 +313,16 @@ def update(
             counted,
             *s,
             row_sq_mean if row_sq_mean is not None else grads,
+            wd_ptr,
             *h,
+            *decay_args,
             1.0 / width,
             width,
             MATHS=opt.triton,
             STATES=len(states),
             HAS_ROW_SQ=row_sq_mean is not None,
             HAS_COUNT=count is not None,
+            **decay_flags,
             BLOCK_D=block_d,
             **_opts(block_d),
         )
@@ -281,12 +335,15 @@ def update(
         grads,
         counted,
         *s,
+        wd_ptr,
         rows.numel(),
         *h,
+        *decay_args,
         width,
         MATHS=opt.triton,
         STATES=len(states),
         HAS_COUNT=count is not None,
+        **decay_flags,
         BLOCK_R=block_r,
         BLOCK_D=block_d,
         **_opts(block_r * block_d),

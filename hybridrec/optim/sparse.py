@@ -9,7 +9,7 @@ D = 1. Per group of R rows x D columns:
 - sgd              none                         w -= lr * g
 - adagrad          sum    [R, D]  per element   s += g^2 ; w -= lr * g / (sqrt(s) + eps)
                    (torch.optim.Adagrad, FBGEMM's EXACT_ADAGRAD: the MLPerf DCNv2 recipe;
-                   accumulators start at 0, no lr decay, no weight decay)
+                   accumulators start at 0, no lr decay, weight decay off by default)
 - rowwise_adagrad  sum    [R]     one per row   s += mean(g^2 over the row)
                                                 w -= lr * g / (sqrt(s) + eps)
                    (FBGEMM's row-wise Adagrad: 4 bytes per row instead of 4*D)
@@ -29,19 +29,29 @@ stay fp32, and each updated row is rounded once, when it is written back.
 
 Touching only the batch's rows is the standard sparse semantics (torch SparseAdam, FBGEMM);
 where every row is touched each step it equals the dense optimizer.
+
+Weight decay (every optimizer: `weight_decay`, `weight_decay_mode`, `table_weight_decay`) is
+lazy too: a row decays in the steps that touch it, by the mode's formula (hybridrec.kernels
+.decay): "l2" adds wd * w to the gradient, which then goes through the maths (Adagrad's
+accumulator and row-wise Adagrad's mean(g^2) included: FBGEMM's L2, torch.optim's
+weight_decay); "decoupled" shrinks the row by lr * wd first (AdamW). `table_weight_decay`
+({qualified storage table name: decay}) overrides the decay per table; a fused group that
+holds tables of different decays passes one decay per row (`weight_decay_for`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from hybridrec.kernels._common import device_function, tl
 from hybridrec.kernels.rows import reference_update, update_rows
-from hybridrec.types import SPARSE_OPTIMIZER_STATE, StateKind
+from hybridrec.types import SPARSE_OPTIMIZER_STATE, WEIGHT_DECAY_MODES, StateKind
 
 if TYPE_CHECKING:
     from hybridrec.config import SparseOptimConfig
@@ -59,12 +69,17 @@ class SparseOptimizer:
     and, if its maths reads each row's mean of g^2 over the full width, `needs_full_row_stat`;
     it defines `__init__` (its hyperparameters, named as optim.sparse's config keys),
     `scalars` and `torch_maths`. Defining the class registers it for `build_sparse_optimizer`.
+    Weight decay needs nothing of a subclass (the backends apply it around the maths); its
+    `__init__` passes its decay arguments to `set_weight_decay` (none: no decay).
     """
 
     name: ClassVar[str]
     needs_full_row_stat: ClassVar[bool] = False  # column shards then share mean(g^2)
     triton: ClassVar[Any]  # (w, g, s0, s1, stat, h0, h1, h2, h3) -> (w, s0, s1)
     native: ClassVar[str | None] = None  # its update in native/sparse_rows.c
+    weight_decay: float = 0.0  # every table's, unless table_weight_decay names it
+    weight_decay_mode: str = "l2"  # one of WEIGHT_DECAY_MODES
+    table_weight_decay: Mapping[str, float] = MappingProxyType({})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -74,6 +89,35 @@ class SparseOptimizer:
                 f"hybridrec.types.SPARSE_OPTIMIZER_STATE"
             )
         _CLASSES[cls.name] = cls
+
+    def set_weight_decay(
+        self,
+        weight_decay: float = 0.0,
+        weight_decay_mode: str = "l2",
+        table_weight_decay: Mapping[str, float] | None = None,
+    ) -> None:
+        """Decay every touched row by `weight_decay` (>= 0; 0: none) in `weight_decay_mode`
+        (l2 | decoupled), the tables named in `table_weight_decay` (qualified storage table
+        names, as hybridrec.parallelize's pins: "users.user") by their own value instead.
+        Raises ValueError (one line) for a negative decay or an unknown mode; parallelize
+        refuses a table name that its model does not declare."""
+        if weight_decay_mode not in WEIGHT_DECAY_MODES:
+            raise ValueError(
+                f"weight_decay_mode={weight_decay_mode!r} is not one of: "
+                f"{', '.join(WEIGHT_DECAY_MODES)}"
+            )
+        named = dict(table_weight_decay or {})
+        for key, value in {"weight_decay": weight_decay, **named}.items():
+            if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+                what = "weight_decay" if key == "weight_decay" else f"table_weight_decay[{key!r}]"
+                raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+        self.weight_decay = float(weight_decay)
+        self.weight_decay_mode = weight_decay_mode
+        self.table_weight_decay = MappingProxyType({k: float(v) for k, v in named.items()})
+
+    def weight_decay_for(self, table: str) -> float:
+        """The decay of storage table `table` (its qualified name)."""
+        return self.table_weight_decay.get(table, self.weight_decay)
 
     def state_spec(self) -> dict[str, StateKind]:
         """Optimizer state: name -> its kind, one fp32 per row ([R]) or per element ([R, D])."""
@@ -98,13 +142,17 @@ class SparseOptimizer:
         step: int,
         row_sq_mean: torch.Tensor | None = None,
         count: torch.Tensor | None = None,
+        weight_decay: float | torch.Tensor | None = None,
     ) -> None:
-        """One step on weight[rows] and its state (hybridrec.kernels.rows.update_rows)."""
-        update_rows(self, weight, state, rows, grads, step, row_sq_mean, count)
+        """One step on weight[rows] and its state (hybridrec.kernels.rows.update_rows);
+        `weight_decay`: None (self.weight_decay), a float, or [U] fp32, one per row."""
+        update_rows(self, weight, state, rows, grads, step, row_sq_mean, count, weight_decay)
 
     def __repr__(self) -> str:
         params = inspect.signature(type(self)).parameters
-        return f"{type(self).__name__}({', '.join(f'{p}={getattr(self, p)!r}' for p in params)})"
+        values = {p: getattr(self, p) for p in params}
+        shown = {p: dict(v) if isinstance(v, Mapping) else v for p, v in values.items()}
+        return f"{type(self).__name__}({', '.join(f'{p}={v!r}' for p, v in shown.items())})"
 
 
 @device_function
@@ -117,8 +165,15 @@ class SparseSGD(SparseOptimizer):
     triton = _sgd_maths
     native = "hr_sgd"
 
-    def __init__(self, lr: float) -> None:
+    def __init__(
+        self,
+        lr: float,
+        weight_decay: float = 0.0,
+        weight_decay_mode: str = "l2",
+        table_weight_decay: Mapping[str, float] | None = None,
+    ) -> None:
         self.lr = lr
+        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr,)
@@ -138,8 +193,16 @@ class SparseAdagrad(SparseOptimizer):
     triton = _adagrad_maths
     native = "hr_adagrad"
 
-    def __init__(self, lr: float, eps: float = 1e-10) -> None:  # eps: torch.optim.Adagrad's
+    def __init__(
+        self,
+        lr: float,
+        eps: float = 1e-10,  # torch.optim.Adagrad's
+        weight_decay: float = 0.0,
+        weight_decay_mode: str = "l2",
+        table_weight_decay: Mapping[str, float] | None = None,
+    ) -> None:
         self.lr, self.eps = lr, eps
+        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr, self.eps)
@@ -161,8 +224,16 @@ class RowWiseAdagrad(SparseOptimizer):
     triton = _rowwise_adagrad_maths
     native = "hr_rowwise_adagrad"
 
-    def __init__(self, lr: float, eps: float = 1e-8) -> None:
+    def __init__(
+        self,
+        lr: float,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        weight_decay_mode: str = "l2",
+        table_weight_decay: Mapping[str, float] | None = None,
+    ) -> None:
         self.lr, self.eps = lr, eps
+        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr, self.eps)
@@ -184,8 +255,18 @@ class SparseAdam(SparseOptimizer):
     triton = _adam_maths
     native = "hr_adam"
 
-    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
+    def __init__(
+        self,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        weight_decay_mode: str = "l2",
+        table_weight_decay: Mapping[str, float] | None = None,
+    ) -> None:
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
+        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def step_size(self, step: int) -> float:
         """lr with Adam's bias corrections at step `step` (the group's global count)."""
@@ -210,10 +291,14 @@ SPARSE_OPTIMIZERS = tuple(SPARSE_OPTIMIZER_STATE)  # optim.sparse.name's choices
 
 def build_sparse_optimizer(cfg: SparseOptimConfig) -> SparseOptimizer:
     """The row optimizer named by `optim.sparse.name`, with the config's values for its
-    constructor's parameters (lr, eps, beta1, beta2: each class takes the ones it has)."""
+    constructor's parameters (lr, eps, beta1, beta2, weight_decay, weight_decay_mode,
+    table_weight_decay: each class takes the ones it has)."""
     if cfg.name not in _CLASSES:
         raise ValueError(
             f"optim.sparse.name={cfg.name!r} is not one of: {', '.join(SPARSE_OPTIMIZERS)}"
         )
     cls = _CLASSES[cfg.name]
-    return cls(**{p: getattr(cfg, p) for p in inspect.signature(cls).parameters})
+    try:
+        return cls(**{p: getattr(cfg, p) for p in inspect.signature(cls).parameters})
+    except ValueError as e:  # the decay's arguments, named as the config's keys
+        raise ValueError(f"optim.sparse.{e}") from None

@@ -29,6 +29,7 @@ from hybridrec import timing
 from hybridrec.kernels.dispatch import available
 from hybridrec.kernels.lookup import pool
 from hybridrec.kernels.pages import huge_pages
+from hybridrec.kernels.rows import seen_grads
 from hybridrec.kernels.segment import (
     Segments,
     dedupe,
@@ -45,13 +46,20 @@ class RowOptimizer(Protocol):
 
     `needs_full_row_stat`: its maths reads each row's mean of g^2 over the row's full width,
     so a table split column-wise shares it across its column shards (`row_sq_mean`).
+    `weight_decay_mode` and `weight_decay_for(table)`: each table's decay (see
+    hybridrec.kernels.decay); a group holding tables of different decays passes one per row.
     """
 
     name: str
     needs_full_row_stat: bool
+    weight_decay_mode: str
 
     def state_spec(self) -> dict[str, StateKind]:
         """Optimizer state: name -> its kind, one fp32 per row ([R]) or per element ([R, D])."""
+        ...
+
+    def weight_decay_for(self, table: str) -> float:
+        """The weight decay of storage table `table` (its qualified name)."""
         ...
 
     def update(
@@ -63,13 +71,15 @@ class RowOptimizer(Protocol):
         step: int,
         row_sq_mean: torch.Tensor | None = None,
         count: torch.Tensor | None = None,
+        weight_decay: float | torch.Tensor | None = None,
     ) -> None:
         """Update weight[rows] (rows [U], unique) with grads [U, D] at optimizer step >= 1.
 
         `row_sq_mean` [U], when given, is mean(g^2) over each row's full width (a column
-        shard only sees part of the row); optimizers with row-wise state use it. `count`
-        ([1] int64 on the device), when given, says only the first count rows are real (the
-        rest is padding from Triton's sync-free dedupe).
+        shard only sees part of the row; with L2 decay, of g + wd * w); optimizers with
+        row-wise state use it. `count` ([1] int64 on the device), when given, says only the
+        first count rows are real (the rest is padding from Triton's sync-free dedupe).
+        `weight_decay`: the rows' decay, one float or [U] fp32 per row (None: its own).
         """
         ...
 
@@ -156,6 +166,10 @@ class FusedEmbedding(nn.Module):
             offsets.append(offsets[-1] + s.num_rows)
         self.offsets_list = offsets
         self.register_buffer("row_offsets", torch.tensor(offsets, dtype=torch.int64, device=device))
+        # each shard's weight decay, where they differ (row_decay): made here, not in a step
+        self._slot_decays = self._decays()
+        slot_decay = torch.tensor(self._slot_decays or [0.0] * len(self.shards), device=device)
+        self.register_buffer("slot_decay", slot_decay, persistent=False)
         self.state_names: list[str] = []
         self.state_shapes: dict[str, tuple[int, ...]] = {}
         if optimizer is not None:
@@ -317,16 +331,39 @@ class FusedEmbedding(nn.Module):
         one table share it, see hybridrec.sparse.exchange.row_stats); other rows use their own."""
         assert self.optimizer is not None
         self.step_count += 1
+        decay = self.row_decay(unique_rows)
+        weight, state, index = self._update_target(unique_rows)
         row_sq_mean = None
         if row_sq:
-            row_sq_mean = grads.pow(2).mean(dim=1)
+            seen = seen_grads(self.optimizer, weight, index, grads, decay)
+            row_sq_mean = seen.pow(2).mean(dim=1)
             bounds = torch.searchsorted(unique_rows, self.row_offsets).tolist()
             for u, stat in row_sq.items():
                 row_sq_mean[bounds[u] : bounds[u + 1]] = stat
-        weight, state, index = self._update_target(unique_rows)
         self.optimizer.update(
-            weight, state, index, grads, self.step_count, row_sq_mean, count=count
-        )
+            weight, state, index, grads, self.step_count, row_sq_mean, count=count,
+            weight_decay=decay,
+        )  # fmt: skip
+
+    def row_decay(self, rows: torch.Tensor) -> float | torch.Tensor:
+        """The weight decay of group rows `rows` [U]: one float when every shard here has the
+        same (one table, or tables of one decay), else [U] fp32, each row its shard's table's
+        (one searchsorted and one gather on the device; no host sync). Padding past a padded
+        input's count maps to some shard: the kernels never read it."""
+        decays = self._decays()
+        if len(set(decays)) == 1:
+            return decays[0]
+        if decays != self._slot_decays:  # the optimizer's decays were changed since
+            self.slot_decay.copy_(torch.tensor(decays))
+            self._slot_decays = decays
+        slot = torch.searchsorted(self.row_offsets[1:], rows, right=True)
+        return self.slot_decay.index_select(0, slot.clamp_(max=len(decays) - 1))
+
+    def _decays(self) -> tuple[float, ...]:
+        """Each shard's weight decay (its table's), () without an optimizer."""
+        if self.optimizer is None:
+            return ()
+        return tuple(self.optimizer.weight_decay_for(s.table) for s in self.shards)
 
     def get_extra_state(self) -> dict:
         return {"step_count": self.step_count}

@@ -364,7 +364,9 @@ class ShardedEmbeddingCollection(EmbeddingModule):
 
         def after(grad_send: torch.Tensor, grad_replicated: torch.Tensor) -> None:
             if row_stats is not None:
-                share_row_stats(grad_send, routed, self.layout, self.group, self.stats, row_stats)
+                share_row_stats(
+                    grad_send, routed, self.layout, self.group, self.stats, row_stats, self.groups
+                )
             if self.layout.dp_tables:
                 sync_replicas(
                     grad_replicated, dp_inputs, self.layout, self.groups, self.group, self.stats

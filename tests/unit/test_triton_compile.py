@@ -3,7 +3,7 @@
 Triton's CPU interpreter (the other kernel tests) runs kernels as numpy code, so it accepts
 programs the compiler rejects, and it never sees the launch options. Here each public op runs
 once per variant that training uses (table dtypes, widths, optional scale / count / row_sq,
-hot rows that need the merge kernel, host-row copies) under the interpreter, every launch is
+weight decay of each mode, hot rows that need the merge kernel, host-row copies) under the interpreter, every launch is
 recorded (kernel, argument types, constexprs, options), and each distinct launch is compiled
 ahead of time to a cubin for sm_90 with Triton's bundled LLVM and ptxas: what the GPU would
 JIT at the first step. A kernel that only works interpreted fails here, in CI.
@@ -21,6 +21,7 @@ compiler = pytest.importorskip("triton.compiler")
 backends = pytest.importorskip("triton.backends.compiler")
 
 from hybridrec.kernels import _common, host_copy, lookup, row_update, segment  # noqa: E402
+from hybridrec.kernels.decay import DECOUPLED, L2, Decay  # noqa: E402
 from hybridrec.optim.sparse import (  # noqa: E402
     RowWiseAdagrad,
     SparseAdagrad,
@@ -120,6 +121,17 @@ def _exercise_ops() -> None:
                     if opt.needs_full_row_stat:  # and with a given full-row statistic
                         row_sq = grads.pow(2).mean(1)
                         row_update.update(opt, weight, state, uniq, grads, 1, row_sq, count=count)
+                    if width == 48 and dtype != torch.float16:  # weight decay: each branch
+                        per_row = torch.rand(uniq.numel(), generator=g)
+                        for decay in (Decay(L2, 0.0, per_row), Decay(DECOUPLED, 0.1, None, 0.1)):
+                            row_update.update(
+                                opt, weight, state, uniq, grads, 1, count=count, decay=decay
+                            )
+                            if opt.needs_full_row_stat:
+                                row_update.update(
+                                    opt, weight, state, uniq, grads, 1, row_sq, count=count,
+                                    decay=decay,
+                                )  # fmt: skip
             host_copy.copy_rows(weight, uniq, weight.clone(), uniq.flip(0))
     host_copy.copy_rows(torch.zeros(40), uniq, torch.ones(40), uniq.flip(0))  # row-wise state
 

@@ -71,32 +71,74 @@ int64_t hr_dedupe(const int64_t *rows, const int64_t *bags, const float *scale, 
     return u;
 }
 
+/* Weight decay, applied by every row update below in the same way (hybridrec.kernels.rows):
+ * kind NO_DECAY, L2 (g <- g + w * wd, before the maths) or DECOUPLED (w <- w * (1 - lr * wd),
+ * then the maths' step); wd is rows[s] for row s where a per-row decay is given (a fused
+ * group of tables with different decays), else wd; lr is the optimizer's learning rate. */
+enum { NO_DECAY = 0, L2 = 1, DECOUPLED = 2 };
+
+typedef struct {
+    int64_t kind;
+    float wd, lr;
+    const float *rows;
+} decay_t;
+
+/* Row s's decay: its wd, and keep = 1 - lr * wd (each rounded, as torch's separate ops). */
+static inline float row_wd(const decay_t *dc, int64_t s) { return dc->rows ? dc->rows[s] : dc->wd; }
+static inline float row_keep(const decay_t *dc, float wd) { return 1.0f - dc->lr * wd; }
+
+/* The gradient the maths see and the weight they step from, for one element. */
+static inline void decay_element(int64_t kind, float wd, float keep, float *gj, float *wj) {
+    if (kind == L2) {
+        const float p = *wj * wd;
+        *gj = *gj + p;
+    } else if (kind == DECOUPLED) {
+        *wj = *wj * keep;
+    }
+}
+
 /* The row optimizers' updates, one per optimizer, all with one signature (hybridrec's
  * kernels/native.py calls any of them by name, as an optimizer's `native` names it):
  *   w [R, d] the weight; state[k] the optimizer's k-th state tensor, in the order of its
  *   state_spec ([R] row-wise or [R, d] element-wise); idx [u] the rows to update (distinct);
- *   g [u, d] their gradients; stat [u] each row's mean(g^2) over its full width, or NULL
- *   where the optimizer needs none; h the optimizer's scalars (its `scalars(step)`).
+ *   g [u, d] their gradients; stat [u] each row's mean(g^2) over its full width (of the
+ *   gradient the maths see: with L2 decay, g + w * wd), or NULL where the optimizer needs
+ *   none; h the optimizer's scalars (its `scalars(step)`); the decay: kind, wd, lr and
+ *   wd_rows [u] or NULL (see decay_t).
  * Each reads and writes each touched row once. */
+#define ROW_UPDATE_ARGS                                                                        \
+    float *w, float *const *state, const int64_t *idx, const float *g, const float *stat,      \
+        int64_t u, int64_t d, const float *h, int64_t decay_kind, float wd_all, float decay_lr, \
+        const float *wd_rows
+#define DECAY_OF_ARGS {decay_kind, wd_all, decay_lr, wd_rows}
 
 /* SGD, h = {lr}: w[idx[s]] -= lr * g[s] (fmaf(g, -lr, w), torch's sub_(g, alpha=lr)). */
-void hr_sgd(float *w, float *const *state, const int64_t *idx, const float *g,
-            const float *stat, int64_t u, int64_t d, const float *h) {
+void hr_sgd(ROW_UPDATE_ARGS) {
     (void)state;
     (void)stat;
+    const decay_t dc = DECAY_OF_ARGS;
     const float lr = h[0];
     for (int64_t s = 0; s < u; s++) {
         if (s + PREFETCH_AHEAD < u) prefetch_row(w + idx[s + PREFETCH_AHEAD] * d, d);
         float *wr = w + idx[s] * d;
         const float *gr = g + s * d;
-        for (int64_t j = 0; j < d; j++) wr[j] = fmaf(gr[j], -lr, wr[j]);
+        if (dc.kind == NO_DECAY) {
+            for (int64_t j = 0; j < d; j++) wr[j] = fmaf(gr[j], -lr, wr[j]);
+            continue;
+        }
+        const float wd = row_wd(&dc, s), keep = row_keep(&dc, wd);
+        for (int64_t j = 0; j < d; j++) {
+            float gj = gr[j], wj = wr[j];
+            decay_element(dc.kind, wd, keep, &gj, &wj);
+            wr[j] = fmaf(gj, -lr, wj);
+        }
     }
 }
 
 /* Row-wise Adagrad, state {acc [R]}, h = {lr, eps}: acc[r] += stat[s];
  * w[r] -= lr * g / (sqrt(acc[r]) + eps). */
-void hr_rowwise_adagrad(float *w, float *const *state, const int64_t *idx, const float *g,
-                        const float *stat, int64_t u, int64_t d, const float *h) {
+void hr_rowwise_adagrad(ROW_UPDATE_ARGS) {
+    const decay_t dc = DECAY_OF_ARGS;
     float *acc = state[0];
     const float lr = h[0], eps = h[1];
     for (int64_t s = 0; s < u; s++) {
@@ -110,15 +152,24 @@ void hr_rowwise_adagrad(float *w, float *const *state, const int64_t *idx, const
         const float den = sqrtf(sum) + eps;
         float *wr = w + r * d;
         const float *gr = g + s * d;
-        for (int64_t j = 0; j < d; j++) wr[j] = fmaf(gr[j] / den, -lr, wr[j]);
+        if (dc.kind == NO_DECAY) {
+            for (int64_t j = 0; j < d; j++) wr[j] = fmaf(gr[j] / den, -lr, wr[j]);
+            continue;
+        }
+        const float wd = row_wd(&dc, s), keep = row_keep(&dc, wd);
+        for (int64_t j = 0; j < d; j++) {
+            float gj = gr[j], wj = wr[j];
+            decay_element(dc.kind, wd, keep, &gj, &wj);
+            wr[j] = fmaf(gj / den, -lr, wj);
+        }
     }
 }
 
 /* Element-wise Adagrad (torch.optim.Adagrad), state {acc [R, d]}, h = {lr, eps}:
  * acc += g * g (one fmaf, as torch's addcmul_); w -= lr * g / (sqrt(acc) + eps). */
-void hr_adagrad(float *w, float *const *state, const int64_t *idx, const float *g,
-                const float *stat, int64_t u, int64_t d, const float *h) {
+void hr_adagrad(ROW_UPDATE_ARGS) {
     (void)stat;
+    const decay_t dc = DECAY_OF_ARGS;
     float *acc = state[0];
     const float lr = h[0], eps = h[1];
     for (int64_t s = 0; s < u; s++) {
@@ -128,11 +179,14 @@ void hr_adagrad(float *w, float *const *state, const int64_t *idx, const float *
         }
         float *wr = w + idx[s] * d, *ar = acc + idx[s] * d;
         const float *gr = g + s * d;
+        const float wd = dc.kind == NO_DECAY ? 0.0f : row_wd(&dc, s), keep = row_keep(&dc, wd);
         for (int64_t j = 0; j < d; j++) {
-            const float sum = fmaf(gr[j], gr[j], ar[j]);
+            float gj = gr[j], wj = wr[j];
+            decay_element(dc.kind, wd, keep, &gj, &wj);
+            const float sum = fmaf(gj, gj, ar[j]);
             ar[j] = sum;
             const float den = sqrtf(sum) + eps;
-            wr[j] = fmaf(gr[j] / den, -lr, wr[j]);
+            wr[j] = fmaf(gj / den, -lr, wj);
         }
     }
 }
@@ -140,9 +194,9 @@ void hr_adagrad(float *w, float *const *state, const int64_t *idx, const float *
 /* Lazy Adam (torch.optim.SparseAdam's moments), state {m, v [R, d]}, h = {step, c1, c2, eps}:
  * m += (g - m) * c1; v += (g * g - v) * c2; w -= step * m / (sqrt(v) + eps), with
  * c1 = 1 - beta1, c2 = 1 - beta2 and step the bias-corrected step size. */
-void hr_adam(float *w, float *const *state, const int64_t *idx, const float *g,
-             const float *stat, int64_t u, int64_t d, const float *h) {
+void hr_adam(ROW_UPDATE_ARGS) {
     (void)stat;
+    const decay_t dc = DECAY_OF_ARGS;
     float *m = state[0], *v = state[1];
     const float step = h[0], c1 = h[1], c2 = h[2], eps = h[3];
     for (int64_t s = 0; s < u; s++) {
@@ -155,8 +209,11 @@ void hr_adam(float *w, float *const *state, const int64_t *idx, const float *g,
         const int64_t base = idx[s] * d;
         float *wr = w + base, *mr = m + base, *vr = v + base;
         const float *gr = g + s * d;
+        const float wd = dc.kind == NO_DECAY ? 0.0f : row_wd(&dc, s), keep = row_keep(&dc, wd);
         for (int64_t j = 0; j < d; j++) {
-            const float gj = gr[j], m0 = mr[j], v0 = vr[j];
+            float gj = gr[j], wj = wr[j];
+            decay_element(dc.kind, wd, keep, &gj, &wj);
+            const float m0 = mr[j], v0 = vr[j];
             const float dm = (gj - m0) * c1;
             const float m1 = dm + m0;
             const float sq = gj * gj;
@@ -165,7 +222,7 @@ void hr_adam(float *w, float *const *state, const int64_t *idx, const float *g,
             mr[j] = m1;
             vr[j] = v1;
             const float den = sqrtf(v1) + eps;
-            wr[j] = fmaf(m1 / den, -step, wr[j]);
+            wr[j] = fmaf(m1 / den, -step, wj);
         }
     }
 }

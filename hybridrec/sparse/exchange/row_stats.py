@@ -8,14 +8,22 @@ adds them in shard order, the same sum everywhere: exactly the unsharded table's
 
 The result travels explicitly: `RowStats` is made per step by the forward, handed to the
 groups' lookups and filled here before their backward (which autograd runs after this one).
+
+With L2 weight decay the statistic is of the gradient the maths see, g + wd * w (FBGEMM's
+row-wise Adagrad adds the L2 term before it too): each owner adds its own columns' wd * w
+before squaring (hybridrec.kernels.rows.seen_grads), read from its group's rows, which no
+update has changed yet in this backward. Column shards live in device groups (host-resident
+shards are whole-width), whose `weight` holds the rows.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from hybridrec.distributed.comm import CommStats, all_to_all
+from hybridrec.kernels.rows import seen_grads
 from hybridrec.kernels.segment import dedupe
 from hybridrec.sparse.exchange.input import Routed
 from hybridrec.sparse.exchange.output import group_grads
@@ -40,9 +48,11 @@ def share_row_stats(
     group: dist.ProcessGroup,
     stats: CommStats | None,
     out: RowStats,
+    groups: nn.ModuleDict,
 ) -> None:
     """grad: the gradient of this rank's groups' pooled rows, flat as sent back (output.
-    send_order); `routed`: this step's group lookups. Fills `out` for the column shards. A
+    send_order); `routed`: this step's group lookups; `groups`: this rank's fused groups (their
+    optimizer's decay, and the rows L2 decay adds). Fills `out` for the column shards. A
     shard read by several features (a shared table) takes their gradients together: a row's
     statistic is of its summed gradient."""
     world, peers, units = layout.world, layout.peers, layout.local_units
@@ -61,7 +71,13 @@ def share_row_stats(
         at = ((inp.rows >= start) & (inp.rows < end)).nonzero().squeeze(1)
         scale = inp.scale.index_select(0, at) if inp.scale is not None else None
         rows, bags = inp.rows.index_select(0, at), inp.bags.index_select(0, at)
-        _, g_rows = dedupe(rows, bags, scale, grads[key])
+        unique_rows, g_rows = dedupe(rows, bags, scale, grads[key])
+        fused = groups[key]
+        decay = fused.optimizer.weight_decay_for(fused.shards[pos].table)
+        if decay and fused.optimizer.weight_decay_mode == "l2":
+            if key.startswith("h"):  # (the planner never puts column shards in host memory)
+                raise NotImplementedError("a host-resident column shard's L2 row statistic")
+            g_rows = seen_grads(fused.optimizer, fused.weight, unique_rows, g_rows, decay)
         partial[(key, pos)] = g_rows.pow(2).sum(dim=1)
     slot_peers = {slot: peers[ks[0]] for slot, ks in slot_units.items()}
     sends = [[partial[x] for x in partial if q in slot_peers[x]] for q in range(world)]
