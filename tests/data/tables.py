@@ -9,6 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from tests.configs import make_config
+
 N = 40
 
 
@@ -119,3 +121,20 @@ def vocab_ids(train_values: list, min_count: int = 1) -> dict:
     counts = Counter(v for v in train_values if v is not None)
     kept = sorted((v for v, c in counts.items() if c >= min_count), key=lambda v: (-counts[v], v))
     return {v: i + 2 for i, v in enumerate(kept)}
+
+
+def criteo_cfg(path: str, sharding: str, loader: str, world: int):
+    overrides = [
+        "data=criteo",
+        f"data.path={path}",
+        f"data.loader={loader}",
+        "model=criteo_sample",
+        f"sharding={sharding}",
+        "train.batch_size=24",
+        "eval.batch_size=6",
+        "optim.dense.name=sgd",
+        "optim.dense.lr=0.1",
+        "device=cpu",
+        "seed=3",
+    ]
+    return make_config(*overrides, world_size=world)

@@ -11,7 +11,7 @@ import torch
 
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
-from tests.data.test_train_criteo import _cfg
+from tests.data.tables import criteo_cfg
 from tests.distributed.harness import spawn, spawn_jobs
 
 
@@ -19,7 +19,7 @@ def _evaluate(  # noqa: ANN001
     env: DistEnv, path: str, sharding: str, loader: str, eval_batch: int, batches, train_batch=24
 ):
     torch.set_num_threads(1)
-    cfg = _cfg(path, sharding, loader, env.world_size)
+    cfg = criteo_cfg(path, sharding, loader, env.world_size)
     cfg.eval.batch_size, cfg.eval.batches = eval_batch, batches
     # a host cache holds two training batches' ids per table (at train_batch=2 it holds 4)
     cfg.sharding.cache_fraction, cfg.train.batch_size = 0.001, train_batch

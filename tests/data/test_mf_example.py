@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from hybridrec.data.dataset import open_dataset
 from tests.cli import run_cli
-from tests.data.test_movielens_prepare import _ratings, _wheel
+from tests.data.movielens import fake_ratings, fake_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "mf" / "spec.yaml"
@@ -77,7 +77,7 @@ def _check(ratings: Path, data: Path, rows: list[dict]) -> None:
 
 
 def test_mf_spec_commands_on_a_fake_wheel(tmp_path):
-    _check(*_run_example(tmp_path, _wheel(tmp_path / "f.whl", _ratings(6)), steps=3, batch=64))
+    _check(*_run_example(tmp_path, fake_wheel(tmp_path / "f.whl", fake_ratings(6)), steps=3, batch=64))
 
 
 def test_mf_spec_commands_on_real_movielens(tmp_path, movielens_wheel):

@@ -3,68 +3,12 @@ items joined onto the ratings in file order, the derived columns, the seeded spl
 
 from __future__ import annotations
 
-import io
-import runpy
-import zipfile
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PREPARE = runpy.run_path(str(ROOT / "examples" / "movielens" / "prepare.py"))
-GENRES = PREPARE["GENRES"]
-
-
-def _parquet(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="brotli", row_group_size=256)
-    return buf.getvalue()
-
-
-def _items() -> pa.Table:
-    flags = {g: [0, 0, 0] for g in GENRES}
-    flags["Comedy"], flags["Action"], flags["unknown"] = [1, 0, 1], [1, 1, 0], [0, 0, 1]
-    return pa.table(
-        {
-            "movie_id": [10, 20, 30],
-            "movie_title": ["A (1995)", "B (1977)", "C"],
-            "release_date": ["01-Jan-1995", "24-May-1977", None],
-            "video_release_date": pa.array([None, None, None], pa.float64()),
-            **{g: flags[g] for g in GENRES},
-        }
-    )
-
-
-def _ratings(seed: int, n: int = 600) -> pa.Table:
-    """n ratings of the fake wheel's users (1..3) and movies (10, 20, 30)."""
-    rng = np.random.default_rng(seed)
-    return pa.table(
-        {
-            "user_id": rng.integers(1, 4, n),
-            "movie_id": rng.choice([10, 20, 30], n),
-            "rating": rng.integers(1, 6, n),
-            "timestamp": np.arange(n) + 880_000_000,
-        }
-    )
-
-
-def _wheel(path: Path, ratings: pa.Table, items: pa.Table | None = None) -> Path:
-    users = pa.table(
-        {
-            "user_id": [1, 2, 3],
-            "age": [24, 53, 31],
-            "gender": ["M", "F", "M"],
-            "occupation": ["writer", "other", "artist"],
-            "zip_code": ["85711", "T8H1N", "02138"],
-        }
-    )
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, table in (("data", ratings), ("users", users), ("items", items or _items())):
-            zf.writestr(PREPARE["MEMBER"].format(name), _parquet(table))
-    return path
+from tests.data.movielens import PREPARE, ROOT, fake_items, fake_ratings, fake_wheel
 
 
 def test_joins_keep_the_ratings_order_and_the_split_is_the_seeded_draw(tmp_path):
@@ -79,7 +23,7 @@ def test_joins_keep_the_ratings_order_and_the_split_is_the_seeded_draw(tmp_path)
             "timestamp": np.arange(n) + 880_000_000,
         }
     )
-    out = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "fake.whl", ratings))
+    out = PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "fake.whl", ratings))
     got = pq.read_table(out)
     assert got.column_names == [
         "user_id", "movie_id", "rating", "age", "gender", "occupation", "zip_prefix",
@@ -119,7 +63,7 @@ def test_history_lists_hold_the_other_rows_of_the_known_splits_only(tmp_path):
     ratings = pa.table(
         {"user_id": users, "movie_id": movies, "rating": stars, "timestamp": np.arange(n)}
     )
-    got = pq.read_table(PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", ratings)))
+    got = pq.read_table(PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "f.whl", ratings)))
     split = got["split"].to_pylist()
 
     def others(i: int, same: np.ndarray, value: np.ndarray, splits: tuple[str, ...]) -> list:
@@ -140,13 +84,13 @@ def test_history_lists_hold_the_other_rows_of_the_known_splits_only(tmp_path):
 
 def test_a_wrong_wheel_is_named_in_one_line(tmp_path):
     ratings = pa.table({"user_id": [1], "movie_id": [10], "rating": [4], "timestamp": [0]})
-    broken = _items().drop_columns(["release_date"])
-    wheel = _wheel(tmp_path / "fake.whl", ratings, broken)
+    broken = fake_items().drop_columns(["release_date"])
+    wheel = fake_wheel(tmp_path / "fake.whl", ratings, broken)
     with pytest.raises(PREPARE["PrepareError"], match=r"items.parquet.brotli lacks the columns"):
         PREPARE["prepare"](tmp_path / "out", wheel)
     orphan = pa.table({"user_id": [7], "movie_id": [10], "rating": [4], "timestamp": [0]})
     with pytest.raises(PREPARE["PrepareError"], match=r"1 ratings have no row in the users file"):
-        PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "o.whl", orphan))
+        PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "o.whl", orphan))
     (tmp_path / "not.whl").write_text("no zip")
     assert PREPARE["main"]([str(tmp_path / "out"), "--wheel", str(tmp_path / "not.whl")]) == 2
 
@@ -163,7 +107,7 @@ def test_readme_movielens_commands_preprocess_and_train_the_preset(tmp_path):
 
     from tests.cli import run_cli
 
-    ratings = _ratings(3)
+    ratings = fake_ratings(3)
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
     lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
     prepare = next(ln for ln in lines if ln.startswith("python examples/movielens/prepare.py"))
@@ -172,7 +116,7 @@ def test_readme_movielens_commands_preprocess_and_train_the_preset(tmp_path):
     out = tmp_path / "ml100k"
     readme_dir = shlex.split(prepare)[-1]  # the README's /tmp/ml100k, here in tmp_path
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    wheel = _wheel(tmp_path / "fake.whl", ratings)
+    wheel = fake_wheel(tmp_path / "fake.whl", ratings)
     argv = [sys.executable, *shlex.split(prepare)[1:-1], str(out), "--wheel", str(wheel)]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -199,10 +143,10 @@ def test_two_tower_example_runs_as_written(tmp_path):
     import subprocess
     import sys
 
-    ratings = _ratings(5)
+    ratings = fake_ratings(5)
     cache = tmp_path / "cache"
     (cache / "wheels").mkdir(parents=True)
-    _wheel(cache / "wheels" / PREPARE["WHEEL"], ratings)
+    fake_wheel(cache / "wheels" / PREPARE["WHEEL"], ratings)
     env = {**os.environ, "HYBRIDREC_CACHE": str(cache), "VENV": sys.prefix, "NPROC": "1"}
     out = tmp_path / "out"
     small = ["train.epochs=null", "train.steps=3", "eval.every=3"]

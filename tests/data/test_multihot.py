@@ -11,7 +11,7 @@ from hybridrec.data.multihot import SyntheticMultiHot
 from hybridrec.data.source import BinarySource
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
-from tests.data.test_train_criteo import _cfg
+from tests.data.tables import criteo_cfg
 from tests.distributed.harness import spawn
 
 
@@ -53,7 +53,7 @@ def test_source_expands_what_the_reader_reads(sample_dataset):
 
 def _losses(env: DistEnv, path: str, sharding: str):
     torch.set_num_threads(1)
-    cfg = _cfg(path, sharding, "broadcast", env.world_size)
+    cfg = criteo_cfg(path, sharding, "broadcast", env.world_size)
     cfg.model.hotness = [3 if t in (0, 9, 20) else 1 for t in range(26)]
     cfg.data.multi_hot = "synthetic"
     trainer = Trainer(cfg, env)

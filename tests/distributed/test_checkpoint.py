@@ -27,8 +27,7 @@ from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.checkpoint.format import dense_state, shard_views
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import run_jobs, spawn_jobs
-from tests.distributed.test_equivalence import assemble, make_cfg
-from tests.distributed.test_jagged_equivalence import jagged_cfg
+from tests.equivalence import assemble, jagged_cfg, make_cfg
 
 pytestmark = pytest.mark.slow
 K, M = 3, 3  # steps before the checkpoint, steps after it

@@ -22,12 +22,13 @@ import torch
 
 from hybridrec.config import Config
 from tests.distributed.harness import run_shared
-from tests.distributed.test_equivalence import (
+from tests.equivalence import (
     assemble,
     cached_reference,
     compare,
     make_cfg,
     reference,
+    reference_initial,
     run_all,
 )
 
@@ -107,7 +108,6 @@ def test_the_decay_and_its_override_change_the_run(sparse, decay):
 def test_untouched_rows_of_a_decayed_run_keep_their_initial_values():
     """Lazy decay: the 20,000-row table's rows that no batch of the run touched hold their
     initial values, bit for bit, while touched rows decayed."""
-    from tests.distributed.test_equivalence import reference_initial
 
     cfg = decay_cfg("none", "adam", "decoupled", 1)
     initial = assemble(cfg, [reference_initial(cfg)])["cat_4"]["weight"]
@@ -137,7 +137,7 @@ LIBRARY_CASES = [  # (sharding, pins, optimizer/decay mode)
 
 
 def _decayed(key: str):  # noqa: ANN202
-    from tests.distributed import test_library as lib
+    from tests import libmodel as lib
 
     name, mode = key.split("/")
     base = lib.OPTIMIZERS[name]()
@@ -150,7 +150,7 @@ def _decayed(key: str):  # noqa: ANN202
 def _library_train(group, sharding, pins, key):  # noqa: ANN001, ANN202
     """test_library.train with the decayed optimizer `key` (known to it for this call only:
     a shared group's next job finds test_library as it was)."""
-    from tests.distributed import test_library as lib
+    from tests import libmodel as lib
 
     lib.OPTIMIZERS[key] = _decayed(key)
     try:
@@ -171,7 +171,7 @@ def library_reference(key: str) -> dict:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_user_model_with_decay_matches_one_process(world):
-    from tests.distributed.test_library import full_tables, reference
+    from tests.libmodel import full_tables, one_process
 
     results = run_shared(world, run_library_cases, LIBRARY_CASES)
     tol = {"rtol": 1e-4, "atol": 1e-5}
@@ -183,7 +183,7 @@ def test_user_model_with_decay_matches_one_process(world):
             torch.tensor(per_rank[0]["losses"]), torch.tensor(ref["losses"]), **tol
         )
         got, want = full_tables(per_rank), full_tables([ref])
-        undecayed = full_tables([reference(key.split("/")[0])])
+        undecayed = full_tables([one_process(key.split("/")[0])])
         for table, entries in want.items():
             for name, value in entries.items():
                 assert not got[table][name].isnan().any(), f"{label} {table}.{name}: gaps"

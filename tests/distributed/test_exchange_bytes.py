@@ -19,7 +19,7 @@ from hybridrec.distributed.comm import CommStats
 from hybridrec.model import bce_loss
 from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
 from tests.distributed.harness import spawn, spawn_jobs
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import jagged_cfg, make_cfg
 
 pytestmark = pytest.mark.slow
 MODES = ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"]
@@ -175,7 +175,6 @@ def test_one_rank_runs_the_sharded_path_without_ddp_or_copies():
 
 def jagged_step(env, modes):
     from hybridrec.data import build_source
-    from tests.distributed.test_jagged_equivalence import jagged_cfg
 
     out = {}
     for mode in modes:

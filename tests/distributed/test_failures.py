@@ -19,7 +19,7 @@ from hybridrec.builder import build
 from hybridrec.model import bce_loss
 from hybridrec.sparse.api import embedding_modules
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 pytestmark = pytest.mark.slow
 

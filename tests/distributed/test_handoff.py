@@ -21,7 +21,7 @@ from hybridrec.distributed import DistEnv
 from hybridrec.distributed.comm import CommStats
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn_jobs
-from tests.distributed.test_equivalence import make_cfg, snapshot
+from tests.equivalence import make_cfg, snapshot
 
 pytestmark = pytest.mark.slow
 STEPS = 3

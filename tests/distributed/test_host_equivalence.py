@@ -20,47 +20,17 @@ import torch
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.sparse.host import HostCachedEmbedding
-from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import run_shared
-from tests.distributed.test_equivalence import OPTIMIZERS, compare, make_cfg, snapshot
+from tests.equivalence import (
+    OPTIMIZERS,
+    ZIPF,
+    collect,
+    compare,
+    host_cfg,
+    make_cfg,
+)
 
 pytestmark = pytest.mark.slow
-STEPS = 10
-ZIPF = 0.3  # flatter than the default: more distinct rows per step, so even 3 ranks evict
-
-
-def host_cfg(mode: str, sparse: str, world: int) -> Config:
-    cfg = make_cfg(mode, sparse, world)
-    cfg.data.zipf_exponent = ZIPF
-    cfg.sharding.cache_fraction = 0.001
-    if mode == "auto":
-        # room for the small tables and the caches, not for the 5,000 and 20,000-row tables
-        # (row-wise Adagrad; about 1.2-1.3x what the plan with both of them on host needs)
-        cfg.sharding.hbm_gb = {1: 345_000, 2: 199_000, 3: 140_000}[world] / 2**30
-    return cfg
-
-
-def collect(
-    env: DistEnv, cfg: Config, prefetch: bool, warm: bool = False, steps: int = STEPS
-) -> dict:
-    trainer = Trainer(cfg, env)
-    if warm:  # as training does: each rank's caches start with its rows' hottest ids
-        assert trainer.warm_start_caches() > 0
-    batches = [trainer.train_batch(s) for s in range(steps)]
-    with torch.no_grad():
-        first = batches[0].to(env.device)
-        logits = trainer.model(first.dense, first.ids)
-    losses = [trainer.global_mean(v) for v in trainer.train_batches(batches, prefetch)]
-    emb = trainer.embeddings[0]
-    stats = emb.cache_stats()
-    return {
-        "logits": logits,
-        "losses": losses,
-        **snapshot(trainer),
-        "stats": stats,
-        "pinned": [g.weight.is_pinned() for g in emb.host_groups()],
-        "prefetched": sum(g.prefetched_lookups for g in emb.host_groups()),
-    }
 
 
 def run_all(env: DistEnv, configs: list[tuple[str, Config, bool, bool]]) -> dict:
@@ -77,7 +47,7 @@ def run_all(env: DistEnv, configs: list[tuple[str, Config, bool, bool]]) -> dict
 
 @functools.cache
 def _reference(sparse: str) -> dict:
-    """The single-process run (sharding=none) on the same STEPS batches (deterministic: run
+    """The single-process run (sharding=none) on the same HOST_STEPS batches (deterministic: run
     once per session, shared by the world sizes)."""
     torch.set_num_threads(1)
     cfg = make_cfg("none", sparse, 1)

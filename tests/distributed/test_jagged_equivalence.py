@@ -20,14 +20,11 @@ import torch
 
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv, init_distributed
-from tests.configs import make_config
 from tests.distributed.harness import run_shared
-from tests.distributed.test_equivalence import OPTIMIZERS, compare, train_and_collect
-from tests.distributed.test_host_equivalence import collect
+from tests.equivalence import collect, compare, jagged_cfg, train_and_collect
 
 pytestmark = pytest.mark.slow
 
-ROWS = [3, 40, 700, 5000, 20000, 700]  # the last feature shares the third one's table
 HOST_STEPS = 24  # jagged bags carry half the ids: the caches need more steps to evict
 CASES = [  # (sharding, sparse optimizer, arch): every mode, every optimizer
     ("table_wise", "adam", "dcnv2"),
@@ -40,42 +37,6 @@ CASES = [  # (sharding, sparse optimizer, arch): every mode, every optimizer
     # one width (DLRM): the reference runs the one-group sample-major lookup instead
     ("row_wise", "rowwise_adagrad", "dlrm"),
 ]
-
-
-def jagged_cfg(
-    mode: str, sparse: str, world: int, host_data: bool = False, arch: str = "dcnv2"
-) -> Config:
-    """`host_data`: uniform ids (with HOST_STEPS steps, even 3 ranks' caches evict)."""
-    state = {"sgd": 1.0, "rowwise_adagrad": 1.125, "adam": 3.0}[sparse]
-    budget = 0.8 * max(ROWS) * 8 * 4 * state if mode == "auto" and world > 1 else 1 << 30
-    cfg = make_config(
-        f"sharding={mode}",
-        f"model.arch={arch}",
-        "model.embedding_dims=" + ("[4,8,8,4,8,8]" if arch == "dcnv2" else "[8,8,8,8,8,8]"),
-        "model.bottom_mlp=[16,8]",
-        "model.top_mlp=[16,1]",
-        f"model.num_embeddings_per_feature={ROWS}".replace(" ", ""),
-        "model.hotness=[1,3,1,4,2,3]",
-        "model.jagged=[false,true,false,true,true,true]",
-        "model.pooling=[sum,mean,sum,sum,mean,mean]",
-        "model.feature_names=[f0,f1,f2,f3,f4,f5]",
-        "model.table_names=[t0,t1,t2,t3,t4,t2]",
-        f"optim.sparse.name={sparse}",
-        f"optim.sparse.lr={OPTIMIZERS[sparse]}",
-        "optim.dense.name=sgd",
-        "optim.dense.lr=0.1",
-        "train.batch_size=48",
-        "eval.batch_size=48",
-        "device=cpu",
-        "seed=7",
-        "sharding.data_parallel_max_bytes=2048",
-        f"sharding.hbm_gb={budget / 2**30}",
-        world_size=world,
-    )
-    if host_data:
-        cfg.data.zipf_exponent = 0.0
-        cfg.sharding.cache_fraction = 0.001
-    return cfg
 
 
 def run_all(env: DistEnv, configs: list[tuple[str, Config]]) -> dict:

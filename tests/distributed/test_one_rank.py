@@ -12,8 +12,7 @@ import torch
 from hybridrec.distributed import DistEnv
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn, spawn_jobs
-from tests.distributed.test_equivalence import snapshot
-from tests.distributed.test_host_equivalence import STEPS, host_cfg
+from tests.equivalence import HOST_STEPS, host_cfg, make_cfg, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,7 @@ def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefe
     assert emb.sample_major is not None  # this plan qualifies
     if not fast:
         emb.sample_major = None  # the general path: input dist, per-unit lookups, output dist
-    batches = [trainer.train_batch(s) for s in range(STEPS)]
+    batches = [trainer.train_batch(s) for s in range(HOST_STEPS)]
     losses = trainer.train_batches(batches, look_ahead=prefetch)
     stats = emb.cache_stats()
     counters = None
@@ -71,7 +70,6 @@ def test_one_rank_layout_trains_like_the_general_path(one_rank, mode, sparse, po
 
 
 def _layouts(env: DistEnv) -> dict:
-    from tests.distributed.test_equivalence import make_cfg
 
     out = {}
     for mode in ("table_wise", "data_parallel", "auto"):

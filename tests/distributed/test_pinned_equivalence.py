@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed.harness import run_shared
-from tests.distributed.test_equivalence import cached_reference, compare, make_cfg, run_all
+from tests.equivalence import cached_reference, compare, make_cfg, run_all
 
 pytestmark = pytest.mark.slow
 

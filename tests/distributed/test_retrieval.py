@@ -37,9 +37,8 @@ from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
 from tests.distributed.harness import run_shared
-from tests.distributed.test_equivalence import assemble, snapshot
-from tests.retrieval.tables import small_dataset
-from tests.retrieval.test_retrieval import _rows
+from tests.equivalence import assemble, snapshot
+from tests.retrieval.tables import small_dataset, split_rows
 
 pytestmark = pytest.mark.slow
 
@@ -229,10 +228,10 @@ def check_export(data: Path, world: int, want: tuple) -> None:
     assert export_main([str(data.parent / f"checkpoints_{world}"), str(out), "--retrieval"]) == 0
     model = load_export(out)
     firsts, seen = {}, {}
-    for u, i, age in _rows(data, "test"):
+    for u, i, age in split_rows(data, "test"):
         firsts.setdefault(u, (i, age))
     for split in ("train", "val"):
-        for u, i, _ in _rows(data, split):
+        for u, i, _ in split_rows(data, split):
             seen.setdefault(u, []).append(i)
     _, lists = want
     users = lists.users.tolist()

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from hybridrec.distributed import destroy_distributed, init_distributed
-from tests.distributed.test_equivalence import assemble
-from tests.distributed.test_host_equivalence import ZIPF, collect, host_cfg, make_cfg
+from tests.equivalence import ZIPF, assemble, collect, host_cfg, make_cfg
 
 pytestmark = pytest.mark.gpu
 

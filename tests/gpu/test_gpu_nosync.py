@@ -13,7 +13,7 @@ import torch
 
 from hybridrec.distributed import DistEnv
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 pytestmark = pytest.mark.gpu
 

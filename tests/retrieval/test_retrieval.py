@@ -20,14 +20,7 @@ from hybridrec.train.metrics import TopKMetrics
 from hybridrec.train.retrieval import retrieval_loss
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
-from tests.retrieval.tables import small_dataset
-
-TWO_TOWER = [
-    "model.arch=two_tower",
-    "model.task=retrieval",
-    "+model.args.user_features=[user_id]",
-    "+model.args.item_features=[item_id]",
-]
+from tests.retrieval.tables import TWO_TOWER, small_dataset, split_rows
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +63,6 @@ def test_metrics_by_hand():
     assert r["ndcg@3"] == pytest.approx(want)
 
 
-def _rows(data: Path, split: str) -> list[tuple[int, int, float]]:
-    """(user, item, age) of every row of `split`, read from the dataset files."""
-    from hybridrec.data.dataset import open_dataset
-
-    ds = open_dataset(data)
-    a, b = ds.split(split)
-    return [(int(ds.categorical[r, 0]), int(ds.categorical[r, 1]), float(ds.dense[r, 0]))
-            for r in range(a, b)]  # fmt: skip
-
-
 @pytest.mark.parametrize("split", ["eval", "test"])
 def test_evaluation_equals_every_item_scored_in_python(data, split):
     cfg = cfg_for(data, "+model.args.tower_mlp=[6]", "train.retrieval.negatives=3")
@@ -91,10 +74,10 @@ def test_evaluation_equals_every_item_scored_in_python(data, split):
     seen_splits = ["train"] if name == "val" else ["train", "val"]
     seen: dict[int, set[int]] = {}
     for s in seen_splits:
-        for u, i, _ in _rows(data, s):
+        for u, i, _ in split_rows(data, s):
             seen.setdefault(u, set()).add(i)
-    rows = _rows(data, name)
-    catalogue = sorted({i for s in ("train", "val", "test") for _, i, _ in _rows(data, s)})
+    rows = split_rows(data, name)
+    catalogue = sorted({i for s in ("train", "val", "test") for _, i, _ in split_rows(data, s)})
     model = trainer.model
     model.eval()
     with torch.no_grad():
@@ -152,7 +135,7 @@ def test_logq_is_the_expected_count_among_the_candidates(data):
     cfg = cfg_for(data, "train.retrieval.negatives=4")
     trainer = Trainer(cfg, init_distributed("cpu"))
     objective = trainer.objective.retrieval
-    counts = np.bincount([i for _, i, _ in _rows(data, "train")], minlength=objective.log_q.numel())
+    counts = np.bincount([i for _, i, _ in split_rows(data, "train")], minlength=objective.log_q.numel())
     catalogue = trainer.objective.interactions.catalogue()
     seen = counts > 0
     want = np.log(16 * counts[seen] / counts.sum() + 4 / len(catalogue))

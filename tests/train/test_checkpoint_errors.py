@@ -14,7 +14,7 @@ from hybridrec.train.checkpoint import CheckpointError, list_checkpoints, read_m
 from hybridrec.train.checkpoint import save as ckpt_save
 from hybridrec.train.health import NonFiniteLossError
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 def _trainer(tmp_path, steps=4, every=2, keep=3, resume="auto", check_ids=True, **model):

@@ -28,7 +28,7 @@ from hybridrec.train.checkpoint.convert import main as convert_main
 from hybridrec.train.checkpoint.format import dense_state, sha256, shard_views
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 class Payload:

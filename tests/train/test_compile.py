@@ -10,7 +10,7 @@ import pytest
 from hybridrec.distributed import init_distributed
 from hybridrec.train.checkpoint.format import dense_state
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 pytestmark = pytest.mark.slow
 TWO_TOWER = [

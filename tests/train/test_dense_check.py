@@ -14,7 +14,7 @@ from hybridrec.train.dense_check import NonFiniteInputError
 from hybridrec.train.health import NonFiniteLossError
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 def _trainer(tmp_path=None, nonfinite="error"):

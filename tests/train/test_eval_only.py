@@ -13,7 +13,7 @@ from hybridrec.train.checkpoint import CheckpointError
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 def _cfg(ck_dir, mode="none", world=1, only=True):

@@ -16,8 +16,7 @@ from hybridrec.model import DLRM, InferenceModel, PredictInputError, load_export
 from hybridrec.train.checkpoint import export_checkpoint, list_checkpoints
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
-from tests.distributed.test_jagged_equivalence import jagged_cfg
+from tests.equivalence import jagged_cfg, make_cfg
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean", "jagged"])

@@ -13,7 +13,7 @@ from hybridrec.distributed import DistEnv, init_distributed
 from hybridrec.train.checkpoint import list_checkpoints
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import make_cfg, snapshot
+from tests.equivalence import make_cfg, snapshot
 
 
 def _cfg(ck_dir, mode="none", world=1, steps=12):

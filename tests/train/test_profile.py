@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from hybridrec.distributed import init_distributed
 from hybridrec.train.profile import host_syncs
 from hybridrec.train.trainer import Trainer
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 def test_profile_window_writes_a_trace_with_the_phases(tmp_path, caplog):

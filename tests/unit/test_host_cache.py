@@ -7,14 +7,12 @@ only moves rows: every update runs the same kernels on the same values.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 
-from hybridrec.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
-from hybridrec.sparse.bags import regular_bags
+from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import (
     CacheTooSmallError,
@@ -23,73 +21,20 @@ from hybridrec.sparse.host import (
     check_host_memory,
 )
 from hybridrec.types import Pooling, ShardSpec, StateKind, TableConfig
+from tests.hostcache import (
+    BATCH,
+    SHARDS,
+    assert_free_list,
+    assert_same_rows,
+    group_lookup,
+    group_shards,
+    row_optimizers,
+    skewed_batch,
+    train_step,
+)
 
 T0 = TableConfig("t0", num_rows=300, dim=8, hotness=2)
 T1 = TableConfig("t1", num_rows=120, dim=8, hotness=1, pooling=Pooling.MEAN)
-SHARDS = [
-    (T0, 0, ShardSpec("t0", 0, 0, 300, 0, 8)),
-    (T1, 1, ShardSpec("t1", 0, 20, 120, 0, 8)),  # a row range: ids relative to the shard
-]
-BATCH = 16
-
-
-def _shards(width: int) -> list[tuple[TableConfig, int, ShardSpec]]:
-    """SHARDS with tables of another width (1: element-wise state [R, 1], cached as [C, 1])."""
-    return [
-        (dataclasses.replace(t, dim=width), i, dataclasses.replace(s, col_end=width))
-        for t, i, s in SHARDS
-    ]
-
-
-def _optimizers():
-    return {
-        "sgd": lambda: SparseSGD(0.1),
-        "rowwise_adagrad": lambda: RowWiseAdagrad(0.1),
-        "adam": lambda: SparseAdam(0.01),
-        "adagrad": lambda: SparseAdagrad(0.1),
-    }
-
-
-def _batch(g: torch.Generator) -> list[LookupInput]:
-    # skewed ids, so some rows stay hot and others come and go
-    a = (torch.rand(BATCH * 2, generator=g) ** 3 * 300).long()
-    b = (torch.rand(BATCH, generator=g) ** 2 * 100).long()
-    return [
-        LookupInput(a, regular_bags(BATCH, 2, a.device), BATCH),
-        LookupInput(b, regular_bags(BATCH, 1, b.device), BATCH, 1.0),
-    ]
-
-
-def _step(group, inputs, coeff):
-    out = group(inputs)
-    sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
-    return [o.detach() for o in out]
-
-
-def _lookup(group, flat, prefetched=None) -> list[torch.Tensor]:  # noqa: ANN001
-    """The lookup of flattened inputs (group.flatten(inputs)) as the sharded collection makes
-    it, with what group.prefetch(those rows) returned, if it did: one output per input."""
-    rows, bags, scale, sizes = flat
-    out = group.lookup(rows, bags, scale, sum(sizes), prefetched=prefetched)
-    return list(torch.split(out, sizes))
-
-
-def _assert_same(host: HostCachedEmbedding, ref: FusedEmbedding) -> None:
-    host.flush()
-    assert torch.equal(host.weight, ref.weight)
-    for name, value in ref.state().items():
-        assert torch.equal(host.state()[name], value), name
-
-
-def _assert_free_list(host: HostCachedEmbedding) -> None:
-    """The free slots the group takes from (tracked without reading the device) are exactly
-    the slots that hold no row, each once, and their count is right."""
-    host._wait()
-    free = (host.row_of_slot < 0).nonzero().squeeze(1)
-    assert host._n_free == host._free_slots.numel() == free.numel()
-    assert torch.equal(host._free_slots.sort().values, free)
-    used = host.row_of_slot >= 0
-    assert torch.equal(host.slot_of[host.row_of_slot[used]].long(), used.nonzero().squeeze(1))
 
 
 def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
@@ -97,7 +42,7 @@ def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
     host sync: it is noted on the device and raised by take_stats (and flush), and the
     update went to a valid slot meanwhile."""
     host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=3 * BATCH, seed=3)
-    inputs = _batch(torch.Generator().manual_seed(0))
+    inputs = skewed_batch(torch.Generator().manual_seed(0))
     out = host(inputs)
     rows = host.flatten(inputs)[0]
     host.slot_of[rows[0]] = -1  # what the bug would do
@@ -109,32 +54,32 @@ def test_an_update_of_an_evicted_row_is_an_error_at_the_next_stats():
 
 
 @pytest.mark.parametrize("width", [8, 1])
-@pytest.mark.parametrize("opt", list(_optimizers()))
+@pytest.mark.parametrize("opt", list(row_optimizers()))
 @pytest.mark.parametrize("prefetch", ["none", "background", "admit here"])
 def test_tiny_cache_equals_device_group(opt, prefetch, width):
     """With prefetch admitting on the group's thread (the default) or on this one (rows
     still moving on the group's thread), its admission handed to the lookup of its rows, or
     without prefetch; tables of width 8 and 1."""
-    make = _optimizers()[opt]
-    shards = _shards(width)
+    make = row_optimizers()[opt]
+    shards = group_shards(width)
     ref = FusedEmbedding(shards, make(), seed=3)
     host = HostCachedEmbedding(shards, make(), cache_rows=2 * 3 * BATCH + 5, seed=3)
     host.background = prefetch == "background"
     assert torch.equal(host.weight, ref.weight)  # same initial values
     g = torch.Generator().manual_seed(0)
-    batches = [_batch(g) for _ in range(12)]
+    batches = [skewed_batch(g) for _ in range(12)]
     coeffs = [[torch.randn(BATCH, width, generator=g) for _ in range(2)] for _ in batches]
     ahead = None
     for step, (inputs, coeff) in enumerate(zip(batches, coeffs, strict=True)):
-        out_ref = _step(ref, inputs, coeff)
-        out = _lookup(host, host.flatten(inputs), ahead)
+        out_ref = train_step(ref, inputs, coeff)
+        out = group_lookup(host, host.flatten(inputs), ahead)
         ahead = None
         if prefetch != "none" and step + 1 < len(batches):  # the trainer's order: before backward
             ahead = host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b)
-        _assert_free_list(host)
+        assert_free_list(host)
     stats = host.take_stats()
     assert stats.rows_written > 0 and stats.rows_loaded > host.capacity  # it really evicted
     assert 0 < stats.hits < stats.rows_requested
@@ -143,7 +88,7 @@ def test_tiny_cache_equals_device_group(opt, prefetch, width):
         if kind == StateKind.ELEMENT:
             assert host.state()[name].shape == host.weight.shape, name
             assert host.cache_state()[name].shape == host.cache_weight.shape, name
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_eval_lookups_and_checkpoint_views_stay_exact():
@@ -151,22 +96,22 @@ def test_eval_lookups_and_checkpoint_views_stay_exact():
     host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=60, seed=1)
     g = torch.Generator().manual_seed(1)
     for _ in range(5):
-        inputs, coeff = _batch(g), [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        _step(ref, inputs, coeff)
-        _step(host, inputs, coeff)
+        inputs, coeff = skewed_batch(g), [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
+        train_step(ref, inputs, coeff)
+        train_step(host, inputs, coeff)
         with torch.no_grad():  # an eval lookup in between admits rows too
-            probe = _batch(g)
+            probe = skewed_batch(g)
             for a, b in zip(host(probe), ref(probe), strict=True):
                 assert torch.equal(a, b)
     # a checkpoint load writes into the views: the cached copies must follow
     views = host.shard_views()
     views[0][1].mul_(0.5)
     ref.shard_views()[0][1].mul_(0.5)
-    inputs = _batch(g)
+    inputs = skewed_batch(g)
     with torch.no_grad():
         for a, b in zip(host(inputs), ref(inputs), strict=True):
             assert torch.equal(a, b)
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_warm_start_loads_the_most_frequent_rows():
@@ -193,12 +138,12 @@ def test_warm_started_cache_trains_exactly_like_the_device_group():
     host = HostCachedEmbedding(SHARDS, RowWiseAdagrad(0.1), cache_rows=48, seed=3)
     host.warm_start(torch.rand(host.num_rows, generator=g) ** 4, ids_per_step=3 * BATCH)
     for _ in range(6):
-        inputs = _batch(g)
+        inputs = skewed_batch(g)
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in inputs]
-        for a, b in zip(_step(host, inputs, coeff), _step(ref, inputs, coeff), strict=True):
+        for a, b in zip(train_step(host, inputs, coeff), train_step(ref, inputs, coeff), strict=True):
             assert torch.equal(a, b)
     assert host.take_stats().rows_written > 0  # it evicted dirty rows on the way
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_evicted_rows_keep_their_use_count_and_one_off_rows_go_first():
@@ -303,16 +248,16 @@ def test_evictions_foreseen_or_not_train_alike(group):
     host = group(SHARDS, SparseAdam(0.01), cache_rows=2 * 3 * BATCH + 5, seed=3)
     g = torch.Generator().manual_seed(0)
     for _ in range(10):
-        inputs = _batch(g)
+        inputs = skewed_batch(g)
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _step(ref, inputs, coeff)
+        out_ref = train_step(ref, inputs, coeff)
         out = host(inputs)
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b)
-        _assert_free_list(host)
+        assert_free_list(host)
     assert host.take_stats().rows_written > 0
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 # -- host memory ----------------------------------------------------------------------------

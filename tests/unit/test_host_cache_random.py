@@ -28,7 +28,7 @@ from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.bags import regular_bags
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.unit.test_host_cache import SHARDS, _assert_free_list, _assert_same, _lookup
+from tests.hostcache import SHARDS, assert_free_list, assert_same_rows, group_lookup
 
 OPTIMIZERS = {
     "sgd": lambda: SparseSGD(0.1),
@@ -37,7 +37,7 @@ OPTIMIZERS = {
 }
 
 
-def _batch(g: torch.Generator, b: int, skew: float) -> list[LookupInput]:
+def skewed_batch(g: torch.Generator, b: int, skew: float) -> list[LookupInput]:
     """b samples: 2 ids of t0 (300 rows), 1 of t1 (100-row shard, mean pooled)."""
     a = (torch.rand(2 * b, generator=g) ** skew * 300).long()
     c = (torch.rand(b, generator=g) ** skew * 100).long()
@@ -77,7 +77,7 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
     # evictions free more slots than the misses need (they join the free list), or just enough
     host.evict_share = rnd.choice([1 / 64, 0.1, 0.3])
     host.background = rnd.random() < 0.75  # the prefetch's admission on its thread, or here
-    batches = [_batch(g, b, skew) for _ in range(steps + 1)]
+    batches = [skewed_batch(g, b, skew) for _ in range(steps + 1)]
     ops = {"step": 0, "prefetched": 0, "skipped": 0, "eval": 0, "flush": 0, "warm": 0, "load": 0}
     ops["by value"] = 0
     ahead = None  # (flattened batch, what its prefetch returned), if it is the next batch's
@@ -89,15 +89,15 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
         if ahead is None:
             got = host(inputs)
         elif rnd.random() < 0.5:  # the very rows tensor prefetched
-            got = _lookup(host, *ahead)
+            got = group_lookup(host, *ahead)
         else:  # the same inputs flattened again: equal values, another tensor
-            got = _lookup(host, host.flatten(inputs), ahead[1])
+            got = group_lookup(host, host.flatten(inputs), ahead[1])
             ops["by value"] += 1
         _equal(got, want, f"seed {seed} step {step}: training lookup")
         ops["step"] += 1
         ahead, pending = None, False
         if rnd.random() < 0.7:  # the trainer's order: prefetch, then the backward
-            nxt = batches[step + 1] if rnd.random() < 0.9 else _batch(g, b, skew)  # unused
+            nxt = batches[step + 1] if rnd.random() < 0.9 else skewed_batch(g, b, skew)  # unused
             flat = host.flatten(nxt)
             prefetched = host.prefetch(flat[0])
             ahead = (flat, prefetched) if nxt is batches[step + 1] else None
@@ -114,11 +114,11 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
         most = (capacity - 3 * b * (skipped + pending)) // 3
         if r < 0.25 and most >= 1:
             with torch.no_grad():
-                other = _batch(g, rnd.randint(1, most), rnd.choice([0.5, 1.0, 3.0]))
+                other = skewed_batch(g, rnd.randint(1, most), rnd.choice([0.5, 1.0, 3.0]))
                 _equal(host(other), ref(other), f"seed {seed} step {step}: eval lookup")
             ops["eval"] += 1
         elif r < 0.35:
-            _assert_same(host, ref)
+            assert_same_rows(host, ref)
             ops["flush"] += 1
         elif r < 0.42:
             host.take_stats()
@@ -130,8 +130,8 @@ def _run(seed: int, steps: int = 14) -> dict[str, int]:
         elif r < 0.52:
             _load(host, ref, g)
             ops["load"] += 1
-        _assert_free_list(host)
-    _assert_same(host, ref)
+        assert_free_list(host)
+    assert_same_rows(host, ref)
     return ops
 
 

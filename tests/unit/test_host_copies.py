@@ -11,7 +11,7 @@ import torch
 from hybridrec.optim import SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.unit.test_host_cache import BATCH, SHARDS, _batch, _lookup, _optimizers, _step
+from tests.hostcache import BATCH, SHARDS, group_lookup, row_optimizers, skewed_batch, train_step
 
 # Under the interpreter both groups run the Triton kernels, and both dedupe without a host
 # sync (fixed tiles of sorted ids): the same sums in the same order, bit for bit.
@@ -49,19 +49,19 @@ def test_copy_rows_kernel_copies_rows_and_row_state(interpreter):
 
 @pytest.mark.parametrize("opt", ["rowwise_adagrad", "adam"])
 def test_kernel_copies_give_the_same_training(interpreter, opt):
-    make = _optimizers()[opt]
+    make = row_optimizers()[opt]
     ref = FusedEmbedding(SHARDS, make(), seed=3)
     host = HostCachedEmbedding(SHARDS, make(), cache_rows=2 * 3 * BATCH + 5, seed=3, copy="kernel")
     assert host.use_kernel
     host._compile_copies()  # what CUDA runs at start (each state's layout): host rows untouched
     assert torch.equal(host.weight, ref.weight)
     g = torch.Generator().manual_seed(0)
-    batches = [_batch(g) for _ in range(8)]
+    batches = [skewed_batch(g) for _ in range(8)]
     ahead = None
     for step, inputs in enumerate(batches):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _step(ref, inputs, coeff)
-        out = _lookup(host, host.flatten(inputs), ahead)
+        out_ref = train_step(ref, inputs, coeff)
+        out = group_lookup(host, host.flatten(inputs), ahead)
         if step + 1 < len(batches):
             ahead = host.prefetch(host.flatten(batches[step + 1])[0])
         sum((o * c).sum() for o, c in zip(out, coeff, strict=True)).backward()

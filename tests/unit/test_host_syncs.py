@@ -16,15 +16,15 @@ import torch
 from hybridrec.optim import RowWiseAdagrad, SparseAdam, SparseSGD
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.host import HostCachedEmbedding
-from tests.syncs import SyncRecorder, unrecorded_launches
-from tests.unit.test_host_cache import (
+from tests.hostcache import (
     BATCH,
     SHARDS,
-    _assert_free_list,
-    _assert_same,
-    _batch,
-    _lookup,
+    assert_free_list,
+    assert_same_rows,
+    group_lookup,
+    skewed_batch,
 )
+from tests.syncs import SyncRecorder, unrecorded_launches
 
 
 @pytest.fixture
@@ -57,15 +57,15 @@ def test_the_backward_dedupes_with_the_lookups_sort(interpreter, monkeypatch, pr
     monkeypatch.setattr(segment, "sorted_segments", lambda r: calls.append(1) or real(r))
     ref, host = _groups(lambda: SparseAdam(0.01))
     g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(6)]
+    flat = [host.flatten(skewed_batch(g)) for _ in range(6)]
     ahead = None
     for step, batch in enumerate(flat):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _lookup(ref, batch)
+        out_ref = group_lookup(ref, batch)
         calls.clear()
         _train(out_ref, coeff)
         assert calls == [1]  # the device group sorts in its backward
-        out = _lookup(host, batch, ahead)
+        out = group_lookup(host, batch, ahead)
         ahead = host.prefetch(flat[step + 1][0]) if prefetch and step + 1 < len(flat) else None
         calls.clear()
         _train(out, coeff)
@@ -73,7 +73,7 @@ def test_the_backward_dedupes_with_the_lookups_sort(interpreter, monkeypatch, pr
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b.detach())
     assert host.take_stats().rows_written > 0
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
@@ -85,22 +85,22 @@ def test_with_prefetch_the_main_thread_never_reads_the_device(interpreter):
     ref, host = _groups(lambda: RowWiseAdagrad(0.1), copy="staged")
     host.background = True  # as on CUDA
     g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(8)]
+    flat = [host.flatten(skewed_batch(g)) for _ in range(8)]
     counts, ahead = [], None
     for step, batch in enumerate(flat[:-1]):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
         with SyncRecorder() as rec:
-            out = _lookup(host, batch, ahead)
+            out = group_lookup(host, batch, ahead)
             ahead = host.prefetch(flat[step + 1][0])
             _train(out, coeff)
         counts.append(len(rec.syncs))  # on this thread: the recorders are per thread
-        out_ref = _lookup(ref, batch)
+        out_ref = group_lookup(ref, batch)
         _train(out_ref, coeff)
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b.detach())
     assert counts[0] > 0 and counts[1:] == [0] * (len(counts) - 1), (counts, rec.syncs)
     assert host.take_stats().rows_written > 0  # it evicted dirty rows meanwhile
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 @pytest.fixture
@@ -129,14 +129,14 @@ def test_a_prefetched_batch_keeps_its_slots_until_its_lookup(calls, evaluate):
     equals the device group either way."""
     ref, host = _groups(lambda: RowWiseAdagrad(0.1))
     g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(6)]
+    flat = [host.flatten(skewed_batch(g)) for _ in range(6)]
     reused, evicted, ahead = [], 0, None
     for step, batch in enumerate(flat):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _lookup(ref, batch)
+        out_ref = group_lookup(ref, batch)
         _train(out_ref, coeff)
         calls.clear()
-        out = _lookup(host, batch, ahead)
+        out = group_lookup(host, batch, ahead)
         reused.append(not calls)
         ahead = host.prefetch(flat[step + 1][0]) if step + 1 < len(flat) else None
         _train(out, coeff)
@@ -148,11 +148,11 @@ def test_a_prefetched_batch_keeps_its_slots_until_its_lookup(calls, evaluate):
                 other = torch.arange(300 + 10 * step, 300 + 10 * step + 2 * BATCH)
                 host.lookup(other, torch.arange(other.numel()), None, other.numel())
             evicted += host.evictions - before
-        _assert_free_list(host)
+        assert_free_list(host)
     assert reused == [False] + [True] * (len(flat) - 1)
     assert host.prefetched_lookups == len(flat) - 1
     assert (evicted > 0) == evaluate  # the evaluations evicted, never the prefetched rows
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_the_hand_off_is_by_value(calls):
@@ -161,14 +161,14 @@ def test_the_hand_off_is_by_value(calls):
     sync, the device group's results."""
     ref, host = _groups(lambda: SparseSGD(0.1))
     g = torch.Generator().manual_seed(0)
-    batches = [_batch(g) for _ in range(6)]
+    batches = [skewed_batch(g) for _ in range(6)]
     reused, ahead = [], None
     for step, inputs in enumerate(batches):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
-        out_ref = _lookup(ref, ref.flatten(inputs))
+        out_ref = group_lookup(ref, ref.flatten(inputs))
         _train(out_ref, coeff)
         calls.clear()
-        out = _lookup(host, host.flatten(inputs), ahead)  # a new rows tensor, equal values
+        out = group_lookup(host, host.flatten(inputs), ahead)  # a new rows tensor, equal values
         reused.append(not calls)
         if step + 1 < len(batches):
             ahead = host.prefetch(host.flatten(batches[step + 1])[0])
@@ -176,7 +176,7 @@ def test_the_hand_off_is_by_value(calls):
         for a, b in zip(out, out_ref, strict=True):
             assert torch.equal(a.detach(), b.detach())
     assert reused == [False] + [True] * (len(batches) - 1)
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)
 
 
 def test_a_mismatched_hand_off_is_an_error():
@@ -186,45 +186,45 @@ def test_a_mismatched_hand_off_is_an_error():
     another size. One of the same size but other rows (not checkable without a sync) is
     noted on the device and raised by the next take_stats(), like the eviction guard."""
     g = torch.Generator().manual_seed(0)
-    flat = [FusedEmbedding(SHARDS, None).flatten(_batch(g)) for _ in range(3)]
+    flat = [FusedEmbedding(SHARDS, None).flatten(skewed_batch(g)) for _ in range(3)]
     a, b, c = flat
     other = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=200, seed=3)
     not_held = "a lookup was handed a prefetch this cache does not hold"
 
     def fresh() -> HostCachedEmbedding:
         host = HostCachedEmbedding(SHARDS, SparseSGD(0.1), cache_rows=200, seed=3)
-        _lookup(host, c)  # a training lookup: rows cached, backward pending
+        group_lookup(host, c)  # a training lookup: rows cached, backward pending
         return host
 
     host = fresh()
     with pytest.raises(RuntimeError, match=not_held):
-        _lookup(host, a, other.prefetch(a[0]))
+        group_lookup(host, a, other.prefetch(a[0]))
     p = host.prefetch(a[0])
-    _lookup(host, a, p)
+    group_lookup(host, a, p)
     with pytest.raises(RuntimeError, match=not_held):
-        _lookup(host, a, p)  # used already
+        group_lookup(host, a, p)  # used already
     p, q = host.prefetch(a[0]), host.prefetch(b[0])
     with pytest.raises(RuntimeError, match=not_held):
-        _lookup(host, a, p)  # replaced by q
-    _lookup(host, b, q)
+        group_lookup(host, a, p)  # replaced by q
+    group_lookup(host, b, q)
     p = host.prefetch(a[0])
-    _lookup(host, b)  # a training lookup of other rows: a's batch never comes
+    group_lookup(host, b)  # a training lookup of other rows: a's batch never comes
     with pytest.raises(RuntimeError, match=not_held):
-        _lookup(host, a, p)
+        group_lookup(host, a, p)
     p = host.prefetch(a[0])
     host.warm_start(torch.ones(host.num_rows), ids_per_step=48)
     with pytest.raises(RuntimeError, match=not_held):
-        _lookup(host, a, p)
+        group_lookup(host, a, p)
     p = host.prefetch(a[0])
     short = (a[0][:-1], a[1][:-1], a[2], a[3])
     with pytest.raises(RuntimeError, match=r"lookup of 47 ids was handed the prefetch of 48"):
-        _lookup(host, short, p)
+        group_lookup(host, short, p)
 
     host = fresh()
     p = host.prefetch(a[0])
     with torch.no_grad():  # an evaluation between: the prefetch stays
-        _lookup(host, b)
-    _lookup(host, (a[0].flip(0), *a[1:]), p)  # same size, other order: other rows
+        group_lookup(host, b)
+    group_lookup(host, (a[0].flip(0), *a[1:]), p)  # same size, other order: other rows
     with pytest.raises(RuntimeError, match="handed the prefetch of other rows"):
         host.take_stats()
 
@@ -238,19 +238,19 @@ def test_a_host_step_reads_the_device_once(interpreter, prefetch):
     while the cache fills, and none anywhere else."""
     ref, host = _groups(lambda: RowWiseAdagrad(0.1), copy="kernel")
     g = torch.Generator().manual_seed(0)
-    flat = [host.flatten(_batch(g)) for _ in range(8)]
+    flat = [host.flatten(skewed_batch(g)) for _ in range(8)]
     counts, ahead = [], None
     for step, batch in enumerate(flat[:-1]):
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in range(2)]
         with SyncRecorder() as rec:
-            out = _lookup(host, batch, ahead)
+            out = group_lookup(host, batch, ahead)
             if prefetch:
                 ahead = host.prefetch(flat[step + 1][0])
             _train(out, coeff)
         counts.append(len(rec.syncs))
         assert not rec.unexpected(), rec.unexpected()
         assert len(rec.syncs) <= 2, rec.syncs
-        _train(_lookup(ref, batch), coeff)
+        _train(group_lookup(ref, batch), coeff)
     assert counts[2:] == [1] * len(counts[2:]), counts
     assert host.take_stats().rows_written > 0  # it evicted dirty rows: the costly path ran
-    _assert_same(host, ref)
+    assert_same_rows(host, ref)

@@ -280,3 +280,17 @@ def test_only_entry_points_use_the_validation_above_the_components():
     back (the circle test), and no component does; the commands do."""
     users = sorted(m for m, deps in _import_graph().items() if "hybridrec.configure" in deps)
     assert users == ["hybridrec.main", "hybridrec.plan_cli"]
+
+
+def test_test_modules_never_import_each_other():
+    """What tests share lives in plain helper modules (tests/equivalence.py, tests/libmodel.py,
+    tests/hostcache.py, ...): a test module importing another would run its tests' module
+    code, and tie the two files' fixtures and constants together."""
+    tests = PKG.parent / "tests"
+    bad = []
+    for f in sorted(tests.rglob("test_*.py")):
+        for m in _imports(f):
+            last = m.rsplit(".", 1)[-1]
+            if m.startswith("tests.") and last.startswith("test_"):
+                bad.append(f"{f.relative_to(tests)} imports {m}")
+    assert not bad, bad

@@ -42,7 +42,7 @@ from hybridrec.sparse.local import HostOptions
 from hybridrec.train.pipeline import TrainPipeline
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch, KeyedIds
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 from tests.syncs import HYBRIDREC_ROOT, SyncRecorder, unrecorded_launches
 
 pytest.importorskip("triton")

@@ -13,7 +13,7 @@ from hybridrec.distributed import init_distributed
 from hybridrec.optim.schedule import LRSchedule
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
-from tests.distributed.test_equivalence import make_cfg, snapshot
+from tests.equivalence import make_cfg, snapshot
 
 
 def _factors(steps, **kw):

@@ -32,6 +32,7 @@ from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.init import init_shard
 from hybridrec.sparse.local import full_shard
 from hybridrec.types import Pooling, ShardSpec, StateKind, TableConfig
+from tests.equivalence import make_cfg
 
 TABLE = TableConfig("t", num_rows=50, dim=8, hotness=3)
 
@@ -331,7 +332,6 @@ def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monke
     from hybridrec.distributed import DistEnv
     from hybridrec.kernels import dispatch
     from hybridrec.train.trainer import Trainer
-    from tests.distributed.test_equivalence import make_cfg
 
     if kernels == "triton":
         pytest.importorskip("triton")
@@ -387,7 +387,6 @@ def test_deferred_check_in_training_stops_before_a_checkpoint(tmp_path):
     from hybridrec.distributed import init_distributed
     from hybridrec.train.checkpoint import list_checkpoints
     from hybridrec.train.trainer import Trainer
-    from tests.distributed.test_equivalence import make_cfg
 
     cfg = make_cfg("none", "sgd", 1)
     cfg.checkpoint.dir = str(tmp_path)
@@ -407,7 +406,6 @@ def test_bf16_handoff_only_for_the_dot_interaction():
     from hybridrec.builder import build
     from hybridrec.distributed import DistEnv
     from hybridrec.sparse.api import embedding_modules
-    from tests.distributed.test_equivalence import make_cfg
 
     cfg = make_cfg("none", "sgd", 1)
     model, _ = build(cfg, DistEnv(device=torch.device("cpu")))

@@ -16,7 +16,7 @@ from hybridrec.distributed import init_distributed
 from hybridrec.train.trainer import Trainer
 from tests.cli import REPO, run_cli
 from tests.configs import make_config
-from tests.distributed.test_equivalence import make_cfg
+from tests.equivalence import make_cfg
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,7 @@ from hybridrec.distributed import DistEnv
 from hybridrec.kernels import dispatch
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
-from tests.distributed.test_equivalence import make_cfg
-from tests.distributed.test_host_equivalence import collect, host_cfg
-from tests.distributed.test_jagged_equivalence import jagged_cfg
+from tests.equivalence import collect, host_cfg, jagged_cfg, make_cfg
 
 pytest.importorskip("triton")
 STEPS = 3

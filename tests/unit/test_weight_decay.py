@@ -411,7 +411,7 @@ def test_a_decayed_triton_step_has_no_syncing_op(sparse, mode, monkeypatch):
     pytest.importorskip("triton")
     from hybridrec.distributed import DistEnv
     from hybridrec.train.trainer import Trainer
-    from tests.distributed.test_equivalence import make_cfg
+    from tests.equivalence import make_cfg
     from tests.syncs import SyncRecorder, unrecorded_launches
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
