@@ -77,7 +77,9 @@ def _check(ratings: Path, data: Path, rows: list[dict]) -> None:
 
 
 def test_mf_spec_commands_on_a_fake_wheel(tmp_path):
-    _check(*_run_example(tmp_path, fake_wheel(tmp_path / "f.whl", fake_ratings(6)), steps=3, batch=64))
+    _check(
+        *_run_example(tmp_path, fake_wheel(tmp_path / "f.whl", fake_ratings(6)), steps=3, batch=64)
+    )
 
 
 def test_mf_spec_commands_on_real_movielens(tmp_path, movielens_wheel):

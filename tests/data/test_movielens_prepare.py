@@ -63,7 +63,9 @@ def test_history_lists_hold_the_other_rows_of_the_known_splits_only(tmp_path):
     ratings = pa.table(
         {"user_id": users, "movie_id": movies, "rating": stars, "timestamp": np.arange(n)}
     )
-    got = pq.read_table(PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "f.whl", ratings)))
+    got = pq.read_table(
+        PREPARE["prepare"](tmp_path / "out", fake_wheel(tmp_path / "f.whl", ratings))
+    )
     split = got["split"].to_pylist()
 
     def others(i: int, same: np.ndarray, value: np.ndarray, splits: tuple[str, ...]) -> list:

@@ -135,7 +135,9 @@ def test_logq_is_the_expected_count_among_the_candidates(data):
     cfg = cfg_for(data, "train.retrieval.negatives=4")
     trainer = Trainer(cfg, init_distributed("cpu"))
     objective = trainer.objective.retrieval
-    counts = np.bincount([i for _, i, _ in split_rows(data, "train")], minlength=objective.log_q.numel())
+    counts = np.bincount(
+        [i for _, i, _ in split_rows(data, "train")], minlength=objective.log_q.numel()
+    )
     catalogue = trainer.objective.interactions.catalogue()
     seen = counts > 0
     want = np.log(16 * counts[seen] / counts.sum() + 4 / len(catalogue))

@@ -140,7 +140,9 @@ def test_warm_started_cache_trains_exactly_like_the_device_group():
     for _ in range(6):
         inputs = skewed_batch(g)
         coeff = [torch.randn(BATCH, 8, generator=g) for _ in inputs]
-        for a, b in zip(train_step(host, inputs, coeff), train_step(ref, inputs, coeff), strict=True):
+        for a, b in zip(
+            train_step(host, inputs, coeff), train_step(ref, inputs, coeff), strict=True
+        ):
             assert torch.equal(a, b)
     assert host.take_stats().rows_written > 0  # it evicted dirty rows on the way
     assert_same_rows(host, ref)
