@@ -32,6 +32,7 @@ from hybridrec.config.schema import (
     fields_at,
 )
 from hybridrec.types import (
+    ADAM_EPS_FORMS,
     PIN_MODES,
     SHARDING_TYPES,
     TASKS,
@@ -102,6 +103,7 @@ def _check_sparse_decay(c: Config) -> None:
     o = c.optim.sparse
     _positive("optim.sparse.weight_decay", o.weight_decay, allow_zero=True)
     _choice("optim.sparse.weight_decay_mode", o.weight_decay_mode, WEIGHT_DECAY_MODES)
+    _choice("optim.sparse.eps_form", o.eps_form, ADAM_EPS_FORMS)
     names = [t.name for t in storage_tables(c.model.tables())]
     for name, value in (o.table_weight_decay or {}).items():
         key = f"optim.sparse.table_weight_decay.{name}"

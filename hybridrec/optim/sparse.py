@@ -13,8 +13,11 @@ D = 1. Per group of R rows x D columns:
 - rowwise_adagrad  sum    [R]     one per row   s += mean(g^2 over the row)
                                                 w -= lr * g / (sqrt(s) + eps)
                    (FBGEMM's row-wise Adagrad: 4 bytes per row instead of 4*D)
-- adam             exp_avg, exp_avg_sq [R, D]   lazy Adam, as torch.optim.SparseAdam: only touched
-                   rows' moments decay; bias correction uses the group's global step count.
+- adam             exp_avg, exp_avg_sq [R, D]   lazy Adam: only touched rows' moments decay
+                   (torch.optim.SparseAdam's laziness); bias correction uses the group's global
+                   step count; w -= lr * m_hat / (sqrt(v_hat) + eps), eps added to the
+                   bias-corrected sqrt(v_hat) as torch.optim.Adam and FBGEMM do (`eps_form`
+                   "adam", the default), or to the raw sqrt(v) as SparseAdam does ("sparse_adam").
 
 A class holds its hyperparameters and its maths, once per backend: `torch_maths` (torch ops
 on the gathered rows; also the reference, `reference_update`), `triton` (a device function for
@@ -51,7 +54,7 @@ import torch
 
 from hybridrec.kernels._common import device_function, tl
 from hybridrec.kernels.rows import reference_update, update_rows
-from hybridrec.types import SPARSE_OPTIMIZER_STATE, WEIGHT_DECAY_MODES, StateKind
+from hybridrec.types import ADAM_EPS_FORMS, SPARSE_OPTIMIZER_STATE, WEIGHT_DECAY_MODES, StateKind
 
 if TYPE_CHECKING:
     from hybridrec.config import SparseOptimConfig
@@ -264,22 +267,35 @@ class SparseAdam(SparseOptimizer):
         weight_decay: float = 0.0,
         weight_decay_mode: str = "l2",
         table_weight_decay: Mapping[str, float] | None = None,
+        eps_form: str = "adam",
     ) -> None:
+        if eps_form not in ADAM_EPS_FORMS:
+            raise ValueError(f"eps_form must be one of {ADAM_EPS_FORMS}, not {eps_form!r}")
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
+        self.eps_form = eps_form
         self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def step_size(self, step: int) -> float:
         """lr with Adam's bias corrections at step `step` (the group's global count)."""
         return self.lr * math.sqrt(1 - self.beta2**step) / (1 - self.beta1**step)
 
+    def step_eps(self, step: int) -> float:
+        """The eps added to the raw sqrt(v) at step `step`. With the bias corrections folded
+        into step_size, torch.optim.Adam's m_hat / (sqrt(v_hat) + eps) is
+        m / (sqrt(v) + eps * sqrt(1 - beta2^step)) times step_size: one maths serves both
+        forms (every backend), only this scalar differs."""
+        if self.eps_form == "sparse_adam":
+            return self.eps
+        return self.eps * math.sqrt(1 - self.beta2**step)
+
     def scalars(self, step: int) -> tuple[float, ...]:
-        return (self.step_size(step), 1 - self.beta1, 1 - self.beta2, self.eps)
+        return (self.step_size(step), 1 - self.beta1, 1 - self.beta2, self.step_eps(step))
 
     def torch_maths(self, grads, state, step, row_sq_mean):  # noqa: ANN001, ANN201
         m_old, v_old = state["exp_avg"], state["exp_avg_sq"]
         m = (grads - m_old).mul_(1 - self.beta1).add_(m_old)
         v = (grads.pow(2) - v_old).mul_(1 - self.beta2).add_(v_old)
-        delta = m / (v.sqrt() + self.eps)
+        delta = m / (v.sqrt() + self.step_eps(step))
         return delta, self.step_size(step), {"exp_avg": m, "exp_avg_sq": v}
 
 
@@ -292,7 +308,7 @@ SPARSE_OPTIMIZERS = tuple(SPARSE_OPTIMIZER_STATE)  # optim.sparse.name's choices
 def build_sparse_optimizer(cfg: SparseOptimConfig) -> SparseOptimizer:
     """The row optimizer named by `optim.sparse.name`, with the config's values for its
     constructor's parameters (lr, eps, beta1, beta2, weight_decay, weight_decay_mode,
-    table_weight_decay: each class takes the ones it has)."""
+    table_weight_decay, eps_form: each class takes the ones it has)."""
     if cfg.name not in _CLASSES:
         raise ValueError(
             f"optim.sparse.name={cfg.name!r} is not one of: {', '.join(SPARSE_OPTIMIZERS)}"

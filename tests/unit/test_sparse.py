@@ -2,7 +2,8 @@
 
 Each sparse optimizer is checked after several steps on the rows a batch touches:
 - SGD vs torch.optim.SGD on an nn.EmbeddingBag(sparse=True): same math, tight tolerance.
-- Adam vs torch.optim.SparseAdam (lazy Adam, global step count): same math.
+- Adam vs torch.optim.SparseAdam (lazy Adam, global step count) in its eps form "sparse_adam":
+  same math (the default form against torch.optim.Adam: tests/unit/test_adam_eps.py).
 - row-wise Adagrad vs torch.optim.Adagrad when every entry of a row's gradient is equal
   (then the row mean of g^2 equals each g_i^2 and the two coincide).
 - element-wise Adagrad vs torch.optim.Adagrad on the dense gradient of the whole table: rows
@@ -81,7 +82,7 @@ def test_sgd_matches_torch(pooling):
 
 def test_adam_matches_sparse_adam():
     table, fused, ref, ref_opt = _pair(
-        SparseAdam(0.01, 0.8, 0.95, 1e-6),
+        SparseAdam(0.01, 0.8, 0.95, 1e-6, eps_form="sparse_adam"),
         lambda p: torch.optim.SparseAdam(list(p), lr=0.01, betas=(0.8, 0.95), eps=1e-6),
     )
     _run(fused, ref, ref_opt, table, lambda g: torch.randn(6, 8, generator=g))
@@ -141,7 +142,10 @@ WIDTH_ONE = {
         lambda: RowWiseAdagrad(0.5, 1e-8),
         lambda p: torch.optim.Adagrad(p, lr=0.5, eps=1e-8),
     ),
-    "adam": (lambda: SparseAdam(0.05), lambda p: torch.optim.SparseAdam(p, lr=0.05)),
+    "adam": (
+        lambda: SparseAdam(0.05, eps_form="sparse_adam"),
+        lambda p: torch.optim.SparseAdam(p, lr=0.05),
+    ),
     "adagrad": (lambda: SparseAdagrad(0.5), lambda p: torch.optim.Adagrad(p, lr=0.5)),
 }
 

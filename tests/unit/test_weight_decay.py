@@ -93,7 +93,8 @@ def formula_step(opt, weight, state, rows, grads, step, wd, row_sq=None) -> None
         m = (g - m) * c1 + m
         v = (g * g - v) * c2 + v
         st["exp_avg"], st["exp_avg_sq"] = m, v
-        w = _fma32(m / (np.sqrt(v) + eps), f32(-opt.step_size(step)), w)
+        # eps as the step adds it to the raw sqrt(v) (SparseAdam.step_eps: either eps form)
+        w = _fma32(m / (np.sqrt(v) + f32(opt.step_eps(step))), f32(-opt.step_size(step)), w)
     weight[rows] = torch.from_numpy(w.astype(f32)).to(weight.dtype)
     for k in state:
         state[k][rows] = torch.from_numpy(st[k].astype(f32))
