@@ -103,12 +103,27 @@ def test_data_table_fills_zero_dense_features_and_dlrm_is_refused_in_one_line(tm
     assert out.stderr == f"hybridrec-train: {DLRM_REFUSED.format(arch='dlrm')}\n"
 
 
+# the models of test_models_that_read_no_dense_input_train_equally_on_1_and_2_ranks: one case
+# each, so that test workers share them out
+DENSE_FREE_MODELS = {
+    "mf": (
+        "model.arch=two_tower",
+        "+model.args.user_features=[user]",
+        "+model.args.item_features=[movie]",
+        "+model.args.tower_mlp=[]",
+    ),
+    "wide_deep": ("model.arch=wide_deep",),  # its dense layer reads 0 columns
+    "user_model": ("model._target_=tests.models.user_model.Ratings",),
+}
+
+
 @pytest.mark.slow
-def test_models_that_read_no_dense_input_train_equally_on_1_and_2_ranks(tmp_path):
-    """two_tower as matrix factorisation (tower_mlp empty) and a user's model
+@pytest.mark.parametrize("name", list(DENSE_FREE_MODELS))
+def test_models_that_read_no_dense_input_train_equally_on_1_and_2_ranks(name, tmp_path):
+    """two_tower as matrix factorisation (tower_mlp empty), wide_deep and a user's model
     (tests.models.user_model.Ratings) on a regression table without dense columns: one
     process, and 2 ranks row-wise with the broadcast loader, give the same losses and final
-    test evaluation."""
+    test evaluation; the exported MF model scores [B, 0] dense inputs as training did."""
     src = write_parquet(tmp_path / "movies.parquet", movies(80))
     spec = write_spec(tmp_path / "spec.yaml", RATINGS)
     preprocess_table(parse_spec(RATINGS), [src], tmp_path / "bin", block_rows=8)
@@ -125,40 +140,29 @@ def test_models_that_read_no_dense_input_train_equally_on_1_and_2_ranks(tmp_path
         "optim.dense.name=sgd",
         "device=cpu",
     )
-    models = {
-        "mf": (
-            "model.arch=two_tower",
-            "+model.args.user_features=[user]",
-            "+model.args.item_features=[movie]",
-            "+model.args.tower_mlp=[]",
-        ),
-        "wide_deep": ("model.arch=wide_deep",),  # its dense layer reads 0 columns
-        "user_model": ("model._target_=tests.models.user_model.Ratings",),
-    }
-    final = {}  # model -> the 1-rank run's test RMSE
-    for name, model in models.items():
-        runs = {}
-        for ranks, extra in (
-            (1, (f"checkpoint.dir={tmp_path / name / 'ckpt'}",)),
-            (2, ("launcher.nproc_per_node=2", "sharding=row_wise", "data.loader=broadcast")),
-        ):
-            run = tmp_path / name / str(ranks)
-            out = run_cli(*common, *model, *extra, f"hydra.run.dir={run}", cwd=tmp_path)
-            assert out.returncode == 0, out.stderr[-3000:]
-            runs[ranks] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        one, two = runs[1], runs[2]
-        assert one[-1]["split"] == "test" and one[-1]["eval_samples"] == 20
-        final[name] = one[-1]["rmse"]
-        for key in ("loss", "rmse"):
-            a = [r[key] for r in one if key in r]
-            b = [r[key] for r in two if key in r]
-            assert len(a) == len(b) > 0 and np.isfinite(a).all(), (name, key)
-            assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (name, key)
-    # the exported MF model scores [B, 0] dense inputs as training did
+    model = DENSE_FREE_MODELS[name]
+    runs = {}
+    for ranks, extra in (
+        (1, (f"checkpoint.dir={tmp_path / name / 'ckpt'}",)),
+        (2, ("launcher.nproc_per_node=2", "sharding=row_wise", "data.loader=broadcast")),
+    ):
+        run = tmp_path / name / str(ranks)
+        out = run_cli(*common, *model, *extra, f"hydra.run.dir={run}", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[ranks] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    one, two = runs[1], runs[2]
+    assert one[-1]["split"] == "test" and one[-1]["eval_samples"] == 20
+    for key in ("loss", "rmse"):
+        a = [r[key] for r in one if key in r]
+        b = [r[key] for r in two if key in r]
+        assert len(a) == len(b) > 0 and np.isfinite(a).all(), (name, key)
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (name, key)
+    if name != "mf":
+        return
     assert export_main([str(tmp_path / "mf" / "ckpt"), str(tmp_path / "mf.pt")]) == 0
     model = load_export(tmp_path / "mf.pt")
     test = BinarySource(open_dataset(tmp_path / "bin"), shuffle=False).batch(0, 20, "test")
     assert test.dense.shape == (20, 0)
     pred = model.predict(test.dense, test.ids)
     rmse = float(((pred - test.labels) ** 2).mean().sqrt())
-    assert rmse == pytest.approx(final["mf"], rel=1e-5)
+    assert rmse == pytest.approx(one[-1]["rmse"], rel=1e-5)
