@@ -25,4 +25,4 @@ fi
 "$PY" -m ruff check .
 # 3 pytest workers (HYBRIDREC_TEST_WORKERS; 0 runs in this process, as a debugger needs):
 # the multi-rank tests spend much of their time waiting on each other, so 3 keep 2 cores busy
-"$PY" -m pytest -q -n "${HYBRIDREC_TEST_WORKERS:-3}" "$@"
+"$PY" -m pytest -q -n "${HYBRIDREC_TEST_WORKERS:-3}" --dist loadgroup "$@"

@@ -29,6 +29,11 @@ from tests.data.conftest import SAMPLE_OPTIONS, vocab_ids
 SPEC = REPO / "examples" / "criteo" / "spec.yaml"
 
 
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("data/test_criteo_spec")
+
+
 @pytest.fixture(scope="module")
 def spec_dataset(tmp_path_factory, sample_tsv: Path) -> Path:
     out = tmp_path_factory.mktemp("criteo_spec") / "bin"

@@ -35,6 +35,11 @@ def _same(got: dict, want: dict) -> None:
         assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
 
 
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("data/test_eval_exact")
+
+
 @pytest.fixture(scope="module")
 def three_ranks(sample_dataset) -> dict:
     """Both tests' 3-rank evaluations, in one spawn."""

@@ -29,7 +29,9 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import run_jobs, spawn_jobs
 from tests.equivalence import assemble, jagged_cfg, make_cfg
 
-pytestmark = pytest.mark.slow
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_checkpoint")]
 K, M = 3, 3  # steps before the checkpoint, steps after it
 # (save plan, load plan, sparse optimizer[, model]): the model of test_equivalence, or
 # "jagged": list features, mixed widths, a table two features share (test_jagged_equivalence)

@@ -21,7 +21,9 @@ from hybridrec.planner import OptimizerFootprint, Topology, estimate_cost
 from tests.distributed.harness import spawn, spawn_jobs
 from tests.equivalence import jagged_cfg, make_cfg
 
-pytestmark = pytest.mark.slow
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_exchange_bytes")]
 MODES = ["table_wise", "column_wise", "row_wise", "data_parallel", "auto"]
 BF16_MODES = ["table_wise", "row_wise"]  # compared with MODES' fp32 steps of the same modes
 JAGGED_MODES = ["table_wise", "column_wise"]

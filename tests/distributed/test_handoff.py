@@ -23,7 +23,9 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn_jobs
 from tests.equivalence import make_cfg, snapshot
 
-pytestmark = pytest.mark.slow
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_handoff")]
 STEPS = 3
 
 

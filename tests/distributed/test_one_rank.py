@@ -14,7 +14,9 @@ from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn, spawn_jobs
 from tests.equivalence import HOST_STEPS, host_cfg, make_cfg, snapshot
 
-pytestmark = pytest.mark.slow
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_one_rank")]
 
 
 def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefetch: bool):

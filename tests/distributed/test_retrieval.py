@@ -40,7 +40,9 @@ from tests.distributed.harness import run_shared
 from tests.equivalence import assemble, snapshot
 from tests.retrieval.tables import small_dataset, split_rows
 
-pytestmark = pytest.mark.slow
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_retrieval")]
 
 STEPS, BATCH = 4, 24
 TWO_TOWER = [

@@ -22,6 +22,10 @@ from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
 from tests.retrieval.tables import TWO_TOWER, small_dataset, split_rows
 
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("retrieval/test_retrieval")
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:

@@ -51,6 +51,11 @@ def _cfg(ck_dir, steps=4, **kw):
     return cfg
 
 
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("train/test_checkpoint_security")
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A checkpoint after 2 steps (copied by each test before it plants anything)."""

@@ -34,6 +34,11 @@ def _fit_both(env, tmp_path):
     return ref, got, any(host)
 
 
+# the module's tests share one module-scoped fixture: one test worker runs them all, so it
+# is built once (scripts/test.sh: pytest-xdist --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("train/test_host_training")
+
+
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory) -> dict:
     """The fit comparison and the warm start, each in its own directory: one 1-rank spawn."""
