@@ -105,9 +105,9 @@ SPARSE_OPTIMIZER_STATE: dict[str, dict[str, StateKind]] = {
 # adaptive step (AdamW; FBGEMM's DECOUPLE). Either way only the rows a batch touches decay.
 WEIGHT_DECAY_MODES = ("l2", "decoupled")
 
-# Where sparse Adam adds eps (`optim.sparse.eps_form`): "adam" to the bias-corrected sqrt(v_hat),
-# as torch.optim.Adam and FBGEMM (TorchRec) do, the default; "sparse_adam" to the raw sqrt(v),
-# as torch.optim.SparseAdam does. They differ where sqrt(v_hat) is near eps: early steps, rare rows
+# Where sparse Adam adds eps (`optim.sparse.eps_form`): "sparse_adam" to the raw sqrt(v), as
+# torch.optim.SparseAdam does, the default; "adam" to the bias-corrected sqrt(v_hat), as
+# torch.optim.Adam and FBGEMM (TorchRec) do. They differ where sqrt(v_hat) is near eps
 ADAM_EPS_FORMS = ("adam", "sparse_adam")
 
 

@@ -261,9 +261,9 @@ class SparseOptimConfig:
     eps: float = 1e-8  # rowwise_adagrad, adam, adagrad (torch.optim.Adagrad's default: 1e-10)
     beta1: float = 0.9  # adam
     beta2: float = 0.999  # adam
-    # adam: eps added to sqrt(v_hat) as torch.optim.Adam and FBGEMM do (adam), or to the raw
-    # sqrt(v) as torch.optim.SparseAdam does (sparse_adam: hybridrec's one form until 2026-11)
-    eps_form: str = "adam"
+    # adam: eps added to the raw sqrt(v) as torch.optim.SparseAdam does (sparse_adam), or to
+    # sqrt(v_hat) as torch.optim.Adam and FBGEMM do (adam)
+    eps_form: str = "sparse_adam"
     # L2 regularisation of the rows each batch touches (lazy: untouched rows do not decay)
     weight_decay: float = 0.0
     weight_decay_mode: str = "l2"  # l2 (wd * w added to the gradient) | decoupled (AdamW)

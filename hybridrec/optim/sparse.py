@@ -15,9 +15,9 @@ D = 1. Per group of R rows x D columns:
                    (FBGEMM's row-wise Adagrad: 4 bytes per row instead of 4*D)
 - adam             exp_avg, exp_avg_sq [R, D]   lazy Adam: only touched rows' moments decay
                    (torch.optim.SparseAdam's laziness); bias correction uses the group's global
-                   step count; w -= lr * m_hat / (sqrt(v_hat) + eps), eps added to the
-                   bias-corrected sqrt(v_hat) as torch.optim.Adam and FBGEMM do (`eps_form`
-                   "adam", the default), or to the raw sqrt(v) as SparseAdam does ("sparse_adam").
+                   step count; eps added to the raw sqrt(v) as SparseAdam does (`eps_form`
+                   "sparse_adam", the default), or to the bias-corrected sqrt(v_hat) as
+                   torch.optim.Adam and FBGEMM do ("adam": w -= lr * m_hat / (sqrt(v_hat) + eps)).
 
 A class holds its hyperparameters and its maths, once per backend: `torch_maths` (torch ops
 on the gathered rows; also the reference, `reference_update`), `triton` (a device function for
@@ -267,7 +267,7 @@ class SparseAdam(SparseOptimizer):
         weight_decay: float = 0.0,
         weight_decay_mode: str = "l2",
         table_weight_decay: Mapping[str, float] | None = None,
-        eps_form: str = "adam",
+        eps_form: str = "sparse_adam",
     ) -> None:
         if eps_form not in ADAM_EPS_FORMS:
             raise ValueError(f"eps_form must be one of {ADAM_EPS_FORMS}, not {eps_form!r}")

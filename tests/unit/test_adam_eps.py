@@ -1,9 +1,10 @@
 """Sparse Adam's two eps forms, on every backend (torch ops, the C kernel, Triton under its CPU
 interpreter), against the torch optimizers they claim to be.
 
-- `eps_form="adam"` (the default): eps added to the bias-corrected sqrt(v_hat), as
+- `eps_form="adam"`: eps added to the bias-corrected sqrt(v_hat), as
   torch.optim.Adam and FBGEMM (TorchRec) do.
-- `eps_form="sparse_adam"`: eps added to the raw sqrt(v), as torch.optim.SparseAdam does.
+- `eps_form="sparse_adam"` (the default): eps added to the raw sqrt(v), as torch.optim.SparseAdam
+  does.
 
 Every step touches every row, so lazy Adam is dense Adam and torch.optim.Adam is an exact
 reference. eps = 1e-3 makes the forms differ by far more than the tolerance (float32
@@ -82,12 +83,13 @@ def test_each_eps_form_is_its_torch_optimizer_on_every_backend(
     assert (weight - elsewhere).abs().max() > 1e-3
 
 
-def test_the_default_is_torch_adams_form_and_the_config_reaches_both():
-    assert SparseAdam(0.01).eps_form == "adam"
-    assert build_sparse_optimizer(SparseOptimConfig(name="adam")).eps_form == "adam"
-    opt = build_sparse_optimizer(SparseOptimConfig(name="adam", eps_form="sparse_adam"))
-    assert opt.eps_form == "sparse_adam" and opt.step_eps(3) == opt.eps
+def test_the_default_is_sparse_adams_form_and_the_config_reaches_both():
+    assert SparseAdam(0.01).eps_form == "sparse_adam"
+    assert build_sparse_optimizer(SparseOptimConfig(name="adam")).eps_form == "sparse_adam"
+    opt = build_sparse_optimizer(SparseOptimConfig(name="adam", eps_form="adam"))
+    assert opt.eps_form == "adam" and opt.step_eps(3) < opt.eps
+    assert SparseAdam(0.01).step_eps(3) == SparseAdam(0.01).eps
     # torch.optim.Adam's form folds its bias correction of sqrt(v) into the eps the maths add
-    assert SparseAdam(0.01, 0.9, 0.99, 1e-3).step_eps(1) == pytest.approx(1e-3 * 0.1)
+    assert SparseAdam(0.01, 0.9, 0.99, 1e-3, eps_form="adam").step_eps(1) == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="eps_form must be one of"):
         SparseAdam(0.01, eps_form="fbgemm")
