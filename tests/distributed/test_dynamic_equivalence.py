@@ -217,18 +217,19 @@ def full_maps(results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
     """Every dynamic table's per-slot map state over all its rows, candidates (sorted by id)
     and clocks, from all ranks' shards; column shards' copies must agree."""
     out: dict[str, dict] = {}
+    seen: dict[tuple[str, int, str], torch.Tensor] = {}
     for res in results:
-        for name, start, col, slot_id, score, last, cand, counts, clock in res["maps"]:
+        for name, start, _col, slot_id, score, last, cand, counts, clock in res["maps"]:
             entry = out.setdefault(name, {"clocks": set(), "cand": {}})
             entry["clocks"].add(clock)
             for key, value in (("slot_id", slot_id), ("score", score), ("last", last)):
+                if (name, start, key) in seen:  # another column shard: the same map
+                    assert torch.equal(seen[name, start, key], value), f"{name}.{key}: columns"
+                seen[name, start, key] = value
                 buf = entry.setdefault(key, torch.full((ROWS[name],), -7, dtype=value.dtype))
-                part = buf[start : start + value.numel()]
-                if col > 0:  # another column shard: the same map
-                    assert torch.equal(part, value), f"{name}.{key}: column shards disagree"
-                part.copy_(value)
+                buf[start : start + value.numel()] = value
             for i, c in zip(cand.tolist(), counts.tolist(), strict=True):
-                entry["cand"][i] = c
+                assert entry["cand"].setdefault(i, c) == c, f"{name}: candidate {i}"
     return out
 
 

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
+from hybridrec.kernels.probe import probe
 from hybridrec.sparse.dynamic import hashing, policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
 
@@ -107,17 +107,9 @@ class DynamicMap(nn.Module):
         self.keys, self.key_slots = keys, occupied.index_select(0, order)
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
-        """[N] the slot of each raw id (-1: none). Changes nothing."""
-        n = self.keys.numel()
-        if n == 0 or ids.numel() == 0:
-            return torch.full_like(ids, -1)
-        if ids.device.type == "cpu":  # numpy's search: about twice torch's on the CPU
-            pos = torch.from_numpy(np.searchsorted(self.keys.numpy(), ids.numpy()))
-        else:
-            pos = torch.searchsorted(self.keys, ids)
-        pos = pos.clamp_(max=n - 1)
-        found = self.keys.index_select(0, pos) == ids
-        return torch.where(found, self.key_slots.index_select(0, pos), -1)
+        """[N] the slot of each raw id (-1: none): a binary search of the sorted keys (the
+        Triton probe on CUDA, hybridrec.kernels.probe). Changes nothing."""
+        return probe(self.keys, self.key_slots, ids)
 
     def bucket_local(self, ids: torch.Tensor) -> torch.Tensor:
         """[N] each id's bucket, counted from this shard's first (0 <= b < nb for its ids)."""
