@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hybridrec.kernels import hashing
 from hybridrec.kernels.probe import probe
-from hybridrec.sparse.dynamic import hashing, policy
+from hybridrec.sparse.dynamic import policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
 
 
