@@ -234,6 +234,21 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         """This rank's dynamic tables' counters since the last call, by table ({} if none)."""
         return dynamic_metrics(self.dynamic)
 
+    def take_eval_unknown(self) -> dict[str, float]:
+        """Per dynamic table of the plan (zeros where no shard is held here, so every rank
+        sums the same keys): ids looked up in evaluation since the last call, and those
+        without a row (one column shard of a table counts)."""
+        out = {}
+        for t in self.layout.storage:
+            if t.dynamic is not None:
+                out[f"{t.name}.ids"] = out[f"{t.name}.unknown"] = 0.0
+        for dmap in self.dynamic.values():
+            ids, unknown = dmap.take_eval()
+            if dmap.counts_table:
+                out[f"{dmap.table.name}.ids"] += ids
+                out[f"{dmap.table.name}.unknown"] += unknown
+        return out
+
     def prefetch(self, ids: torch.Tensor) -> Staged | None:
         """Start moving the next batch's host-resident rows into the device caches.
 

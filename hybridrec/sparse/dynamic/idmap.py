@@ -263,6 +263,13 @@ class DynamicMap(nn.Module):
         """(slots holding an id, slots ids may take)."""
         return int((self.slot_id >= 0).sum()), self.nb * self.ids_per_bucket
 
+    def take_eval(self) -> tuple[int, int]:
+        """(ids looked up in evaluation, of which without a row) since the last call."""
+        c = self.counters
+        out = (c.eval_ids, c.eval_unknown)
+        c.eval_ids = c.eval_unknown = 0
+        return out
+
     def take_counters(self) -> DynamicCounters:
         out, self.counters = self.counters, DynamicCounters()
         return out
