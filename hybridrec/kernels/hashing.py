@@ -81,11 +81,14 @@ def fresh_rows(
 ) -> torch.Tensor:
     """[K, col_end - col_start] initial values of ids [K]'s rows, columns [col_start, col_end):
     uniform in [-1/sqrt(num_rows), 1/sqrt(num_rows)] (the fixed tables' initialisation,
-    hybridrec.sparse.init), each value a hash of (seed, table, id, column), so an id
-    readmitted into any slot of any shard starts from the same row."""
+    hybridrec.sparse.init), each value a hash of (seed, table, id, column): mix64 of the id,
+    plus the column times the golden ratio, through one more xorshift-multiply round; its top
+    24 bits make the fp32 draw. So an id readmitted into any slot of any shard starts from the
+    same row, at one 64-bit multiply per value."""
     key = table_key(seed, table_index, INIT_SALT)
     cols = torch.arange(col_start, col_end, dtype=torch.int64, device=ids.device)
-    h = mix64(ids.view(-1, 1) ^ key)
-    u = uniform_of(h + cols.view(1, -1) * _signed(_GOLDEN), key)
+    z = mix64(ids.view(-1, 1) ^ key) + cols.view(1, -1) * _signed(_GOLDEN)
+    z = (z ^ _shr(z, 32)) * _signed(_M2)
+    u = _shr(z, 40).float() * (1.0 / (1 << 24))  # [0, 1), exact in fp32
     bound = 1.0 / math.sqrt(num_rows)
-    return ((u.float() * 2 - 1) * bound).to(dtype)
+    return ((u * 2 - 1) * bound).to(dtype)

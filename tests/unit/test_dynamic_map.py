@@ -118,6 +118,11 @@ def test_decisions_ignore_order_and_other_buckets():
         high.step(shuffled[~owner])
     assert torch.equal(torch.cat([low.slot_id, high.slot_id]), whole.slot_id)
     assert torch.equal(torch.cat([low.last, high.last]), whole.last)
+    kept = whole.find(ids), whole.free.clone(), whole.n_free.clone()  # updated step by step
+    whole._rebuild()  # ... equal to the index and free lists made anew from the slots
+    assert torch.equal(kept[0], whole.find(ids)) and torch.equal(kept[2], whole.n_free)
+    for b, n in enumerate(kept[2].tolist()):
+        assert torch.equal(kept[1][b, :n], whole.free[b, :n])
 
 
 def test_unknown_ids_go_to_their_buckets_row_or_leave_their_bag():

@@ -12,8 +12,10 @@ map holds, per slot (local row r = (b - b0) * S + j):
 
 plus the count policy's candidates (ids not admitted yet and their counts, at most S per
 bucket: the S highest counts, ties to the smaller id), the step clock and the counters. A
-sorted copy of the occupied ids (`keys`, `key_slots`) answers lookups by binary search; it
-is derived (rebuilt after every change and on load), never saved.
+sorted copy of the occupied ids (`keys`, `key_slots`, with a small sorted delta of recent
+admissions: `_update_keys`) answers lookups by binary search, and each bucket's free
+positions are listed (`free`, `n_free`); both are derived from `slot_id` (rebuilt on load),
+never saved.
 
 Checkpoints: `views()` gives every per-slot array, and the candidates packed per slot (bucket
 b's at most S candidates in its rows, by id: `cand_id` -1 where none, `cand_count`), as
@@ -44,6 +46,10 @@ from hybridrec.kernels import hashing
 from hybridrec.kernels.probe import probe
 from hybridrec.sparse.dynamic import policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
+
+# a full bucket's eviction frees at least this share of its slots (the rest of the victims
+# become free slots), so it is not scanned again for the next admissions (policy.choose_slots)
+EVICT_SHARE = 1 / 16
 
 
 @dataclass
@@ -114,16 +120,50 @@ class DynamicMap(nn.Module):
 
     # -- the sorted index ------------------------------------------------------------------------
     def _rebuild(self) -> None:
-        """keys [n] the occupied slots' ids ascending, key_slots [n] their slots."""
+        """The sorted index of the held ids and the free lists, from the slots (on load)."""
+        self._rebuild_free()
+        self._rebuild_keys()
+
+    def _rebuild_keys(self) -> None:
+        """The sorted index of the held ids (keys [n] ascending, key_slots [n] their slots),
+        its delta emptied."""
         occupied = (self.slot_id >= 0).nonzero().squeeze(1)
         keys, order = torch.sort(self.slot_id.index_select(0, occupied))
         self.keys, self.key_slots = keys, occupied.index_select(0, order)
+        self.delta_keys = self.delta_slots = keys.new_zeros(0)
+        self.dead = 0
+
+    def _update_keys(self, gone: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """The index without the ids `gone` (held), with `ids` (not held) in `slots`. Like a
+        log-structured merge: a gone id of the sorted keys is marked dead in place (its slot
+        -1), new ids join a small sorted delta; when the delta and the dead outgrow a quarter
+        of the keys, the index is rebuilt. Each step costs O(delta + ids log keys)."""
+        n = self.keys.numel()
+        if gone.numel() and n:
+            pos = torch.searchsorted(self.keys, gone).clamp_(max=n - 1)
+            alive = (self.keys.index_select(0, pos) == gone) & (
+                self.key_slots.index_select(0, pos) >= 0
+            )
+            self.key_slots.index_fill_(0, pos[alive], -1)
+            self.dead += int(alive.sum())
+            gone = gone[~alive]
+        if gone.numel():  # held in the delta
+            keep = ~torch.isin(self.delta_keys, gone)
+            self.delta_keys, self.delta_slots = self.delta_keys[keep], self.delta_slots[keep]
+        keys, order = torch.sort(torch.cat([self.delta_keys, ids]))
+        self.delta_keys = keys
+        self.delta_slots = torch.cat([self.delta_slots, slots]).index_select(0, order)
+        if self.delta_keys.numel() + self.dead > max(1024, n // 4):
+            self._rebuild_keys()
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
-        """[N] the slot of each raw id (-1: none): a binary search of the sorted keys (the
-        Triton probe on CUDA, hybridrec.kernels.probe). Changes nothing."""
+        """[N] the slot of each raw id (-1: none): binary searches of the sorted keys and
+        their delta (the Triton probe on CUDA, hybridrec.kernels.probe). Changes nothing."""
         self._reload()
-        return probe(self.keys, self.key_slots, ids)
+        found = probe(self.keys, self.key_slots, ids)
+        if self.delta_keys.numel():
+            found = torch.where(found >= 0, found, probe(self.delta_keys, self.delta_slots, ids))
+        return found
 
     def bucket_local(self, ids: torch.Tensor) -> torch.Tensor:
         """[N] each id's bucket, counted from this shard's first (0 <= b < nb for its ids)."""
@@ -150,7 +190,8 @@ class DynamicMap(nn.Module):
         new_slots = new_ids = ids.new_zeros(0)
         if want.numel():
             pos = miss.index_select(0, torch.searchsorted(uniq.index_select(0, miss), want))
-            got = self._assign(want, hit_slots)
+            got, extra = self._assign(want, hit_slots)
+            gone = self._evict(extra) if extra.numel() else extra
             ok = got >= 0
             new_slots, new_ids = got[ok], want[ok]
             if pol.admit == "count":  # admitted by count but left without a slot: still counted
@@ -169,7 +210,9 @@ class DynamicMap(nn.Module):
                 slots.index_copy_(0, pos[ok], new_slots)
                 self.counters.admitted += new_slots.numel()
                 self.counters.evicted += n_evicted
-                self._rebuild()
+                self._update_keys(torch.cat([gone, victims[victims >= 0]]), new_ids, new_slots)
+            elif gone.numel():
+                self._update_keys(gone, new_ids, new_slots)
         if pol.evict == "lfu":
             policy.age(self.score, t, pol.halflife)
         return Stepped(slots.index_select(0, inverse), new_slots, new_ids)
@@ -201,28 +244,46 @@ class DynamicMap(nn.Module):
             ids, counts, self.bucket_local(ids), self.S
         )
 
-    def _assign(self, want: torch.Tensor, busy_slots: torch.Tensor) -> torch.Tensor:
-        """[A] the slot each id of `want` (ascending) takes, -1 for none (policy.choose_slots);
-        `busy_slots`: slots used by this step, never evicted in it."""
+    def _assign(
+        self, want: torch.Tensor, busy_slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """([A] the slot each id of `want` (ascending) takes, -1 for none; the slots an
+        eviction freed beyond those: policy.choose_slots); `busy_slots`: slots used by this
+        step, never evicted in it."""
         pol, S, Sw = self.policy, self.S, self.ids_per_bucket
-        busy = torch.zeros_like(self.slot_id, dtype=torch.bool).index_fill_(0, busy_slots, True)
-        cols = torch.arange(Sw, device=want.device)
+        buckets = self.bucket_local(want)
 
         def priorities(touched: torch.Tensor) -> torch.Tensor:
-            at = (touched * S).view(-1, 1) + cols
-            return policy.slot_priorities(
-                self.slot_id[at],
-                self.score[at],
-                self.last[at],
-                busy[at],
-                pol.evict,
-                self.clock,
-                pol.ttl_steps,
-            )
+            busy = torch.zeros_like(self.slot_id, dtype=torch.bool).index_fill_(0, busy_slots, True)
 
-        buckets = self.bucket_local(want)
-        j = policy.choose_slots(buckets, priorities, Sw)
-        return torch.where(j >= 0, buckets * S + j, -1)
+            def rows(x: torch.Tensor) -> torch.Tensor:
+                return x.view(self.nb, S)[:, :Sw].index_select(0, touched)
+
+            return policy.slot_priorities(
+                rows(self.slot_id), rows(self.score), rows(self.last), rows(busy),
+                pol.evict, self.clock, pol.ttl_steps,
+            )  # fmt: skip
+
+        bulk = max(1, int(Sw * EVICT_SHARE))
+        j, ex_bucket, ex_pos = policy.choose_slots(
+            buckets, self.free, self.n_free, priorities, bulk
+        )
+        return torch.where(j >= 0, buckets * S + j, -1), ex_bucket * S + ex_pos
+
+    def _evict(self, slots: torch.Tensor) -> torch.Tensor:
+        """Free `slots` (held; an eviction's extra victims); returns their ids."""
+        gone = self.slot_id.index_select(0, slots)
+        self.slot_id.index_fill_(0, slots, -1)
+        self.score.index_fill_(0, slots, 0.0)
+        self.last.index_fill_(0, slots, 0)
+        self.evicts.index_add_(0, slots, torch.ones_like(slots))
+        self.counters.evicted += slots.numel()
+        return gone
+
+    def _rebuild_free(self) -> None:
+        """Each bucket's free positions (policy.free_lists), from the slots."""
+        view = self.slot_id.view(self.nb, self.S)[:, : self.ids_per_bucket]
+        self.free, self.n_free = policy.free_lists(view)
 
     # -- ids without a slot ------------------------------------------------------------------
     def resolve(
