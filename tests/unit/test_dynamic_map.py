@@ -148,3 +148,20 @@ def test_bad_declarations_fail_in_one_line():
         TableConfig("u", 4, 4, dynamic=Dynamic(buckets=4, unknown="row"))
     with pytest.raises(ValueError, match="own whole buckets"):
         make_map(rows=8, buckets=2, shard=(0, 3))
+
+
+def test_a_full_bucket_evicts_a_share_at_once_and_then_takes_free_slots():
+    m = make_map(rows=64, evict="lru")  # one bucket of 64: an eviction frees 64 / 16 = 4
+    m.step(torch.arange(64))  # full
+    m.step(torch.arange(10, 64))  # 0..9 are now the least recently used
+    out = m.step(t(100))
+    assert ids_of(m) == set(range(4, 64)) | {100}  # 0..3 went, 100 took the first freed
+    assert out.slots.tolist() == [0] and m.n_free.tolist() == [3]
+    assert m.counters.evicted == 4 and m.evicts.sum() == 4
+    out = m.step(t(101, 102, 103, 104))  # 3 free slots, then 4..7's eviction
+    assert sorted(out.slots.tolist()) == [1, 2, 3, 4] and m.n_free.tolist() == [3]
+    assert ids_of(m) == set(range(8, 64)) | {100, 101, 102, 103, 104}
+    kept = m.free.clone(), m.n_free.clone(), m.find(torch.arange(200))
+    m._rebuild()  # the free list and the index are functions of the slots
+    assert torch.equal(kept[1], m.n_free) and torch.equal(kept[0][0, :3], m.free[0, :3])
+    assert torch.equal(kept[2], m.find(torch.arange(200)))
