@@ -22,6 +22,7 @@ _EXPORTS = {
     "Feature": "hybridrec.model.tables",
     "Pooled": "hybridrec.model.tables",
     "Table": "hybridrec.model.tables",
+    "Dynamic": "hybridrec.types",
     "KeyedIds": "hybridrec.types",
     "LossBatch": "hybridrec.model.task",
     "candidate_ids": "hybridrec.model.retrieval",

@@ -37,16 +37,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybridrec.types import KeyedIds, Pooling, ShardingPlan, TableConfig
+from hybridrec.types import Dynamic, KeyedIds, Pooling, ShardingPlan, TableConfig
 
 
 @dataclass(frozen=True)
 class Table:
-    """One embedding table: `rows` x `dim`."""
+    """One embedding table: `rows` x `dim`. `dynamic`: its ids are raw int64 values from an
+    open set, mapped to its `rows` slots while training by that policy (types.Dynamic)."""
 
     name: str
     rows: int
     dim: int
+    dynamic: Dynamic | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class EmbeddingTables(nn.Module):
                     f.jagged,
                     f.mean_ids,
                     None if f.table == f.name else f.table,
+                    t.dynamic,
                 )
             )
         unused = [t.name for t in tables if t.name not in {f.table for f in features}]

@@ -1,0 +1,50 @@
+"""The planner and dynamic tables: row ranges own whole hash buckets at any world size, in
+row_wise, host and auto plans; a dynamic table is never replicated (data_parallel refuses it
+in one line, auto never picks it even when tiny); the runtime refuses a hand-made plan that
+splits a bucket."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridrec import Dynamic
+from hybridrec.planner import CachePolicy, Topology, plan_sharding
+from hybridrec.sparse.layout import check_plan
+from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, TablePlan
+
+GIB = 1 << 30
+DYN = TableConfig("users", 12 * 64, 8, dynamic=Dynamic(buckets=12))  # 64 rows per bucket
+FIXED = TableConfig("ages", 100, 8)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("mode", ["row_wise", "host"])
+def test_row_ranges_own_whole_buckets(world, mode):
+    plan = plan_sharding([DYN, FIXED], Topology(world, GIB), mode, 420, cache=CachePolicy())
+    shards = plan.tables[0].shards
+    assert all(s.row_start % 64 == 0 and s.row_end % 64 == 0 for s in shards)
+    assert [s.row_end - s.row_start for s in shards] == sorted(
+        (s.row_end - s.row_start for s in shards), reverse=True
+    )
+    assert sum(s.num_rows for s in shards) == DYN.num_rows
+    assert len(shards) == min(world, 12)
+
+
+def test_a_dynamic_table_is_never_replicated():
+    with pytest.raises(ValueError, match="dynamic table 'users' cannot be data_parallel"):
+        plan_sharding([DYN, FIXED], Topology(2, GIB), "data_parallel", 64)
+    plan = plan_sharding([DYN, FIXED], Topology(2, GIB), "auto", 64)  # both tiny
+    kinds = {tp.table: tp.sharding for tp in plan.tables}
+    assert kinds["ages"] == ShardingType.DATA_PARALLEL
+    assert kinds["users"] != ShardingType.DATA_PARALLEL
+
+
+def test_a_plan_splitting_a_bucket_is_refused():
+    split = TablePlan(
+        "users",
+        ShardingType.ROW_WISE,
+        (ShardSpec("users", 0, 0, 100, 0, 8), ShardSpec("users", 1, 100, 768, 0, 8)),
+        "by hand",
+    )
+    with pytest.raises(ValueError, match=r"shard rows \[0, 100\) split a bucket of 64 rows"):
+        check_plan([DYN], ShardingPlan(2, (split,)))
