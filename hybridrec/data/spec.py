@@ -14,8 +14,10 @@ used, distinct feature names, a binary label rule only for binary tasks, disjoin
 values, fractions in range. Several features may share one table (a user id and a list of
 followed user ids: the same value must hit the same row), so they encode alike: all
 `vocabulary` with one `min_count` (one vocabulary over their train values), all `hashing`
-with one `cap`, or all `identity` with one `rows`. Whether the columns exist and hold the
-declared kinds is checked against the data (hybridrec.data.tabular).
+with one `cap`, all `identity` with one `rows`, or all `dynamic` with one `capacity` and
+policy. `dynamic` (docs/dynamic.md) keeps raw ids: integers as they are, strings hashed
+(hybridrec.data.tabular.encode), mapped to slots while training. Whether the columns exist
+and hold the declared kinds is checked against the data (hybridrec.data.tabular).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ import yaml
 TASKS = ("binary", "regression")
 TRANSFORMS = ("none", "log1p", "standardize")
 KINDS = ("single", "list")
-ENCODINGS = ("vocabulary", "hashing", "identity")
+ENCODINGS = ("vocabulary", "hashing", "identity", "dynamic")
+# encoding: dynamic's optional `policy` keys (hybridrec.types.Dynamic's fields, min_count
+# being the feature's own key); filled with Dynamic's defaults in the normalised spec
+POLICY_KEYS = ("admit", "probability", "evict", "ttl_steps", "halflife", "unknown", "buckets")
 POOLINGS = ("sum", "mean")
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
@@ -62,6 +67,10 @@ class SparseSpec:
     min_count: int = 1  # vocabulary: train values seen fewer times share the OOV id
     cap: int | None = None  # hashing: the table's rows (id 0 = null, 1..cap-1 hashed values)
     rows: int | None = None  # identity: ids are in [0, rows); the null id is `rows`
+    # dynamic: raw int64 ids (no vocabulary), mapped to `capacity` slots while training by the
+    # `policy` (admit, evict, ...; min_count is admit: count's threshold)
+    capacity: int | None = None
+    policy: dict[str, Any] | None = None
     table: str = ""  # default: the feature's name
     pooling: str = "sum"
     max_len: int | None = None  # list: longer lists are truncated; None = longest in train
@@ -205,25 +214,65 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
         min_count=r.get("min_count", int, 1),
         cap=r.get("cap", int, None),
         rows=r.get("rows", int, None),
+        capacity=r.get("capacity", int, None),
+        policy=_policy(r, d, encoding),
         table=r.get("table", str, name),
         pooling=r.get("pooling", str, "sum", POOLINGS),
         max_len=r.get("max_len", int, None),
         delimiter=r.get("delimiter", str, "|"),
     )
-    needs = {"hashing": "cap", "identity": "rows"}.get(encoding)
+    needs = {"hashing": "cap", "identity": "rows", "dynamic": "capacity"}.get(encoding)
     if needs and getattr(s, needs) is None:
         raise r.fail(needs, f"is required with encoding: {encoding}")
     if encoding == "hashing" and s.cap < 2:
         raise r.fail("cap", f"must be >= 2 (id 0 is the null id), got {s.cap}")
-    for key, owner in (("cap", "hashing"), ("rows", "identity"), ("min_count", "vocabulary")):
-        if key in d and encoding != owner:
-            raise r.fail(key, f"applies to encoding: {owner}, not {encoding}")
+    if encoding == "dynamic" and s.capacity % s.policy["buckets"]:
+        raise r.fail(
+            "capacity",
+            f"={s.capacity} must be a multiple of policy.buckets={s.policy['buckets']} (every "
+            "hash bucket holds capacity / buckets slots)",
+        )
+    for key, owners in (
+        ("cap", ("hashing",)),
+        ("rows", ("identity",)),
+        ("min_count", ("vocabulary", "dynamic")),
+        ("capacity", ("dynamic",)),
+        ("policy", ("dynamic",)),
+    ):
+        if key in d and encoding not in owners:
+            raise r.fail(key, f"applies to encoding: {' or '.join(owners)}, not {encoding}")
     for key in ("max_len", "delimiter"):
         if key in d and kind != "list":
             raise r.fail(key, "applies to kind: list only")
     if not s.delimiter:
         raise r.fail("delimiter", "must not be empty")
     return s
+
+
+def _policy(r: _Reader, d: dict, encoding: str) -> dict[str, Any] | None:
+    """encoding: dynamic's policy, every key filled (Dynamic's defaults); checked by
+    hybridrec.types.Dynamic, its message naming `sparse[i] (name).policy.<key>`."""
+    if encoding != "dynamic":
+        return None
+    from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
+
+    choices = {"admit": DYNAMIC_ADMIT, "evict": DYNAMIC_EVICT, "unknown": DYNAMIC_UNKNOWN}
+
+    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, POLICY_KEYS)
+    defaults = Dynamic()
+    policy: dict[str, Any] = {"min_count": r.get("min_count", int, 1)}
+    for key in POLICY_KEYS:
+        default = getattr(defaults, key)
+        kind = (int, float) if isinstance(default, float) else type(default)
+        policy[key] = pr.get(key, kind, default, choices.get(key, ()))
+    policy["probability"] = float(policy["probability"])
+    try:
+        Dynamic(**policy)
+    except ValueError as e:
+        why = str(e).removeprefix("dynamic table: ")
+        key = next((k for k in POLICY_KEYS if why.startswith(k)), "evict")
+        raise pr.fail(key, f"is wrong: {why}") from None
+    return {k: policy[k] for k in ("min_count", *POLICY_KEYS)}
 
 
 def _split(where: str, d: Any) -> SplitSpec:
@@ -343,8 +392,10 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
         _check_shared(where, table, shared)
 
 
-def encoding_key(s: SparseSpec) -> tuple[str, int | None]:
-    """What features sharing a table must agree on: the encoding and its one parameter."""
+def encoding_key(s: SparseSpec) -> tuple[str, Any]:
+    """What features sharing a table must agree on: the encoding and its parameters."""
+    if s.encoding == "dynamic":
+        return s.encoding, (s.capacity, tuple(sorted(s.policy.items())))
     param = {"vocabulary": s.min_count, "hashing": s.cap, "identity": s.rows}[s.encoding]
     return s.encoding, param
 
@@ -357,11 +408,14 @@ def _check_shared(where: str, table: str, shared: list[SparseSpec]) -> None:
             raise ValueError(
                 f"{where}: features {a} and {b} share table {table!r} but encode differently; "
                 "give every feature of one table the same encoding: vocabulary with one "
-                "min_count, hashing with one cap, or identity with one rows"
+                "min_count, hashing with one cap, identity with one rows, or dynamic with one "
+                "capacity and policy"
             )
 
 
 def _param(s: SparseSpec) -> str:
+    if s.encoding == "dynamic":
+        return f"capacity={s.capacity}, policy={s.policy}"
     key = {"vocabulary": "min_count", "hashing": "cap", "identity": "rows"}[s.encoding]
     return f"{key}={getattr(s, key)}"
 

@@ -356,9 +356,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             return out
         return ScaleGrad.apply(out, 1.0 / self.world)
 
-    def _after_backward(
-        self, routed: Routed, dp_inputs: ReplicaInputs, row_stats: RowStats | None
-    ):  # noqa: ANN202 (a closure)
+    def _after_backward(self, routed: Routed, dp_inputs: ReplicaInputs, row_stats: RowStats | None):  # noqa: ANN202 (a closure)
         """The output dist's backward work after its all-to-all, in this order on every rank:
         column shards share row statistics, then replicated tables sync and update."""
 

@@ -327,10 +327,7 @@ def group_inputs(
             ids = torch.cat(bodies)
         else:
             ids = torch.cat(
-                [
-                    body[sum(id_list[p][:k0]) : sum(id_list[p][:k1])]
-                    for p, body in enumerate(bodies)
-                ]
+                [body[sum(id_list[p][:k0]) : sum(id_list[p][:k1])] for p, body in enumerate(bodies)]
             )
         n = ids.numel()
         hots = set(routes.hotness[k0:k1])
