@@ -207,6 +207,15 @@ class TableConfig:
                 f"table {self.name!r}: mean_ids must be in [0, hotness={self.hotness}], "
                 f"got {self.mean_ids}"
             )
+        d = self.dynamic
+        if d is not None:
+            need = 2 if d.unknown == "row" else 1  # a bucket's unknown row takes one slot
+            if self.num_rows % d.buckets or self.num_rows // d.buckets < need:
+                raise ValueError(
+                    f"dynamic table {self.name!r}: num_rows {self.num_rows} must be a multiple "
+                    f"of buckets={d.buckets} with >= {need} rows per bucket"
+                    f"{' (one is its unknown row)' if need == 2 else ''}; change rows or buckets"
+                )
 
     @property
     def expected_ids(self) -> float:

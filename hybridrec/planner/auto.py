@@ -31,7 +31,7 @@ from hybridrec.planner.placement import (
     _pieces,
     _plan_host,
     _rw_plan,
-    row_ranges,
+    table_row_ranges,
 )
 from hybridrec.planner.types import CachePolicy, PlannerError, human_bytes
 from hybridrec.types import ShardingPlan, TableConfig, TablePlan
@@ -62,8 +62,8 @@ def _plan_auto(
     tables are placed around them.
     """
     pinned = pinned or _Base.empty(ctx.world)
-    tiny = [t for t in tables if _weights(t, ctx) <= dp_max]
-    rest = [t for t in tables if _weights(t, ctx) > dp_max]
+    tiny = [t for t in tables if _weights(t, ctx) <= dp_max and t.dynamic is None]
+    rest = [t for t in tables if t not in tiny]
     plans, base = _replicate_tiny(tiny, ctx)
     cuts = _Cuts(ctx, base, pinned, room=ctx.budget - base - min(pinned.mem))
     fair_load = sum(ctx.batch * t.hotness * t.dim for t in rest) / ctx.world
@@ -140,7 +140,7 @@ class _Cuts:
 
     def to_row_wise(self, t: TableConfig) -> None:
         ctx, world = self.ctx, self.ctx.world
-        rw_piece = ctx.memory(t, row_ranges(t.num_rows, min(world, t.num_rows))[0][1], t.dim).total
+        rw_piece = ctx.memory(t, table_row_ranges(t, world)[0][1], t.dim).total
         if rw_piece > self.room:
             raise PlannerError(
                 f"auto: table {t.name!r} ({human_bytes(ctx.whole(t))}) does not fit even split "
@@ -158,7 +158,7 @@ class _Cuts:
         for t in tables:
             if self.split[t.name] != 0:
                 continue
-            for r, (a, b) in enumerate(row_ranges(t.num_rows, min(ctx.world, t.num_rows))):
+            for r, (a, b) in enumerate(table_row_ranges(t, ctx.world)):
                 base_mem[r] += ctx.memory(t, b - a, t.dim).total
                 base_load[r] += ctx.batch * t.hotness * t.dim * (b - a) // t.num_rows
         return base_mem, base_load

@@ -56,6 +56,16 @@ def row_ranges(num_rows: int, k: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def table_row_ranges(table: TableConfig, world: int) -> list[tuple[int, int]]:
+    """A table's row ranges over up to `world` ranks (row_ranges); a dynamic table's fall on
+    its hash buckets (each range owns whole buckets, so its owner decides for them alone)."""
+    if table.dynamic is None:
+        return row_ranges(table.num_rows, min(world, table.num_rows))
+    buckets = table.dynamic.buckets
+    size = table.num_rows // buckets
+    return [(a * size, b * size) for a, b in row_ranges(buckets, min(world, buckets))]
+
+
 # ----------------------------------------------------------------------------------------------
 # Greedy placement of pieces (whole tables or column slices) on ranks.
 
@@ -167,12 +177,17 @@ def _cw_plan(
 
 
 def _rw_plan(table: TableConfig, world: int, reason: str) -> TablePlan:
-    ranges = row_ranges(table.num_rows, min(world, table.num_rows))
+    ranges = table_row_ranges(table, world)
     shards = tuple(ShardSpec(table.name, i, a, b, 0, table.dim) for i, (a, b) in enumerate(ranges))
     return TablePlan(table.name, ShardingType.ROW_WISE, shards, reason)
 
 
 def _dp_plan(table: TableConfig, world: int, reason: str) -> TablePlan:
+    if table.dynamic is not None:
+        raise ValueError(
+            f"dynamic table {table.name!r} cannot be data_parallel (replicas would admit ids "
+            "apart); shard it table_wise, column_wise or row_wise"
+        )
     shards = tuple(ShardSpec(table.name, r, 0, table.num_rows, 0, table.dim) for r in range(world))
     return TablePlan(table.name, ShardingType.DATA_PARALLEL, shards, reason)
 
@@ -269,7 +284,7 @@ def _host_fraction(
         return None
     per_rank = [0] * ctx.world
     for t in tables:
-        for r, (a, b) in enumerate(row_ranges(t.num_rows, min(ctx.world, t.num_rows))):
+        for r, (a, b) in enumerate(table_row_ranges(t, ctx.world)):
             per_rank[r] += (b - a) * cache_row_bytes(t.dim, ctx.optimizer, ctx.weight_bytes)
     return min(1.0, cache.gb * GIB / max(1, max(per_rank)))
 
@@ -284,7 +299,7 @@ def _plan_host(
     fraction = _host_fraction(tables, ctx, cache)
     plans = {}
     for t in tables:
-        ranges = row_ranges(t.num_rows, min(ctx.world, t.num_rows))
+        ranges = table_row_ranges(t, ctx.world)
         ids = ctx.batch * t.hotness
         shards = tuple(
             ShardSpec(t.name, r, a, b, 0, t.dim, cache.rows(b - a, ids, fraction))

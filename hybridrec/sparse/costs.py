@@ -27,8 +27,8 @@ SLOT_BYTES = 8  # per host-resident row: its cache slot (int32) and its use coun
 
 def id_wire_bytes(tables: Sequence[TableConfig]) -> int:
     """Bytes per id (and per length) in the input dist: 4 (int32, half of int64, exact)
-    when every table's ids fit int32, else 8."""
-    return 4 if all(t.num_rows <= INT32_IDS for t in tables) else 8
+    when every table's ids fit int32, else 8 (a dynamic table's ids are raw int64)."""
+    return 4 if all(t.num_rows <= INT32_IDS and t.dynamic is None for t in tables) else 8
 
 
 def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[str, float]:

@@ -213,6 +213,14 @@ class FusedEmbedding(nn.Module):
             out.append((spec, self.weight[a:b], {n: s[a:b] for n, s in self.state().items()}))
         return out
 
+    @torch.no_grad()
+    def reset_rows(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """Rows `rows` [K] (group rows, distinct) start over: weight[rows] = values [K, D],
+        their optimizer state zero (a dynamic table's slot given to a new id)."""
+        self.weight.index_copy_(0, rows, values.to(self.weight.dtype))
+        for state in self.state().values():
+            state.index_fill_(0, rows, 0.0)
+
     def flatten(
         self, inputs: Sequence[LookupInput]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int]]:

@@ -45,7 +45,11 @@ class IdChecker:
         """Per column [H]: the smallest valid id (PAD_ID for jagged tables) and the rows."""
         if device not in self._limits:
             low = [PAD_ID if t.jagged else 0 for t in self.tables for _ in range(t.hotness)]
-            high = [t.num_rows for t in self.tables for _ in range(t.hotness)]
+            high = [  # a dynamic table's ids are raw: any id >= 0
+                t.num_rows if t.dynamic is None else (1 << 63) - 1
+                for t in self.tables
+                for _ in range(t.hotness)
+            ]
             self._limits[device] = (
                 torch.tensor(low, dtype=torch.int64, device=device),
                 torch.tensor(high, dtype=torch.int64, device=device),
@@ -75,6 +79,12 @@ class IdChecker:
     def _error(self, col: int, value: int, where: str, then: str = "") -> IdOutOfRangeError:
         t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
         table = self.tables[t]
+        if table.dynamic is not None:
+            return IdOutOfRangeError(
+                f"feature {t} ({table.name}): id {value} at {where} is negative; dynamic table "
+                f"{table.table_name!r} takes raw ids >= 0"
+                f"{', or -1 for no id' if table.jagged else ''}{then}"
+            )
         return IdOutOfRangeError(
             f"feature {t} ({table.name}): id {value} at {where} is outside table "
             f"{table.table_name!r} of {table.num_rows} rows (valid ids: 0..{table.num_rows - 1}"

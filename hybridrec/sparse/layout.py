@@ -32,6 +32,7 @@ from hybridrec.types import (
     ShardingPlan,
     ShardSpec,
     TableConfig,
+    TablePlan,
     hot_offsets,
     storage_index,
     storage_tables,
@@ -60,8 +61,13 @@ class Unit:
 
     @property
     def group_key(self) -> str:
-        """The fused group serving it on its rank: "w<width>" (device) or "h<width>" (host)."""
-        return f"{'h' if self.shard.on_host else 'w'}{self.shard.width}"
+        """The fused group serving it on its rank: "w<width>" (device) or "h<width>" (host);
+        a dynamic table's shard has a group of its own, "w<width>_d<table>_<row>_<col>", so
+        its rows are the group's and its raw ids map to them (hybridrec.sparse.dynamic)."""
+        key = f"{'h' if self.shard.on_host else 'w'}{self.shard.width}"
+        if self.table.dynamic is not None:
+            key += f"_d{self.storage_index}_{self.shard.row_start}_{self.shard.col_start}"
+        return key
 
     @property
     def whole(self) -> bool:
@@ -238,6 +244,11 @@ class ShardedLayout:
         return any(u.counted for units in self.units_on for u in units)
 
     @cached_property
+    def dynamic(self) -> bool:
+        """Some table is dynamic (its ids are raw, mapped to rows by its shards' owners)."""
+        return any(t.dynamic is not None for t in self.storage)
+
+    @cached_property
     def has_host(self) -> bool:
         """Host-resident shards on any rank: every rank then joins the prefetch exchange."""
         return any(s.on_host for tp in self.plan.tables for s in tp.shards)
@@ -262,7 +273,7 @@ class ShardedLayout:
         """The one group that holds every table whole, on one rank with no
         replicated tables: its lookup can run sample-major with nothing to exchange
         (hybridrec.sparse.local.sample_major_layout). None otherwise."""
-        if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
+        if self.world != 1 or self.dp_tables or len(self.group_units) != 1 or self.dynamic:
             return None
         [(key, ks)] = self.group_units.items()
         units = [self.local_units[k] for k in ks]
@@ -286,6 +297,8 @@ def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
         raise ValueError(f"plan tables {names} do not match the model's {[t.name for t in tables]}")
     world = plan.world_size
     for t, tp in zip(tables, plan.tables, strict=True):
+        if t.dynamic is not None:
+            check_dynamic_plan(t, tp)
         if tp.sharding.traits.replicated:
             if sorted(s.rank for s in tp.shards) != list(range(world)):
                 raise ValueError(f"data-parallel table {t.name} needs one shard on every rank")
@@ -299,3 +312,20 @@ def check_plan(tables: Sequence[TableConfig], plan: ShardingPlan) -> None:
             starts = [s.col_start for s in tp.shards]
             if starts != sorted(starts):
                 raise ValueError(f"column shards of table {t.name} must be in column order")
+
+
+def check_dynamic_plan(table: TableConfig, tp: TablePlan) -> None:
+    """A dynamic table is never replicated, and its row ranges own whole buckets."""
+    assert table.dynamic is not None
+    if tp.sharding.traits.replicated:
+        raise ValueError(
+            f"dynamic table {table.name!r} cannot be data_parallel (replicas would admit ids "
+            "apart); shard it table_wise, column_wise or row_wise"
+        )
+    size = table.num_rows // table.dynamic.buckets
+    for s in tp.shards:
+        if s.row_start % size or s.row_end % size:
+            raise ValueError(
+                f"dynamic table {table.name!r}: shard rows [{s.row_start}, {s.row_end}) split a "
+                f"bucket of {size} rows; row-wise shards must own whole buckets"
+            )

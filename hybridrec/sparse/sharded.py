@@ -25,11 +25,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, all_gather_rows, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
 from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
+from hybridrec.sparse.dynamic.remap import build_maps, remap
+from hybridrec.sparse.dynamic.stats import DynamicStats, dynamic_metrics
 from hybridrec.sparse.exchange.input import Routed, build_routes, input_dist
 from hybridrec.sparse.exchange.output import output_dist, reassemble
 from hybridrec.sparse.exchange.replicated import ReplicaInputs, replicated_lookup, sync_replicas
@@ -108,6 +111,8 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         self.groups = build_groups(
             self.layout, optimizer, seed, self.device, dtype, host or HostOptions()
         )
+        # dynamic shards' id -> row maps, by group key (hybridrec.sparse.dynamic)
+        self.dynamic = nn.ModuleDict(build_maps(self.layout, seed, self.device))
         key = self.layout.sample_major_group
         self.sample_major = None
         if key is not None:
@@ -168,8 +173,8 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         lay = self.layout
         for key, slots in lay.group_slots.items():
             group = self.groups[key]
-            if not isinstance(group, HostCachedEmbedding):
-                continue
+            if not isinstance(group, HostCachedEmbedding) or key in self.dynamic:
+                continue  # (a dynamic table's rows have no counts: its ids are raw)
             freq = torch.zeros(group.num_rows, dtype=torch.float64)
             known, ids_per_step = False, 0.0
             for pos, (i, shard) in enumerate(slots):
@@ -202,10 +207,22 @@ class ShardedEmbeddingCollection(EmbeddingModule):
     def take_metrics(self) -> dict[str, float]:
         """The host-cache counters as `cache.<name>` ({} when no rank has host groups; zeros
         on a rank without any, so every rank sums the same keys)."""
+        out = {}
+        if self.layout.dynamic:  # every rank sums the same keys (zeros where none is held)
+            held = self.dynamic_stats()
+            for t in self.layout.storage:
+                if t.dynamic is not None:
+                    st = held.get(t.name, DynamicStats())
+                    out.update({f"dynamic.{t.name}.{k}": float(v) for k, v in st.items()})
         if not self.prefetches:
-            return {}
+            return out
         st = self.cache_stats() or CacheStats()
-        return {f"cache.{k}": float(v) for k, v in dataclasses.asdict(st).items()}
+        out.update({f"cache.{k}": float(v) for k, v in dataclasses.asdict(st).items()})
+        return out
+
+    def dynamic_stats(self) -> dict[str, DynamicStats]:
+        """This rank's dynamic tables' counters since the last call, by table ({} if none)."""
+        return dynamic_metrics(self.dynamic)
 
     def prefetch(self, ids: torch.Tensor) -> Staged | None:
         """Start moving the next batch's host-resident rows into the device caches.
@@ -222,10 +239,10 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                 [(key, group)] = self.groups.items()
                 return Staged(clean, None, inputs, {key: group.prefetch(inputs.rows)})
             routed = self._input_dist(clean, error)
-            prefetched = {  # the forward looks up these rows
+            prefetched = {  # the forward looks up these rows (a dynamic group's: not known yet)
                 key: group.prefetch(routed.groups[key].rows)
                 for key, group in self.groups.items()
-                if isinstance(group, HostCachedEmbedding)
+                if isinstance(group, HostCachedEmbedding) and key not in self.dynamic
             }
             return Staged(clean, routed, None, prefetched)
 
@@ -335,6 +352,10 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             with timing.phase("input_dist"):
                 routed = self._input_dist(ids, error)
         row_stats = RowStats() if self.layout.exchange_row_stats else None
+        if self.dynamic:
+            with timing.phase("dynamic_map"):
+                training = self.training and torch.is_grad_enabled()
+                routed = remap(routed, self.dynamic, self.groups, training)
         with timing.phase("lookup"):
             pooled = lookup_groups(routed, self.groups, self.layout, row_stats, prefetched)
         with timing.phase("data_parallel"):

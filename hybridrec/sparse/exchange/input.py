@@ -23,6 +23,10 @@ id in the shard has no bag there (its partial sum is zero: neither computed nor 
 owner knows which samples from its own counts (`Routed.kept`). Receivers concatenate in
 source-rank order, which is global-sample order.
 
+A dynamic table's ids are raw (hybridrec.sparse.dynamic): a row-wise one's id is routed as the
+first row of its hash bucket (the shard owning the bucket) and sent as the raw id itself,
+which its owner maps to a row before the lookup; table-wise and column-wise ones go whole.
+
 Legend: W ranks, B_l samples per rank, U units, G id groups, C id columns of counted features.
 """
 
@@ -36,6 +40,7 @@ import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.sparse.bags import pooling_scale
+from hybridrec.sparse.dynamic.hashing import bucket_of
 from hybridrec.sparse.layout import ShardedLayout
 
 
@@ -91,6 +96,7 @@ class Routes:
     row_base: list[int]
     scale: list[float]
     groups: dict[str, tuple[int, int]]
+    dynamic: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
@@ -99,6 +105,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
     starts, cols, col_base = [], [], []
     group_of: dict[tuple[int, int], int] = {}  # (feature, shard row_start) -> id group
     compact_group, jagged = [], False
+    dyn_cols: list[tuple[bool, int, int]] = []  # per counted column: dynamic, S, buckets
     base = 0
     for f, t in enumerate(layout.tables):
         tp = plan.tables[layout.storage_of[f]]
@@ -113,6 +120,9 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
             starts.append(base + row_start)
         cols.extend(range(offsets[f], offsets[f + 1]))
         col_base.extend([base] * t.hotness)
+        d = t.dynamic
+        dyn = (True, t.num_rows // d.buckets, d.buckets) if d is not None else (False, 1, 1)
+        dyn_cols.extend([dyn] * t.hotness)
         base += t.num_rows
     unit_group, unit_cols = [], []
     for units in layout.units_on:
@@ -152,6 +162,15 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         row_base=row_base,
         scale=[pooling_scale(u.table) for u in local],
         groups=groups,
+        dynamic=(
+            (
+                torch.tensor([d for d, _, _ in dyn_cols], dtype=torch.bool, device=device),
+                tensor([s for _, s, _ in dyn_cols]),
+                tensor([b for _, _, b in dyn_cols]),
+            )
+            if any(d for d, _, _ in dyn_cols)
+            else None
+        ),
     )
 
 
@@ -192,7 +211,12 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
         return Bucketed(ids.new_zeros(0, b_local), [], [])
     sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
     n_cols = sel.shape[1]
-    shifted = (sel + routes.col_base).reshape(-1)
+    key = sel
+    if routes.dynamic is not None:  # a dynamic table's raw id goes where its bucket lives
+        is_dyn, size, buckets = routes.dynamic
+        pseudo = bucket_of(sel, buckets) * size  # its bucket's first row
+        key = torch.where(is_dyn & (sel >= 0), pseudo, sel)
+    shifted = (key + routes.col_base).reshape(-1)
     group = _searchsorted(routes.starts, shifted)
     if routes.jagged:  # PAD_ID: in no group (sorted last, then dropped)
         group = torch.where(sel.reshape(-1) >= 0, group, n_groups)
@@ -208,6 +232,10 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     n_ids, n_pairs = sum(sizes[:n_groups]), sum(sizes[n_groups : 2 * n_groups])
     order, in_group = order[:n_ids], in_group[:n_ids]
     local = shifted.index_select(0, order) - routes.starts.index_select(0, in_group)
+    if routes.dynamic is not None:  # ... carrying the raw id itself
+        raw = sel.reshape(-1).index_select(0, order)
+        dyn = routes.dynamic[0].index_select(0, order.remainder(n_cols))
+        local = torch.where(dyn, raw, local)
     samples = pairs[:n_pairs] - pair_group[:n_pairs] * b_local
     return Bucketed(
         counts,

@@ -355,6 +355,22 @@ class HostCachedEmbedding(PrefetchMixin, copies.MoverMixin, FusedEmbedding):
         self._free_slots = victims[short:]
         return torch.cat([free, victims[:short]]), victims
 
+    @torch.no_grad()
+    def reset_rows(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        """FusedEmbedding.reset_rows on the host rows and, where a row is cached, on its
+        cached copy too (both then hold the fresh row: the slot is clean)."""
+        self._wait()
+        super().reset_rows(rows.to(self.weight.device), values.to(self.weight.device))
+        slots = self.slot_of.index_select(0, rows).long()
+        cached = (slots >= 0).nonzero().squeeze(1)
+        if cached.numel():
+            at = slots.index_select(0, cached)
+            fresh = values.index_select(0, cached).to(self.cache_weight.dtype)
+            self.cache_weight.index_copy_(0, at, fresh)
+            for state in self.cache_state().values():
+                state.index_fill_(0, at, 0.0)
+            self.dirty.index_fill_(0, at, False)
+
     # -- keeping host memory canonical ----------------------------------------------------------
     @torch.no_grad()
     def flush(self) -> None:

@@ -1,0 +1,10 @@
+"""Dynamic embedding tables: raw ids from an open set mapped to a fixed number of rows.
+
+hashing.py (buckets, draws, fresh rows), policy.py (admission, candidates, slot choice),
+idmap.py (DynamicMap: one shard's map and policy state), remap.py (raw ids -> rows between
+the input dist and the lookup), stats.py (DynamicStats). docs/dynamic.md explains the design.
+"""
+
+from hybridrec.sparse.dynamic.idmap import DynamicCounters, DynamicMap
+
+__all__ = ["DynamicCounters", "DynamicMap"]

@@ -1,0 +1,278 @@
+"""DynamicMap: one shard's raw id -> slot map of a dynamic table, with its policy's state.
+
+A dynamic table of R rows has `buckets` fixed hash buckets of S = R / buckets slots; bucket
+b owns rows [b*S, (b+1)*S). A shard owns whole buckets [b0, b1) (rows [b0*S, b1*S)), and its
+map holds, per slot (local row r = (b - b0) * S + j):
+
+    slot_id [R_s] int64   the raw id in the slot, -1: free
+    score   [R_s] fp32    LFU use count (halving every `halflife` steps)
+    last    [R_s] int64   the step the slot was last used (LRU, TTL)
+
+plus the count policy's candidates (ids not admitted yet and their counts, at most S per
+bucket: the S highest counts, ties to the smaller id), the step clock and the counters. A
+sorted copy of the occupied ids (`keys`, `key_slots`) answers lookups by binary search; it
+is derived (rebuilt after every change and on load), never saved.
+
+With `unknown="row"` the last slot of each bucket (j = S - 1) is that bucket's shared
+"unknown" row: never given to an id, looked up (and trained) by the bucket's ids that have
+no slot; ids then get S - 1 slots per bucket. With "zeros" an id without a slot is left out
+of its bag (it adds zero and gets no gradient).
+
+`step(ids)` (training, once per step over every id of the table the shard serves in that
+step) records uses, admits and evicts, and returns the slots; `find(ids)` (evaluation and
+inference) only looks up. Decisions read only each bucket's ids (policy.py), so any world
+size decides the same as one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridrec.sparse.dynamic import hashing, policy
+from hybridrec.types import Dynamic, ShardSpec, TableConfig
+
+
+@dataclass
+class DynamicCounters:
+    """Since the last `take_counters()`: ids admitted, ids evicted, steps; ids looked up
+    without grad (evaluation) and how many of them had no slot."""
+
+    admitted: int = 0
+    evicted: int = 0
+    steps: int = 0
+    eval_ids: int = 0
+    eval_unknown: int = 0
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """What `DynamicMap.step` did: slots [N] of the ids (-1: none), and the slots it gave new
+    ids [A] with those ids [A] (their rows must start fresh before the lookup)."""
+
+    slots: torch.Tensor
+    new_slots: torch.Tensor
+    new_ids: torch.Tensor
+
+
+class DynamicMap(nn.Module):
+    """The id -> slot map of one shard (whole buckets) of a dynamic table (see module doc)."""
+
+    def __init__(
+        self,
+        table: TableConfig,
+        table_index: int,
+        shard: ShardSpec,
+        seed: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        assert table.dynamic is not None
+        pol: Dynamic = table.dynamic
+        self.policy, self.table, self.table_index, self.seed = pol, table, table_index, seed
+        self.S = table.num_rows // pol.buckets
+        if shard.row_start % self.S or shard.num_rows % self.S:
+            raise ValueError(
+                f"dynamic table {table.name!r}: shard rows [{shard.row_start}, {shard.row_end}) "
+                f"do not fall on its buckets of {self.S} rows; row-wise shards of a dynamic "
+                "table must own whole buckets (plan it with hybridrec's planner)"
+            )
+        self.b0, self.nb = shard.row_start // self.S, shard.num_rows // self.S
+        self.ids_per_bucket = self.S - (1 if pol.unknown == "row" else 0)
+        self.col_start, self.col_end = shard.col_start, shard.col_end
+        # counters and ratios count a table once: its first column shard
+        self.counts_table = shard.col_start == 0
+        R = shard.num_rows
+        device = torch.device(device)
+        self.register_buffer("slot_id", torch.full((R,), -1, dtype=torch.int64, device=device))
+        self.register_buffer("score", torch.zeros(R, dtype=torch.float32, device=device))
+        self.register_buffer("last", torch.zeros(R, dtype=torch.int64, device=device))
+        self.clock = 0
+        self.cand_ids = torch.zeros(0, dtype=torch.int64, device=device)
+        self.cand_counts = torch.zeros(0, dtype=torch.int64, device=device)
+        self.admitted_total = 0
+        self.evicted_total = 0
+        self.counters = DynamicCounters()
+        self._admit_key = hashing.table_key(seed, table_index, hashing.ADMIT_SALT)
+        self._rebuild()
+
+    # -- the sorted index ------------------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """keys [n] the occupied slots' ids ascending, key_slots [n] their slots."""
+        occupied = (self.slot_id >= 0).nonzero().squeeze(1)
+        keys, order = torch.sort(self.slot_id.index_select(0, occupied))
+        self.keys, self.key_slots = keys, occupied.index_select(0, order)
+
+    def find(self, ids: torch.Tensor) -> torch.Tensor:
+        """[N] the slot of each raw id (-1: none). Changes nothing."""
+        n = self.keys.numel()
+        if n == 0 or ids.numel() == 0:
+            return torch.full_like(ids, -1)
+        if ids.device.type == "cpu":  # numpy's search: about twice torch's on the CPU
+            pos = torch.from_numpy(np.searchsorted(self.keys.numpy(), ids.numpy()))
+        else:
+            pos = torch.searchsorted(self.keys, ids)
+        pos = pos.clamp_(max=n - 1)
+        found = self.keys.index_select(0, pos) == ids
+        return torch.where(found, self.key_slots.index_select(0, pos), -1)
+
+    def bucket_local(self, ids: torch.Tensor) -> torch.Tensor:
+        """[N] each id's bucket, counted from this shard's first (0 <= b < nb for its ids)."""
+        return hashing.bucket_of(ids, self.policy.buckets) - self.b0
+
+    # -- training ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, ids: torch.Tensor) -> Stepped:
+        """One training step's ids [N] (every feature of the table, every source rank):
+        record uses, admit and evict per the policy, return the slots (see Stepped)."""
+        self.clock += 1
+        t, pol = self.clock, self.policy
+        self.counters.steps += 1
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        slots = self.find(uniq)
+        hit = slots >= 0
+        hit_slots = slots[hit]
+        if pol.evict == "lfu":
+            policy.record_uses(self.score, hit_slots, counts[hit])
+        self.last.index_fill_(0, hit_slots, t)
+        miss = (~hit).nonzero().squeeze(1)
+        want, totals = self._admissible(uniq.index_select(0, miss), counts.index_select(0, miss))
+        new_slots = new_ids = ids.new_zeros(0)
+        if want.numel():
+            pos = miss.index_select(0, torch.searchsorted(uniq.index_select(0, miss), want))
+            got = self._assign(want, hit_slots)
+            ok = got >= 0
+            new_slots, new_ids = got[ok], want[ok]
+            if pol.admit == "count":  # admitted by count but left without a slot: still counted
+                left = ~ok
+                if bool(left.any()):
+                    self._add_candidates(want[left], totals[left])
+            if new_slots.numel():
+                victims = self.slot_id.index_select(0, new_slots)
+                n_evicted = int((victims >= 0).sum())
+                self.slot_id.index_copy_(0, new_slots, new_ids)
+                self.score.index_copy_(0, new_slots, counts.index_select(0, pos[ok]).float())
+                self.last.index_fill_(0, new_slots, t)
+                slots.index_copy_(0, pos[ok], new_slots)
+                self.counters.admitted += new_slots.numel()
+                self.counters.evicted += n_evicted
+                self.admitted_total += new_slots.numel()
+                self.evicted_total += n_evicted
+                self._rebuild()
+        if pol.evict == "lfu":
+            policy.age(self.score, t, pol.halflife)
+        return Stepped(slots.index_select(0, inverse), new_slots, new_ids)
+
+    def _admissible(
+        self, ids: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the missed ids [M] (ascending, this step's counts [M]) the policy admits now,
+        ascending; their counts so far). The count policy adds this step's counts to its
+        candidates' and admits those of this step whose count reached min_count."""
+        pol = self.policy
+        if pol.admit == "always" or ids.numel() == 0:
+            return ids, counts
+        if pol.admit == "probability":
+            ok = hashing.uniform_of(ids, self._admit_key) < pol.probability
+            return ids[ok], counts[ok]
+        merged, total = policy.merge_counts(self.cand_ids, self.cand_counts, ids, counts)
+        ready = (total >= pol.min_count) & torch.isin(merged, ids)
+        self._set_candidates(merged[~ready], total[~ready])
+        return merged[ready], total[ready]
+
+    def _add_candidates(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
+        merged, total = policy.merge_counts(self.cand_ids, self.cand_counts, ids, counts)
+        self._set_candidates(merged, total)
+
+    def _set_candidates(self, ids: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep at most S candidates per bucket (policy.bound_candidates)."""
+        self.cand_ids, self.cand_counts = policy.bound_candidates(
+            ids, counts, self.bucket_local(ids), self.S
+        )
+
+    def _assign(self, want: torch.Tensor, busy_slots: torch.Tensor) -> torch.Tensor:
+        """[A] the slot each id of `want` (ascending) takes, -1 for none (policy.choose_slots);
+        `busy_slots`: slots used by this step, never evicted in it."""
+        pol, S, Sw = self.policy, self.S, self.ids_per_bucket
+        busy = torch.zeros_like(self.slot_id, dtype=torch.bool).index_fill_(0, busy_slots, True)
+        cols = torch.arange(Sw, device=want.device)
+
+        def priorities(touched: torch.Tensor) -> torch.Tensor:
+            at = (touched * S).view(-1, 1) + cols
+            return policy.slot_priorities(
+                self.slot_id[at],
+                self.score[at],
+                self.last[at],
+                busy[at],
+                pol.evict,
+                self.clock,
+                pol.ttl_steps,
+            )
+
+        buckets = self.bucket_local(want)
+        j = policy.choose_slots(buckets, priorities, Sw)
+        return torch.where(j >= 0, buckets * S + j, -1)
+
+    # -- ids without a slot ------------------------------------------------------------------
+    def resolve(
+        self, ids: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rows [N'], kept [N'] positions or None): slots of ids [N] with the ids without one
+        sent to their bucket's unknown row ("row": N' = N, kept None) or left out ("zeros":
+        kept = the positions of the ids with a slot)."""
+        missing = slots < 0
+        if self.policy.unknown == "row":
+            unknown_row = self.bucket_local(ids) * self.S + (self.S - 1)
+            return torch.where(missing, unknown_row, slots), None
+        kept = (~missing).nonzero().squeeze(1)
+        if kept.numel() == slots.numel():
+            return slots, None
+        return slots.index_select(0, kept), kept
+
+    def count_eval(self, slots: torch.Tensor) -> None:
+        """Count an evaluation lookup's ids and those without a slot."""
+        self.counters.eval_ids += slots.numel()
+        self.counters.eval_unknown += int((slots < 0).sum())
+
+    # -- fresh rows -------------------------------------------------------------------------------
+    def fresh_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[K, shard width] the initial rows of ids [K] (hashing.fresh_rows)."""
+        return hashing.fresh_rows(
+            ids,
+            self.seed,
+            self.table_index,
+            self.table.num_rows,
+            self.col_start,
+            self.col_end,
+            dtype,
+        )
+
+    # -- stats and state ------------------------------------------------------------------------
+    def occupancy(self) -> tuple[int, int]:
+        """(slots holding an id, slots ids may take)."""
+        return int((self.slot_id >= 0).sum()), self.nb * self.ids_per_bucket
+
+    def take_counters(self) -> DynamicCounters:
+        out, self.counters = self.counters, DynamicCounters()
+        return out
+
+    def get_extra_state(self) -> dict:
+        return {
+            "clock": self.clock,
+            "cand_ids": self.cand_ids.cpu(),
+            "cand_counts": self.cand_counts.cpu(),
+            "admitted_total": self.admitted_total,
+            "evicted_total": self.evicted_total,
+        }
+
+    def set_extra_state(self, state: dict) -> None:
+        device = self.slot_id.device
+        self.clock = int(state["clock"])
+        self.cand_ids = state["cand_ids"].to(device)
+        self.cand_counts = state["cand_counts"].to(device)
+        self.admitted_total = int(state["admitted_total"])
+        self.evicted_total = int(state["evicted_total"])
+        self._rebuild()
