@@ -35,9 +35,20 @@ TASKS = ("binary", "regression")
 TRANSFORMS = ("none", "log1p", "standardize")
 KINDS = ("single", "list")
 ENCODINGS = ("vocabulary", "hashing", "identity", "dynamic")
-# encoding: dynamic's optional `policy` keys (hybridrec.types.Dynamic's fields, min_count
-# being the feature's own key); filled with Dynamic's defaults in the normalised spec
-POLICY_KEYS = ("admit", "probability", "evict", "ttl_steps", "halflife", "unknown", "buckets")
+# encoding: dynamic's optional `policy` keys: hybridrec.types.Dynamic's fields (min_count is
+# the feature's own key) with their types and choices, mirrored here because preprocessing
+# runs without torch (tests/data/test_dynamic_spec.py checks they agree); keys left out take
+# Dynamic's defaults when the trainer builds the table
+POLICY_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "admit": (str, ("always", "count", "probability")),
+    "probability": ((int, float), ()),
+    "evict": (str, ("lfu", "lru", "ttl")),
+    "ttl_steps": (int, ()),
+    "halflife": (int, ()),
+    "unknown": (str, ("zeros", "row")),
+    "buckets": (int, ()),
+}
+DEFAULT_BUCKETS = 64  # Dynamic.buckets
 POOLINGS = ("sum", "mean")
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
@@ -226,11 +237,12 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
         raise r.fail(needs, f"is required with encoding: {encoding}")
     if encoding == "hashing" and s.cap < 2:
         raise r.fail("cap", f"must be >= 2 (id 0 is the null id), got {s.cap}")
-    if encoding == "dynamic" and s.capacity % s.policy["buckets"]:
+    buckets = (s.policy or {}).get("buckets", DEFAULT_BUCKETS)
+    if encoding == "dynamic" and s.capacity % buckets:
         raise r.fail(
             "capacity",
-            f"={s.capacity} must be a multiple of policy.buckets={s.policy['buckets']} (every "
-            "hash bucket holds capacity / buckets slots)",
+            f"={s.capacity} must be a multiple of policy.buckets={buckets} (every hash bucket "
+            "holds capacity / buckets slots)",
         )
     for key, owners in (
         ("cap", ("hashing",)),
@@ -250,29 +262,22 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
 
 
 def _policy(r: _Reader, d: dict, encoding: str) -> dict[str, Any] | None:
-    """encoding: dynamic's policy, every key filled (Dynamic's defaults); checked by
-    hybridrec.types.Dynamic, its message naming `sparse[i] (name).policy.<key>`."""
+    """encoding: dynamic's policy: the keys given (with min_count, always), checked here one key
+    at a time; the trainer fills the rest with hybridrec.types.Dynamic's defaults."""
     if encoding != "dynamic":
         return None
-    from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
-
-    choices = {"admit": DYNAMIC_ADMIT, "evict": DYNAMIC_EVICT, "unknown": DYNAMIC_UNKNOWN}
-
-    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, POLICY_KEYS)
-    defaults = Dynamic()
+    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, tuple(POLICY_KEYS))
     policy: dict[str, Any] = {"min_count": r.get("min_count", int, 1)}
-    for key in POLICY_KEYS:
-        default = getattr(defaults, key)
-        kind = (int, float) if isinstance(default, float) else type(default)
-        policy[key] = pr.get(key, kind, default, choices.get(key, ()))
-    policy["probability"] = float(policy["probability"])
-    try:
-        Dynamic(**policy)
-    except ValueError as e:
-        why = str(e).removeprefix("dynamic table: ")
-        key = next((k for k in POLICY_KEYS if why.startswith(k)), "evict")
-        raise pr.fail(key, f"is wrong: {why}") from None
-    return {k: policy[k] for k in ("min_count", *POLICY_KEYS)}
+    for key, (kind, choices) in POLICY_KEYS.items():
+        if key in pr.d:
+            policy[key] = pr.get(key, kind, None, choices)
+    if "probability" in policy:
+        policy["probability"] = float(policy["probability"])
+        if not 0.0 < policy["probability"] <= 1.0:
+            raise pr.fail("probability", f"must be in (0, 1], got {policy['probability']}")
+    if policy.get("evict") == "ttl" and "ttl_steps" not in policy:
+        raise pr.fail("ttl_steps", "is required with evict: ttl (steps an unused id keeps its row)")
+    return policy
 
 
 def _split(where: str, d: Any) -> SplitSpec:
@@ -395,7 +400,7 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
 def encoding_key(s: SparseSpec) -> tuple[str, Any]:
     """What features sharing a table must agree on: the encoding and its parameters."""
     if s.encoding == "dynamic":
-        return s.encoding, (s.capacity, tuple(sorted(s.policy.items())))
+        return s.encoding, (s.capacity, tuple(sorted(s.policy.items())))  # as given
     param = {"vocabulary": s.min_count, "hashing": s.cap, "identity": s.rows}[s.encoding]
     return s.encoding, param
 

@@ -45,9 +45,7 @@ def test_a_spec_may_list_no_dense_column():
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_no_dense_columns_give_the_same_labels_and_ids_and_a_zero_width_dense_array(
-    tmp_path, fmt
-):
+def test_no_dense_columns_give_the_same_labels_and_ids_and_a_zero_width_dense_array(tmp_path, fmt):
     """The same table with and without its dense column: labels and ids bit for bit equal,
     dense [N, 0] (a header-only file, one CRC per block), read back as [B, 0] batches."""
     cols = movies()

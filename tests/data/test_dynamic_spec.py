@@ -3,6 +3,7 @@ strings hashed stably), the policy in the manifest and in model.dynamic, one lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,17 +15,17 @@ from hybridrec.config import compose
 from hybridrec.configure import validate
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.manifest import Manifest
-from hybridrec.data.spec import parse_spec
+from hybridrec.data.spec import DEFAULT_BUCKETS, POLICY_KEYS, parse_spec
 from hybridrec.data.tabular import preprocess_table
 from hybridrec.data.tabular.encode import DYNAMIC_NULL, raw_ids
-from hybridrec.types import Dynamic
+from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
 from tests.data.tables import write_csv, write_parquet
 
 MASK = (1 << 64) - 1
 
 
 def _reference_hash(text: str) -> int:
-    """Plain Python: splitmix64(FNV-1a 64 of the UTF-8 bytes) mod (2^63 - 1)."""
+    """Plain Python: splitmix64(FNV-1a 64 of the UTF-8 bytes) mod (2^63 - 2)."""
     h = 0xCBF29CE484222325
     for byte in text.encode():
         h = ((h ^ byte) * 0x100000001B3) & MASK
@@ -49,9 +50,17 @@ def test_strings_hash_stably_and_plain_integers_stay_integers():
     assert (ids[:-1] >= 0).all() and (ids[:-1] < DYNAMIC_NULL).all()
 
 
+def test_the_spec_mirrors_the_policy_keys_of_dynamic():
+    """Preprocessing runs without torch, so the spec keeps its own copy of Dynamic's keys."""
+    assert {"min_count", *POLICY_KEYS} == {f.name for f in dataclasses.fields(Dynamic)}
+    assert POLICY_KEYS["admit"][1] == DYNAMIC_ADMIT and POLICY_KEYS["evict"][1] == DYNAMIC_EVICT
+    assert POLICY_KEYS["unknown"][1] == DYNAMIC_UNKNOWN and DEFAULT_BUCKETS == Dynamic().buckets
+
+
 def test_integers_pass_through_and_negative_ones_are_refused():
-    ids, bad = raw_ids(pa.array([0, 5, 1 << 40, None, (1 << 63) - 2], pa.int64()))
-    assert bad is None and ids.tolist() == [0, 5, 1 << 40, DYNAMIC_NULL, (1 << 63) - 2]
+    ids, bad = raw_ids(pa.array([0, 5, 1 << 40, None, (1 << 63) - 3], pa.int64()))
+    assert bad is None and ids.tolist() == [0, 5, 1 << 40, DYNAMIC_NULL, (1 << 63) - 3]
+    assert raw_ids(pa.array([1, DYNAMIC_NULL], pa.int64()))[1] == 1  # the null id is no id
     assert raw_ids(pa.array([3, -1], pa.int32()))[1] == 1
     assert raw_ids(pa.array([1 << 63], pa.uint64()))[1] == 0
     floats, bad = raw_ids(pa.array([7.0, None, 2.5]))
@@ -117,17 +126,9 @@ def test_a_dynamic_dataset_keeps_raw_int64_ids_and_its_manifest_round_trips(dyna
     assert json.loads((dynamic_dir / "manifest.json").read_text()) == m.to_dict()
     user, item, _ = m.features
     assert user["encoding"] == "dynamic" and user["num_embeddings"] == 64
-    assert user["dynamic"] == {
-        "min_count": 2,
-        "admit": "count",
-        "probability": 1.0,
-        "evict": "lru",
-        "ttl_steps": 0,
-        "halflife": Dynamic().halflife,
-        "unknown": "zeros",
-        "buckets": 8,
-    }
-    assert user["distinct_train"] == 9 and item["dynamic"]["buckets"] == Dynamic().buckets
+    # the policy as the spec gives it; the trainer fills the rest with Dynamic's defaults
+    assert user["dynamic"] == {"min_count": 2, "admit": "count", "evict": "lru", "buckets": 8}
+    assert user["distinct_train"] == 9 and item["dynamic"] == {"min_count": 1}
     counts = np.load(dynamic_dir / m.tables[0].counts_file)
     assert counts["ids"].tolist() == sorted({u for u in want_user[:18] if u != DYNAMIC_NULL})
 
@@ -166,8 +167,9 @@ def test_model_dynamic_comes_from_the_spec_and_config_keys_override_it(dynamic_d
     [
         ({"policy": {"evcit": "lru"}}, "sparse[0] (user).policy.evcit is not a key of"),
         ({"policy": {"evict": "fifo"}}, "sparse[0] (user).policy.evict='fifo' is not one of"),
-        ({"policy": {"evict": "ttl"}}, "sparse[0] (user).policy.evict is wrong: evict=ttl needs"),
-        ({"policy": {"probability": 2}}, "sparse[0] (user).policy.probability is wrong"),
+        ({"policy": {"evict": "ttl"}}, "sparse[0] (user).policy.ttl_steps is required with evict"),
+        ({"policy": {"probability": 2}}, "sparse[0] (user).policy.probability must be in (0, 1]"),
+        ({"policy": {"buckets": 0}}, "sparse[0] (user).policy.buckets must be >= 1, got 0"),
         ({"capacity": None}, "sparse[0] (user).capacity is required with encoding: dynamic"),
         ({"capacity": 60}, "sparse[0] (user).capacity=60 must be a multiple of policy.buckets=8"),
         ({"encoding": "hashing", "cap": 9}, "sparse[0] (user).capacity applies to encoding: dyn"),
@@ -190,6 +192,6 @@ def test_a_negative_integer_id_names_the_column_and_row(tmp_path):
     cols["user"][20] = -4
     src = write_parquet(tmp_path / "t.parquet", cols)
     with pytest.raises(
-        ValueError, match=r"column 'user' holds id -4 at .*row 21.*\[0, 2\^63 - 1\)"
+        ValueError, match=r"column 'user' holds id -4 at .*row 21.*\[0, 2\^63 - 2\)"
     ):
         preprocess_table(parse_spec(SPEC), [src], tmp_path / "out")

@@ -83,7 +83,9 @@ def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
     splits = inter["split"].to_numpy(zero_copy_only=False)
     users = inter["user_id"].to_numpy()
     for u in ref:  # one val and one test per user
-        assert (splits[users == u] == "val").sum() == 1 and (splits[users == u] == "test").sum() == 1
+        assert (splits[users == u] == "val").sum() == 1 and (
+            splits[users == u] == "test"
+        ).sum() == 1
     assert ref[1][1:] == (7, 12)  # the tie broken by movie_id, not by file order
     age = {1: 24, 2: 53, 3: 31}
     assert inter["age"].to_pylist() == [age[u] for u in users]
@@ -111,8 +113,12 @@ def test_the_spec_preprocesses_the_interactions_without_dense_columns(tmp_path):
     for name in ("train", "val", "test"):  # each split's rows in file order, ids = raw ids
         lo, hi = ds.split(name)
         assert hi - lo == (split == name).sum()
-        np.testing.assert_array_equal(ds.categorical[lo:hi, 0], inter["user_id"].to_numpy()[split == name])
-        np.testing.assert_array_equal(ds.categorical[lo:hi, 1], inter["movie_id"].to_numpy()[split == name])
+        np.testing.assert_array_equal(
+            ds.categorical[lo:hi, 0], inter["user_id"].to_numpy()[split == name]
+        )
+        np.testing.assert_array_equal(
+            ds.categorical[lo:hi, 1], inter["movie_id"].to_numpy()[split == name]
+        )
     assert report.manifest.splits["val"][1] - report.manifest.splits["val"][0] == 3
 
 
@@ -153,7 +159,9 @@ def test_real_movielens_split(tmp_path, movielens_wheel):
         key[s] = {int(user[i]): (int(ts[i]), int(movie[i])) for i in rows}
     latest_train = {}
     for i in np.flatnonzero(split == "train"):
-        latest_train[int(user[i])] = max(latest_train.get(int(user[i]), (0, 0)), (int(ts[i]), int(movie[i])))
+        latest_train[int(user[i])] = max(
+            latest_train.get(int(user[i]), (0, 0)), (int(ts[i]), int(movie[i]))
+        )
     for u in key["val"]:
         assert latest_train[u] < key["val"][u] < key["test"][u]
     ties = sum(key["val"][u][0] == key["test"][u][0] for u in key["val"])

@@ -66,7 +66,9 @@ def test_hashed_dedupe_sums_each_row_as_the_sorted_one(width, scale, hot):
 
 def test_hashed_dedupe_of_nothing_large_ids_and_bf16_gradients():
     rows, got = native.dedupe_hashed(
-        torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), None,
+        torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        None,
         torch.zeros(0, 4),
     )
     assert rows.shape == (0,) and got.shape == (0, 4)
@@ -139,8 +141,9 @@ def test_build_reuses_the_library_and_without_a_compiler_falls_back(tmp_path, mo
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.lib() is None
     assert "no C compiler found" in caplog.text and "using torch ops" in caplog.text
-    rows, got = dedupe_any_order(torch.tensor([3, 1, 3]), torch.tensor([0, 1, 1]), None,
-                                 torch.ones(2, 2))
+    rows, got = dedupe_any_order(
+        torch.tensor([3, 1, 3]), torch.tensor([0, 1, 1]), None, torch.ones(2, 2)
+    )
     assert rows.tolist() == [1, 3]  # the sorted torch path
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv("HYBRIDREC_NATIVE", "0")

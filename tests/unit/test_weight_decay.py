@@ -306,7 +306,7 @@ def test_a_group_of_tables_with_their_own_decays(name, mode, kernels, monkeypatc
     opt = MAKE[name](weight_decay=0.02, weight_decay_mode=mode, table_weight_decay={"t0": 0.3})
     group = _group(opt)
     ref = _group(MAKE[name](weight_decay_mode=mode))
-    with (native.disabled() if kernels == "torch" else dispatch.use_kernels("auto")):
+    with native.disabled() if kernels == "torch" else dispatch.use_kernels("auto"):
         for step in (1, 2, 3):
             ids, bags, grad = _batch(step, 80)
             group.apply_gradient(ids, bags, None, grad)

@@ -252,7 +252,7 @@ def _build(
             "kind": "spec",
             "rule": "per feature, see docs/data-spec.md: vocabulary 0 = null, 1 = out of "
             "vocabulary, 2.. by train count; hashing 0 = null; identity null = rows; dynamic raw "
-            "int64 ids (strings hashed), null = 2^63 - 1",
+            "int64 ids (strings hashed), null = 2^63 - 2",
             "counted_on": "train",
         },
         transforms={

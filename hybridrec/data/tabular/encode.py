@@ -9,10 +9,10 @@ Ids per encoding (docs/data-spec.md; every null value has an id of its own):
   hashes as "7").
 - identity: the value itself, an integer in [0, rows); null = rows; the table has rows + 1.
 - dynamic: the raw id, no vocabulary (`raw_ids`): an integer (or boolean) value itself, which
-  must be in [0, 2^63 - 1); a string that is a plain decimal integer in that range (as CSV
+  must be in [0, 2^63 - 2); a string that is a plain decimal integer in that range (as CSV
   cells of integer ids are) the same integer; any other value the stable hash
-  splitmix64(FNV-1a(UTF-8 text)) mod (2^63 - 1) (other types by their repr); null =
-  DYNAMIC_NULL (2^63 - 1). So ids are int64 >= 0 and -1 stays the list padding. The table
+  splitmix64(FNV-1a(UTF-8 text)) mod (2^63 - 2) (other types by their repr); null =
+  DYNAMIC_NULL (2^63 - 2). So ids are int64 >= 0 and -1 stays the list padding. The table
   has `capacity` rows (slots), which the trainer maps ids to (hybridrec.sparse.dynamic).
 Lists are bags of such ids padded with -1 to `max_len` (longer lists keep their first
 max_len ids and are counted as truncated); a single feature is one id per row.
@@ -35,7 +35,8 @@ from hybridrec.data.spec import MAX_LIST_LEN, DatasetSpec, SparseSpec, TableSpec
 from hybridrec.data.tabular.columns import Bags, is_text, pad, where
 
 _M = np.uint64(0xFFFFFFFFFFFFFFFF)
-DYNAMIC_NULL = 2**63 - 1  # encoding: dynamic's id of a null value (no value hashes to it)
+# encoding: dynamic's null id; no value hashes to it (2^63 - 1 the trainer's id check refuses)
+DYNAMIC_NULL = 2**63 - 2
 _PLAIN_INT = r"^(0|[1-9][0-9]{0,18})$"  # a decimal integer as CSV writes one: no sign, no 0s
 
 
@@ -71,11 +72,11 @@ def text_hash(arr: pa.Array) -> np.ndarray:
     return out
 
 
-def raw_ids(values: pa.Array, what: str = "") -> tuple[np.ndarray, int | None]:
+def raw_ids(values: pa.Array) -> tuple[np.ndarray, int | None]:
     """encoding: dynamic's ids of flat `values` (the module docstring; a float that is a
-    whole number is that integer): ([n] int64 in
-    [0, 2^63 - 1], nulls = DYNAMIC_NULL; the index of the first negative or too large integer,
-    or None). Stable across runs, processes and machines: pure integer arithmetic."""
+    whole number is that integer): ([n] int64 in [0, 2^63 - 2], nulls = DYNAMIC_NULL; the
+    index of the first negative or too large integer, or None). Stable across runs, processes
+    and machines: pure integer arithmetic."""
     n, t = len(values), values.type
     if pa.types.is_dictionary(t):
         values, t = values.cast(t.value_type), t.value_type
@@ -88,7 +89,7 @@ def raw_ids(values: pa.Array, what: str = "") -> tuple[np.ndarray, int | None]:
         else:
             ids = pc.fill_null(pc.cast(values, pa.int64()), 0).to_numpy(zero_copy_only=False)
             ids = ids.astype(np.int64, copy=True)
-            bad = (ids < 0) | (ids == DYNAMIC_NULL)
+            bad = (ids < 0) | (ids >= DYNAMIC_NULL)
         bad &= ~nulls
         ids[nulls] = DYNAMIC_NULL
         return ids, (int(bad.argmax()) if bad.any() else None)
@@ -115,7 +116,7 @@ def raw_ids(values: pa.Array, what: str = "") -> tuple[np.ndarray, int | None]:
     ids[~nulls] = table[idx[~nulls].astype(np.int64)]
     if pa.types.is_floating(t):  # 5.0 (an integer column with nulls, from pandas) is 5
         f = pc.fill_null(values, -1.0).to_numpy(zero_copy_only=False).astype(np.float64)
-        whole = (f == np.floor(f)) & (f >= 0) & (f < 2.0**63) & ~nulls
+        whole = (f == np.floor(f)) & (f >= 0) & (f < 2.0**62) & ~nulls
         ids[whole] = f[whole].astype(np.int64)
     return ids, None
 
@@ -233,7 +234,7 @@ class Feature:
                 raise ValueError(
                     f"{self.key}: column {s.column!r} holds id {values[bad].as_py()} at "
                     f"{where(file, row0, int(b.rows_of(np.array([bad]))[0]))}; encoding: dynamic "
-                    f"takes integer ids in [0, 2^63 - 1): map the column's values into that "
+                    f"takes integer ids in [0, 2^63 - 2): map the column's values into that "
                     "range, or give them as strings (which are hashed)"
                 )
             return ids
