@@ -105,6 +105,16 @@ class Scorer(nn.Module):
             )
         for i, t in enumerate(self.tables):
             cols = ids[:, self.offsets[i] : self.offsets[i + 1]]
+            if t.dynamic is not None:  # raw ids: any id >= 0
+                out = cols < (-1 if t.jagged else 0)
+                if bool(out.any()):
+                    row, col = (int(x) for x in out.nonzero()[0])
+                    raise PredictInputError(
+                        f"table {t.name!r} (feature {i}): id {int(cols[row, col])} at row {row} "
+                        f"is negative; a dynamic table takes raw ids >= 0"
+                        f"{', or -1 for no id' if t.jagged else ''}"
+                    )
+                continue
             out = (cols < (-1 if t.jagged else 0)) | (cols >= t.num_rows)
             if bool(out.any()):
                 row, col = (int(x) for x in out.nonzero()[0])
@@ -132,7 +142,10 @@ class InferenceModel(Scorer):
 
     def expected(self) -> dict[str, torch.Tensor]:
         """The export's keys this model reads, to the tensors they load into."""
-        out = {f"embeddings.{name}.weight": w for name, w in self.weights.items()}
+        out = {  # a dynamic table's map: embeddings.<table>.slot_id
+            f"embeddings.{name}" if name.endswith(".slot_id") else f"embeddings.{name}.weight": w
+            for name, w in self.weights.items()
+        }
         skip = tuple(f"{n}." for n, m in self.net.named_modules() if isinstance(m, LocalTables))
         for k, v in self.net.state_dict(keep_vars=True).items():
             if not k.startswith(skip):

@@ -145,7 +145,7 @@ def check_features(model: nn.Module, data: Sequence[TableConfig], name: str) -> 
                     f"{' (a list)' if d.jagged else ''}; declare Feature({f.name!r}, ..., "
                     f"hotness={d.hotness}, jagged={d.jagged})"
                 )
-            if f.num_rows < d.num_rows:
+            if f.num_rows < d.num_rows and f.dynamic is None:  # a dynamic table: raw ids
                 raise ValueError(
                     f"{where}: table {f.table_name!r} has {f.num_rows} rows, but the dataset's "
                     f"feature {f.name!r} has ids up to {d.num_rows - 1}; give it >= "

@@ -14,6 +14,7 @@ Contract of an EmbeddingModule, at any world size:
     check_inputs()               raise a deferred bad-id error (collective on several ranks)
     warm_start(counts, batch)    fill caches from id frequencies -> WarmStart
     take_metrics()               counters since the last call, summable over ranks and modules
+    take_eval_unknown()          dynamic tables' ids without a row in evaluation, summable
     shard_views(), replicated_tables(), sparse_step / set_sparse_step   checkpoint state
 """
 
@@ -68,6 +69,11 @@ class EmbeddingModule(nn.Module):
 
     def take_metrics(self) -> dict[str, float]:
         """Counters since the last call (e.g. cache hits), to be summed over ranks."""
+        return {}
+
+    def take_eval_unknown(self) -> dict[str, float]:
+        """Dynamic tables: `<table>.ids` and `<table>.unknown`, ids looked up in evaluation
+        since the last call and those without a row, to be summed over ranks ({}: none)."""
         return {}
 
     def shard_views(self) -> list[ShardView]:

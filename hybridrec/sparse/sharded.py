@@ -133,8 +133,16 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         return [self.optimizer] if self.optimizer is not None else []
 
     def shard_views(self) -> list[ShardView]:
-        """Every shard held here: (spec, weight view [rows, width], optimizer-state views)."""
-        return [view for group in self.groups.values() for view in group.shard_views()]
+        """Every shard held here: (spec, weight view [rows, width], optimizer-state views); a
+        dynamic shard's map arrays join its state as row-wise state (DynamicMap.views)."""
+        out = []
+        for key, group in self.groups.items():
+            views = group.shard_views()
+            if key in self.dynamic:
+                [(spec, weight, state)] = views
+                views = [(spec, weight, {**state, **self.dynamic[key].views()})]
+            out.extend(views)
+        return out
 
     def replicated_tables(self) -> set[str]:
         return self.layout.replicated_tables
@@ -149,6 +157,8 @@ class ShardedEmbeddingCollection(EmbeddingModule):
     def set_sparse_step(self, step: int) -> None:
         for g in self.groups.values():
             g.step_count = step
+        for m in self.dynamic.values():  # a training step is one map step and one update
+            m.set_clock(step)
 
     def check_inputs(self) -> None:
         """Raise, on every rank, for a bad id a deferred check met on any rank (collective)."""
@@ -223,6 +233,21 @@ class ShardedEmbeddingCollection(EmbeddingModule):
     def dynamic_stats(self) -> dict[str, DynamicStats]:
         """This rank's dynamic tables' counters since the last call, by table ({} if none)."""
         return dynamic_metrics(self.dynamic)
+
+    def take_eval_unknown(self) -> dict[str, float]:
+        """Per dynamic table of the plan (zeros where no shard is held here, so every rank
+        sums the same keys): ids looked up in evaluation since the last call, and those
+        without a row (one column shard of a table counts)."""
+        out = {}
+        for t in self.layout.storage:
+            if t.dynamic is not None:
+                out[f"{t.name}.ids"] = out[f"{t.name}.unknown"] = 0.0
+        for dmap in self.dynamic.values():
+            ids, unknown = dmap.take_eval()
+            if dmap.counts_table:
+                out[f"{dmap.table.name}.ids"] += ids
+                out[f"{dmap.table.name}.unknown"] += unknown
+        return out
 
     def prefetch(self, ids: torch.Tensor) -> Staged | None:
         """Start moving the next batch's host-resident rows into the device caches.

@@ -23,7 +23,7 @@ from hybridrec.types import ShardingPlan
 
 log = logging.getLogger("hybridrec")
 
-EMBEDDING_PHASES = ("input_dist", "lookup", "output_dist", "data_parallel")
+EMBEDDING_PHASES = ("input_dist", "dynamic_map", "lookup", "output_dist", "data_parallel")
 
 
 def build_loggers(
@@ -95,6 +95,50 @@ def cache_rates(counters: dict[str, float], steps: int, world: int) -> dict[str,
     }
 
 
+def dynamic_rates(counters: dict[str, float], steps: int) -> dict[str, float]:
+    """Dynamic tables over all ranks (counters `dynamic.<table>.<name>` summed, see
+    hybridrec.sparse.dynamic.stats) -> per table: occupancy (share of the slots ids may take
+    that hold one), ids admitted and evicted per step since the last row, and in all. {}
+    without dynamic tables."""
+    out = {}
+    tables = sorted(
+        {k[len("dynamic.") :].rsplit(".", 1)[0] for k in counters if k.startswith("dynamic.")}
+    )
+    for t in tables:
+        c = {k.rsplit(".", 1)[1]: v for k, v in counters.items() if k.startswith(f"dynamic.{t}.")}
+        p = f"dynamic/{t}/"
+        out[p + "occupancy"] = c["used"] / c["capacity"] if c["capacity"] else 0.0
+        out[p + "admitted_per_step"] = c["admitted"] / max(steps, 1)
+        out[p + "evicted_per_step"] = c["evicted"] / max(steps, 1)
+        out[p + "admitted"] = c["admitted_total"]
+        out[p + "evicted"] = c["evicted_total"]
+    return out
+
+
+def unknown_rates(modules: list[EmbeddingModule], env: DistEnv) -> dict[str, float]:
+    """Per dynamic table, the share of ids looked up in evaluation (since the last call)
+    that had no row: `dynamic/<table>/unknown_rate`, summed over modules and ranks (a
+    collective when any module has dynamic tables: every rank has the same keys)."""
+    counts: dict[str, float] = {}
+    for module in modules:
+        for k, v in module.take_eval_unknown().items():
+            counts[k] = counts.get(k, 0.0) + v
+    if not counts:
+        return {}
+    if env.group is not None:
+        keys = sorted(counts)
+        v = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=env.device)
+        all_reduce_sum(v, env.group, name="dynamic_unknown")
+        counts = dict(zip(keys, v.tolist(), strict=True))
+    tables = sorted({k.rsplit(".", 1)[0] for k in counts})
+    return {
+        f"dynamic/{t}/unknown_rate": counts[f"{t}.unknown"] / counts[f"{t}.ids"]
+        if counts[f"{t}.ids"]
+        else 0.0
+        for t in tables
+    }
+
+
 def memory_gb(device: torch.device) -> float:
     """Peak device memory (CUDA) or peak resident memory of this process (CPU), in GB."""
     if device.type == "cuda":
@@ -111,6 +155,12 @@ def show_train(row: dict[str, Any], steps: int, bar: tqdm | None) -> None:
             f"{row['cache/rows_in_per_step']:,.0f} rows in / "
             f"{row['cache/rows_out_per_step']:,.0f} out per step, "
             f"waited {row['time_ms/host_wait']:.2f} ms/step"
+        )
+    for key in sorted(k for k in row if k.endswith("/occupancy")):  # dynamic tables
+        t = key.split("/")[1]
+        cache += (
+            f"  {t} {100 * row[key]:.0f}% full, {row[f'dynamic/{t}/admitted_per_step']:,.1f} in"
+            f" / {row[f'dynamic/{t}/evicted_per_step']:,.1f} out per step"
         )
     if bar is not None:
         postfix = {"loss": f"{row['loss']:.4f}", "sps": f"{row['samples_per_sec']:,.0f}"}

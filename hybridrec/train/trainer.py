@@ -262,21 +262,19 @@ class Trainer:
         (hybridrec.train.evaluator)."""
         with timing.active(self.timer), failure.at(f"evaluation after step {self.step}"):
             self.model.eval()
+            for m in self.embeddings:  # count this evaluation's lookups only
+                m.take_eval_unknown()
             if self.objective.interactions is not None:
-                return self.evaluate_topk(split, whole)[0]
-            return evaluate(
-                self.score,
-                self.loader(split),
-                self.env,
-                self.cfg.eval.batch_size,
-                None if whole else self.cfg.eval.batches,
-                self._eval_rows(split),
-                self.autocast,
-                self.check_inputs,
-                self.cfg.model.task,
-                chunk=self._eval_chunk(),
-                check_dense=self.dense_checks.get("eval"),
-            )
+                metrics = self.evaluate_topk(split, whole)[0]
+            else:
+                metrics = evaluate(
+                    self.score, self.loader(split), self.env, self.cfg.eval.batch_size,
+                    None if whole else self.cfg.eval.batches, self._eval_rows(split),
+                    self.autocast, self.check_inputs, self.cfg.model.task,
+                    chunk=self._eval_chunk(), check_dense=self.dense_checks.get("eval"),
+                )  # fmt: skip
+            # dynamic tables: the share of this evaluation's ids that had no row
+            return {**metrics, **console.unknown_rates(self.embeddings, self.env)}
 
     def evaluate_topk(
         self, split: str = "eval", whole: bool = False, lists: bool = False
@@ -352,6 +350,7 @@ class Trainer:
             row["skipped_steps"] = self.skipped
         counters = console.module_counters(self.embeddings, self.env)
         row.update(console.cache_rates(counters, steps_since, self.env.world_size))
+        row.update(console.dynamic_rates(counters, steps_since))
         return row
 
     def fit(self) -> dict[str, Any]:

@@ -101,3 +101,39 @@ class ShortTable(nn.Module):
         self.t = hybridrec.EmbeddingTables(
             [hybridrec.Table("t", 10, 4)], [hybridrec.Feature("cat_0", "t")]
         )
+
+
+class DynamicUser(nn.Module):
+    """TinyUser with dynamic tables: cat_0 and cat_1 share a dynamic table smaller than their
+    ids (LRU, an unknown row per bucket), cat_2 has one admitting ids seen twice (LFU);
+    cat_3..cat_5 fixed. Synthetic data's ids serve as raw ids."""
+
+    task = "binary"
+
+    def __init__(self, features, num_dense_features: int, dim: int = 8):
+        super().__init__()
+        rows = {f.name: f.num_rows for f in features}
+        lru = hybridrec.Dynamic(evict="lru", unknown="row", buckets=8)
+        lfu = hybridrec.Dynamic(admit="count", min_count=2, evict="lfu", buckets=4)
+        self.a = hybridrec.EmbeddingTables(
+            [
+                hybridrec.Table("shared", 64, dim, dynamic=lru),
+                hybridrec.Table("c2", 32, dim, dynamic=lfu),
+            ],
+            [
+                hybridrec.Feature("cat_0", "shared"),
+                hybridrec.Feature("cat_1", "shared"),
+                hybridrec.Feature("cat_2", "c2"),
+            ],
+        )
+        self.b = hybridrec.EmbeddingTables(
+            [hybridrec.Table(n, rows[n], dim) for n in ("cat_3", "cat_4", "cat_5")]
+        )
+        self.dense = nn.Linear(num_dense_features, dim)
+        self.top = nn.Linear(7 * dim, 1)
+
+    def forward(self, dense: torch.Tensor, ids: hybridrec.KeyedIds) -> torch.Tensor:
+        x = torch.cat(
+            [self.dense(dense), self.a(ids).tensor.flatten(1), self.b(ids).tensor.flatten(1)], 1
+        )
+        return self.top(x).squeeze(1)

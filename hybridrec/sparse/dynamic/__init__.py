@@ -1,6 +1,7 @@
 """Dynamic embedding tables: raw ids from an open set mapped to a fixed number of rows.
 
-hashing.py (buckets, draws, fresh rows), policy.py (admission, candidates, slot choice),
+hybridrec.kernels.hashing (buckets, draws, fresh rows) and kernels.probe (the map's search)
+serve this package and inference alike; here: policy.py (admission, candidates, slot choice),
 idmap.py (DynamicMap: one shard's map and policy state), remap.py (raw ids -> rows between
 the input dist and the lookup), stats.py (DynamicStats). docs/dynamic.md explains the design.
 """

@@ -8,10 +8,19 @@ map holds, per slot (local row r = (b - b0) * S + j):
     score   [R_s] fp32    LFU use count (halving every `halflife` steps)
     last    [R_s] int64   the step the slot was last used (LRU, TTL)
 
+    admits, evicts [R_s] int64   ids the slot was given, ids evicted from it (the totals)
+
 plus the count policy's candidates (ids not admitted yet and their counts, at most S per
 bucket: the S highest counts, ties to the smaller id), the step clock and the counters. A
 sorted copy of the occupied ids (`keys`, `key_slots`) answers lookups by binary search; it
 is derived (rebuilt after every change and on load), never saved.
+
+Checkpoints: `views()` gives every per-slot array, and the candidates packed per slot (bucket
+b's at most S candidates in its rows, by id: `cand_id` -1 where none, `cand_count`), as
+row-wise state: they are saved, loaded and resharded with the shard's rows (whole buckets).
+A view may be written (a load): the map reads the candidates back and rebuilds its keys
+before its next use. The clock is the sparse optimizer's step (set_clock, from the
+checkpoint's step count: one training step = one map step and one update).
 
 With `unknown="row"` the last slot of each bucket (j = S - 1) is that bucket's shared
 "unknown" row: never given to an id, looked up (and trained) by the bucket's ids that have
@@ -28,11 +37,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
-from hybridrec.sparse.dynamic import hashing, policy
+from hybridrec.kernels import hashing
+from hybridrec.kernels.probe import probe
+from hybridrec.sparse.dynamic import policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
 
 
@@ -90,11 +100,14 @@ class DynamicMap(nn.Module):
         self.register_buffer("slot_id", torch.full((R,), -1, dtype=torch.int64, device=device))
         self.register_buffer("score", torch.zeros(R, dtype=torch.float32, device=device))
         self.register_buffer("last", torch.zeros(R, dtype=torch.int64, device=device))
+        self.register_buffer("admits", torch.zeros(R, dtype=torch.int64, device=device))
+        self.register_buffer("evicts", torch.zeros(R, dtype=torch.int64, device=device))
+        self.register_buffer("cand_id", torch.full((R,), -1, dtype=torch.int64, device=device))
+        self.register_buffer("cand_count", torch.zeros(R, dtype=torch.int64, device=device))
         self.clock = 0
         self.cand_ids = torch.zeros(0, dtype=torch.int64, device=device)
         self.cand_counts = torch.zeros(0, dtype=torch.int64, device=device)
-        self.admitted_total = 0
-        self.evicted_total = 0
+        self._viewed = False  # views() handed out: they may have been written
         self.counters = DynamicCounters()
         self._admit_key = hashing.table_key(seed, table_index, hashing.ADMIT_SALT)
         self._rebuild()
@@ -107,17 +120,10 @@ class DynamicMap(nn.Module):
         self.keys, self.key_slots = keys, occupied.index_select(0, order)
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
-        """[N] the slot of each raw id (-1: none). Changes nothing."""
-        n = self.keys.numel()
-        if n == 0 or ids.numel() == 0:
-            return torch.full_like(ids, -1)
-        if ids.device.type == "cpu":  # numpy's search: about twice torch's on the CPU
-            pos = torch.from_numpy(np.searchsorted(self.keys.numpy(), ids.numpy()))
-        else:
-            pos = torch.searchsorted(self.keys, ids)
-        pos = pos.clamp_(max=n - 1)
-        found = self.keys.index_select(0, pos) == ids
-        return torch.where(found, self.key_slots.index_select(0, pos), -1)
+        """[N] the slot of each raw id (-1: none): a binary search of the sorted keys (the
+        Triton probe on CUDA, hybridrec.kernels.probe). Changes nothing."""
+        self._reload()
+        return probe(self.keys, self.key_slots, ids)
 
     def bucket_local(self, ids: torch.Tensor) -> torch.Tensor:
         """[N] each id's bucket, counted from this shard's first (0 <= b < nb for its ids)."""
@@ -128,6 +134,7 @@ class DynamicMap(nn.Module):
     def step(self, ids: torch.Tensor) -> Stepped:
         """One training step's ids [N] (every feature of the table, every source rank):
         record uses, admit and evict per the policy, return the slots (see Stepped)."""
+        self._reload()
         self.clock += 1
         t, pol = self.clock, self.policy
         self.counters.steps += 1
@@ -152,15 +159,16 @@ class DynamicMap(nn.Module):
                     self._add_candidates(want[left], totals[left])
             if new_slots.numel():
                 victims = self.slot_id.index_select(0, new_slots)
-                n_evicted = int((victims >= 0).sum())
+                evicted = (victims >= 0).long()
+                n_evicted = int(evicted.sum())
+                self.admits.index_add_(0, new_slots, torch.ones_like(new_slots))
+                self.evicts.index_add_(0, new_slots, evicted)
                 self.slot_id.index_copy_(0, new_slots, new_ids)
                 self.score.index_copy_(0, new_slots, counts.index_select(0, pos[ok]).float())
                 self.last.index_fill_(0, new_slots, t)
                 slots.index_copy_(0, pos[ok], new_slots)
                 self.counters.admitted += new_slots.numel()
                 self.counters.evicted += n_evicted
-                self.admitted_total += new_slots.numel()
-                self.evicted_total += n_evicted
                 self._rebuild()
         if pol.evict == "lfu":
             policy.age(self.score, t, pol.halflife)
@@ -255,17 +263,70 @@ class DynamicMap(nn.Module):
         """(slots holding an id, slots ids may take)."""
         return int((self.slot_id >= 0).sum()), self.nb * self.ids_per_bucket
 
+    def take_eval(self) -> tuple[int, int]:
+        """(ids looked up in evaluation, of which without a row) since the last call."""
+        c = self.counters
+        out = (c.eval_ids, c.eval_unknown)
+        c.eval_ids = c.eval_unknown = 0
+        return out
+
     def take_counters(self) -> DynamicCounters:
         out, self.counters = self.counters, DynamicCounters()
         return out
+
+    @property
+    def admitted_total(self) -> int:
+        return int(self.admits.sum())
+
+    @property
+    def evicted_total(self) -> int:
+        return int(self.evicts.sum())
+
+    def set_clock(self, step: int) -> None:
+        """The step clock after `step` training steps (a checkpoint's sparse step count)."""
+        self.clock = int(step)
+
+    @torch.no_grad()
+    def views(self) -> dict[str, torch.Tensor]:
+        """Every per-slot array by checkpoint name (see the module doc), the candidates packed
+        into `cand_id` / `cand_count` first; writes into them take effect at the next use."""
+        self._reload()
+        self.cand_id.fill_(-1)
+        self.cand_count.zero_()
+        if self.cand_ids.numel():
+            buckets = self.bucket_local(self.cand_ids)
+            order = torch.sort(buckets, stable=True).indices  # by bucket, then id
+            at = buckets * self.S + policy.rank_in_bucket(buckets, order)
+            self.cand_id.index_copy_(0, at, self.cand_ids)
+            self.cand_count.index_copy_(0, at, self.cand_counts)
+        self._viewed = True
+        return {
+            "dyn_slot_id": self.slot_id,
+            "dyn_score": self.score,
+            "dyn_last": self.last,
+            "dyn_admits": self.admits,
+            "dyn_evicts": self.evicts,
+            "dyn_cand_id": self.cand_id,
+            "dyn_cand_count": self.cand_count,
+        }
+
+    def _reload(self) -> None:
+        """After views() were handed out: read the candidates back, rebuild the keys."""
+        if not self._viewed:
+            return
+        self._viewed = False
+        held = (self.cand_id >= 0).nonzero().squeeze(1)
+        ids = self.cand_id.index_select(0, held)
+        order = torch.sort(ids).indices
+        self.cand_ids = ids.index_select(0, order)
+        self.cand_counts = self.cand_count.index_select(0, held).index_select(0, order)
+        self._rebuild()
 
     def get_extra_state(self) -> dict:
         return {
             "clock": self.clock,
             "cand_ids": self.cand_ids.cpu(),
             "cand_counts": self.cand_counts.cpu(),
-            "admitted_total": self.admitted_total,
-            "evicted_total": self.evicted_total,
         }
 
     def set_extra_state(self, state: dict) -> None:
@@ -273,6 +334,5 @@ class DynamicMap(nn.Module):
         self.clock = int(state["clock"])
         self.cand_ids = state["cand_ids"].to(device)
         self.cand_counts = state["cand_counts"].to(device)
-        self.admitted_total = int(state["admitted_total"])
-        self.evicted_total = int(state["evicted_total"])
+        self._viewed = False
         self._rebuild()

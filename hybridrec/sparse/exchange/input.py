@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
+from hybridrec.kernels.hashing import bucket_of
 from hybridrec.sparse.bags import pooling_scale
-from hybridrec.sparse.dynamic.hashing import bucket_of
 from hybridrec.sparse.layout import ShardedLayout
 
 

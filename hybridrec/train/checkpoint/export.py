@@ -42,14 +42,22 @@ def export_checkpoint(path: Path, out_file: Path, verify: bool = True) -> dict[s
     out: dict[str, torch.Tensor] = {}
     for t in manifest["signature"]["tables"]:
         full = torch.empty(t["num_rows"], t["dim"])
+        slot_id = None  # a dynamic table's map (its shards' row-wise state dyn_slot_id)
         covered = 0
         for s in (s for s in manifest["shards"] if s["table"] == t["name"]):
             (r0, r1), (c0, c1) = s["rows"], s["cols"]
-            full[r0:r1, c0:c1] = files(s["file"])["shards"][s["index"]]["weight"]
+            shard = files(s["file"])["shards"][s["index"]]
+            full[r0:r1, c0:c1] = shard["weight"]
+            if "dyn_slot_id" in shard["state"]:
+                if slot_id is None:
+                    slot_id = torch.full((t["num_rows"],), -1, dtype=torch.int64)
+                slot_id[r0:r1] = shard["state"]["dyn_slot_id"]
             covered += (r1 - r0) * (c1 - c0)
         if covered != t["num_rows"] * t["dim"]:
             raise CheckpointError(f"checkpoint {path} does not cover table {t['name']}")
         out[f"embeddings.{t['name']}.weight"] = full
+        if slot_id is not None:
+            out[f"embeddings.{t['name']}.slot_id"] = slot_id
     dense = load_dense(path)
     out.update({f"dense.{k}": v for k, v in dense["model"].items()})
     model_cfg = manifest.get("extra", {}).get("model")
@@ -147,7 +155,10 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             diffs.append(f"dense.{k}: file {list(saved[k].shape)}, model {list(v.shape)}")
     if diffs:
         raise CheckpointError(f"{file} does not fit this model:\n  " + "\n  ".join(diffs))
-    for spec, weight, _ in shard_views(embedding_modules(model)):
+    for spec, weight, st in shard_views(embedding_modules(model)):
         src = state[f"embeddings.{spec.table}.weight"]
         weight.copy_(src[spec.row_start : spec.row_end, spec.col_start : spec.col_end])
+        slot_id = state.get(f"embeddings.{spec.table}.slot_id")
+        if "dyn_slot_id" in st and slot_id is not None:  # a dynamic table keeps its ids' rows
+            st["dyn_slot_id"].copy_(slot_id[spec.row_start : spec.row_end])
     load_dense_state(model, {k: saved[k] for k in mine})
