@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(args.warmup + args.steps):
         for name in step_order(list(systems), i):
             trainer, batches = systems[name]
+            if i == args.warmup:
+                trainer.timer.report(1)  # the phases of the timed steps only
             t0 = time.perf_counter()
             loss = trainer.train_step(batches[i % len(batches)])
             dt = time.perf_counter() - t0
@@ -115,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
                 times[name].append(dt)
             losses[name].append(float(loss))
     ratio, q1, q3 = paired_ratio(times["dynamic"], times["fixed"])
+    phases = {k: systems[k][0].timer.report(args.steps) for k in systems}
+    names = sorted(set(phases["fixed"]) | set(phases["dynamic"]))
+    phase_rows = [
+        [n, f"{phases['fixed'].get(n, 0.0):.2f}", f"{phases['dynamic'].get(n, 0.0):.2f}"]
+        for n in names
+    ]
     stats = systems["dynamic"][0].embeddings[0].dynamic_stats()
     tail = {k: sum(v[-10:]) / len(v[-10:]) for k, v in losses.items()}
     ms = {k: 1e3 * median(v) for k, v in times.items()}
@@ -140,6 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for t, cap, used, adm, ev in table_rows:
         lines.append(f"  {t}: {cap} slots, {used} used, {adm} admitted, {ev} evicted")
+    lines.append(
+        "phases, ms per step (fixed / dynamic): "
+        + ", ".join(f"{n} {a}/{b}" for n, a, b in phase_rows)
+    )
     machine, commit = hardware(), git_state()
     print("\n".join(lines))
     print(f"machine: {machine}\ncommit: {commit}\ncommand: {command_line()}")
@@ -158,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
             + "\n\nThe dynamic tables after the run (admissions and evictions: the maps' "
             "work is in the timed steps):\n\n"
             + markdown_table(["table", "slots", "used", "admitted", "evicted"], table_rows)
+            + "\n\nWhere the time goes: the trainer's phase timer, mean ms per timed step "
+            "(phases nest: `step` holds the others; `dynamic_map` is the maps' work: "
+            "admission, eviction, fresh rows, ids to rows):\n\n"
+            + markdown_table(["phase", "fixed", "dynamic"], phase_rows)
             + "\n\nParity: the same dense model and seed, the same dense features, labels "
             "and id frequencies; the rows differ (hash collisions vs one slot per admitted "
             "id), so the losses are compared for closeness, not equality.\n"
