@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from hybridrec.config.dynamic import check_dynamic
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
@@ -247,6 +248,7 @@ def _check_tables(m: ModelConfig) -> None:
             f"model.table_names must be distinct, got {m.table_names}; to share a table "
             "between features, name the features in model.feature_names"
         )
+    check_dynamic(m)
     try:
         storage_tables(m.tables())
     except ValueError as e:

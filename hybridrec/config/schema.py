@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridrec.types import CACHE_HALFLIFE, Pooling, TableConfig
+from hybridrec.types import CACHE_HALFLIFE, Dynamic, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -112,6 +112,12 @@ class ModelConfig:
     # average ids per bag of each table (list features; data=table fills it): the planner's
     # estimates; null = hotness
     mean_ids: list[float] | None = None
+    # dynamic tables (docs/dynamic.md), {table: {admit, min_count, probability, evict,
+    # ttl_steps, halflife, unknown, buckets}}: a table named here takes raw int64 ids, mapped
+    # to its num_embeddings slots while training by this policy (unset keys: Dynamic's
+    # defaults); data=table fills the spec's dynamic tables, and keys set here override them:
+    # +model.dynamic.user.evict=lru
+    dynamic: dict[str, dict[str, Any]] | None = None
     # last width must equal embedding_dim (dlrm)
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
     # last width must be 1 (one logit)
@@ -144,6 +150,11 @@ class ModelConfig:
     def dims(self) -> list[int]:
         return [int(d) for d in self.per_table("embedding_dims")]
 
+    def dynamic_policy(self, table: str) -> Dynamic | None:
+        """Storage table `table`'s policy from model.dynamic (None: a fixed table)."""
+        policy = (self.dynamic or {}).get(table)
+        return None if policy is None else Dynamic(**dict(policy))
+
     def tables(self) -> tuple[TableConfig, ...]:
         """One TableConfig per categorical feature, named by feature_names (looking up the
         table of table_names: shared when named twice), else by table_names, else cat_<t>."""
@@ -160,6 +171,7 @@ class ModelConfig:
                 bool(j),
                 None if m is None else float(m),
                 None if table == name else table,
+                self.dynamic_policy(table),
             )
             for name, table, rows, d, h, p, j, m in zip(
                 names,

@@ -127,8 +127,12 @@ class BinarySource(BatchSource):
 
     def id_counts(self, table_index: int) -> np.ndarray | None:
         """Train frequency of every id of table `table_index`, [num_embeddings] int64 (from
-        the manifest's counts file; None when there is none): warm-starts host caches."""
-        stats = self.dataset.manifest.tables[table_index]
+        the manifest's counts file; None when there is none, or for a dynamic table, whose
+        counts file holds raw ids, not rows): warm-starts host caches."""
+        m = self.dataset.manifest
+        if m.features and m.features[table_index].get("dynamic"):
+            return None
+        stats = m.tables[table_index]
         path = self.dataset.path / stats.counts_file
         if not stats.counts_file or not path.is_file():
             return None

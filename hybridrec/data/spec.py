@@ -14,8 +14,10 @@ used, distinct feature names, a binary label rule only for binary tasks, disjoin
 values, fractions in range. Several features may share one table (a user id and a list of
 followed user ids: the same value must hit the same row), so they encode alike: all
 `vocabulary` with one `min_count` (one vocabulary over their train values), all `hashing`
-with one `cap`, or all `identity` with one `rows`. Whether the columns exist and hold the
-declared kinds is checked against the data (hybridrec.data.tabular).
+with one `cap`, all `identity` with one `rows`, or all `dynamic` with one `capacity` and
+policy. `dynamic` (docs/dynamic.md) keeps raw ids: integers as they are, strings hashed
+(hybridrec.data.tabular.encode), mapped to slots while training. Whether the columns exist
+and hold the declared kinds is checked against the data (hybridrec.data.tabular).
 """
 
 from __future__ import annotations
@@ -32,7 +34,21 @@ import yaml
 TASKS = ("binary", "regression")
 TRANSFORMS = ("none", "log1p", "standardize")
 KINDS = ("single", "list")
-ENCODINGS = ("vocabulary", "hashing", "identity")
+ENCODINGS = ("vocabulary", "hashing", "identity", "dynamic")
+# encoding: dynamic's optional `policy` keys: hybridrec.types.Dynamic's fields (min_count is
+# the feature's own key) with their types and choices, mirrored here because preprocessing
+# runs without torch (tests/data/test_dynamic_spec.py checks they agree); keys left out take
+# Dynamic's defaults when the trainer builds the table
+POLICY_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "admit": (str, ("always", "count", "probability")),
+    "probability": ((int, float), ()),
+    "evict": (str, ("lfu", "lru", "ttl")),
+    "ttl_steps": (int, ()),
+    "halflife": (int, ()),
+    "unknown": (str, ("zeros", "row")),
+    "buckets": (int, ()),
+}
+DEFAULT_BUCKETS = 64  # Dynamic.buckets
 POOLINGS = ("sum", "mean")
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
@@ -62,6 +78,10 @@ class SparseSpec:
     min_count: int = 1  # vocabulary: train values seen fewer times share the OOV id
     cap: int | None = None  # hashing: the table's rows (id 0 = null, 1..cap-1 hashed values)
     rows: int | None = None  # identity: ids are in [0, rows); the null id is `rows`
+    # dynamic: raw int64 ids (no vocabulary), mapped to `capacity` slots while training by the
+    # `policy` (admit, evict, ...; min_count is admit: count's threshold)
+    capacity: int | None = None
+    policy: dict[str, Any] | None = None
     table: str = ""  # default: the feature's name
     pooling: str = "sum"
     max_len: int | None = None  # list: longer lists are truncated; None = longest in train
@@ -205,25 +225,59 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
         min_count=r.get("min_count", int, 1),
         cap=r.get("cap", int, None),
         rows=r.get("rows", int, None),
+        capacity=r.get("capacity", int, None),
+        policy=_policy(r, d, encoding),
         table=r.get("table", str, name),
         pooling=r.get("pooling", str, "sum", POOLINGS),
         max_len=r.get("max_len", int, None),
         delimiter=r.get("delimiter", str, "|"),
     )
-    needs = {"hashing": "cap", "identity": "rows"}.get(encoding)
+    needs = {"hashing": "cap", "identity": "rows", "dynamic": "capacity"}.get(encoding)
     if needs and getattr(s, needs) is None:
         raise r.fail(needs, f"is required with encoding: {encoding}")
     if encoding == "hashing" and s.cap < 2:
         raise r.fail("cap", f"must be >= 2 (id 0 is the null id), got {s.cap}")
-    for key, owner in (("cap", "hashing"), ("rows", "identity"), ("min_count", "vocabulary")):
-        if key in d and encoding != owner:
-            raise r.fail(key, f"applies to encoding: {owner}, not {encoding}")
+    buckets = (s.policy or {}).get("buckets", DEFAULT_BUCKETS)
+    if encoding == "dynamic" and s.capacity % buckets:
+        raise r.fail(
+            "capacity",
+            f"={s.capacity} must be a multiple of policy.buckets={buckets} (every hash bucket "
+            "holds capacity / buckets slots)",
+        )
+    for key, owners in (
+        ("cap", ("hashing",)),
+        ("rows", ("identity",)),
+        ("min_count", ("vocabulary", "dynamic")),
+        ("capacity", ("dynamic",)),
+        ("policy", ("dynamic",)),
+    ):
+        if key in d and encoding not in owners:
+            raise r.fail(key, f"applies to encoding: {' or '.join(owners)}, not {encoding}")
     for key in ("max_len", "delimiter"):
         if key in d and kind != "list":
             raise r.fail(key, "applies to kind: list only")
     if not s.delimiter:
         raise r.fail("delimiter", "must not be empty")
     return s
+
+
+def _policy(r: _Reader, d: dict, encoding: str) -> dict[str, Any] | None:
+    """encoding: dynamic's policy: the keys given (with min_count, always), checked here one key
+    at a time; the trainer fills the rest with hybridrec.types.Dynamic's defaults."""
+    if encoding != "dynamic":
+        return None
+    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, tuple(POLICY_KEYS))
+    policy: dict[str, Any] = {"min_count": r.get("min_count", int, 1)}
+    for key, (kind, choices) in POLICY_KEYS.items():
+        if key in pr.d:
+            policy[key] = pr.get(key, kind, None, choices)
+    if "probability" in policy:
+        policy["probability"] = float(policy["probability"])
+        if not 0.0 < policy["probability"] <= 1.0:
+            raise pr.fail("probability", f"must be in (0, 1], got {policy['probability']}")
+    if policy.get("evict") == "ttl" and "ttl_steps" not in policy:
+        raise pr.fail("ttl_steps", "is required with evict: ttl (steps an unused id keeps its row)")
+    return policy
 
 
 def _split(where: str, d: Any) -> SplitSpec:
@@ -343,8 +397,10 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
         _check_shared(where, table, shared)
 
 
-def encoding_key(s: SparseSpec) -> tuple[str, int | None]:
-    """What features sharing a table must agree on: the encoding and its one parameter."""
+def encoding_key(s: SparseSpec) -> tuple[str, Any]:
+    """What features sharing a table must agree on: the encoding and its parameters."""
+    if s.encoding == "dynamic":
+        return s.encoding, (s.capacity, tuple(sorted(s.policy.items())))  # as given
     param = {"vocabulary": s.min_count, "hashing": s.cap, "identity": s.rows}[s.encoding]
     return s.encoding, param
 
@@ -357,11 +413,14 @@ def _check_shared(where: str, table: str, shared: list[SparseSpec]) -> None:
             raise ValueError(
                 f"{where}: features {a} and {b} share table {table!r} but encode differently; "
                 "give every feature of one table the same encoding: vocabulary with one "
-                "min_count, hashing with one cap, or identity with one rows"
+                "min_count, hashing with one cap, identity with one rows, or dynamic with one "
+                "capacity and policy"
             )
 
 
 def _param(s: SparseSpec) -> str:
+    if s.encoding == "dynamic":
+        return f"capacity={s.capacity}, policy={s.policy}"
     key = {"vocabulary": "min_count", "hashing": "cap", "identity": "rows"}[s.encoding]
     return f"{key}={getattr(s, key)}"
 

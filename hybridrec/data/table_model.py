@@ -11,6 +11,9 @@ conf/data/table.yaml) leaves these keys null, meaning "from the dataset":
 
 Per sparse feature, in spec order: its name, the table it looks up (repeated for features
 sharing one), that table's rows and width; a feature named like its table has it alone.
+`model.dynamic` gets each `encoding: dynamic` table's policy from the spec (its rows are the
+spec's capacity); policy keys the user set (`+model.dynamic.user.evict=lru`) override the
+spec's, and naming a table the dataset keeps fixed is refused (its ids are not raw ids).
 
 A key the user set (not null) must equal the dataset's value: else one line naming the key and
 the dataset's value; `model.task=retrieval` fits any dataset (its rows are positive
@@ -57,6 +60,31 @@ def _mean_ids(feature: dict[str, Any]) -> float:
     if not feature["jagged"]:
         return float(feature["hotness"])
     return min(float(feature["length"]["mean"]), float(feature["hotness"]))
+
+
+def dataset_dynamic(manifest: Manifest) -> dict[str, dict[str, Any]]:
+    """{table: policy} of the dataset's dynamic tables (manifest features with `dynamic`)."""
+    return {x["table"]: dict(x["dynamic"]) for x in manifest.features if x.get("dynamic")}
+
+
+def _dynamic(path: Path, manifest: Manifest, given: Any) -> dict[str, dict[str, Any]] | None:
+    """The dataset's dynamic policies with the user's keys over them (see the module docstring)."""
+    want = dataset_dynamic(manifest)
+    given = OmegaConf.to_container(given) if OmegaConf.is_config(given) else (given or {})
+    for table, policy in given.items():
+        if table not in want:
+            fixed = [x["table"] for x in manifest.features]
+            what = "is not dynamic" if table in fixed else "is not a table"
+            raise ValueError(
+                f"model.dynamic.{table}: {table!r} {what} in the dataset {path} (its dynamic "
+                f"tables: {', '.join(want) or 'none'}); give the column encoding: dynamic in the "
+                "spec and preprocess again"
+            )
+        if isinstance(policy, dict):
+            want[table].update(policy)
+        else:
+            want[table] = policy  # not a mapping: config.checks names the key
+    return want or None
 
 
 def _same(key: str, given: Any, want: Any) -> bool:
@@ -110,6 +138,7 @@ def fill_model(raw: DictConfig) -> DictConfig:
                 f"model.{key}={given} contradicts the dataset {path}: it has {want}; leave "
                 f"model.{key} unset with data=table (model=table takes it from the dataset)"
             )
+    model["dynamic"] = _dynamic(path, manifest, model.get("dynamic"))
     if model.get("bottom_mlp") is None:
         model["bottom_mlp"] = [64, int(model["embedding_dims"][0])]
     raw["model"] = model

@@ -176,7 +176,7 @@ class EmbeddingTables(nn.Module):
         ModelConfig.tables() gives them; features sharing a table name it once)."""
         tables: dict[str, Table] = {}
         for f in features:
-            tables.setdefault(f.table_name, Table(f.table_name, f.num_rows, f.dim))
+            tables.setdefault(f.table_name, Table(f.table_name, f.num_rows, f.dim, f.dynamic))
         return cls(
             list(tables.values()),
             [

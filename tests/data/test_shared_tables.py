@@ -96,7 +96,7 @@ def test_features_sharing_a_table_must_encode_alike(tmp_path, first, second, sho
     assert str(e.value) == (
         f"{path}: features {shown} share table 'user' but encode differently; give every "
         "feature of one table the same encoding: vocabulary with one min_count, hashing with "
-        "one cap, or identity with one rows"
+        "one cap, identity with one rows, or dynamic with one capacity and policy"
     )
 
 

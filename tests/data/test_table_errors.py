@@ -233,7 +233,7 @@ def test_nested_columns_are_one_line_naming_what_the_spec_takes(tmp_path, capsys
     [
         (
             lambda d: d["sparse"][0].update(encoding="bag"),
-            "sparse[0] (user).encoding='bag' is not one of: vocabulary, hashing, identity",
+            "sparse[0] (user).encoding='bag' is not one of: vocabulary, hashing, identity, dynamic",
         ),
         (
             lambda d: d["sparse"][2].pop("cap"),
@@ -241,7 +241,7 @@ def test_nested_columns_are_one_line_naming_what_the_spec_takes(tmp_path, capsys
         ),
         (
             lambda d: d["sparse"][1].update(min_count=3),
-            "sparse[1] (movie).min_count applies to encoding: vocabulary, not identity",
+            "sparse[1] (movie).min_count applies to encoding: vocabulary or dynamic, not identity",
         ),
         (
             lambda d: d["sparse"][0].update(max_len=3),
@@ -251,7 +251,8 @@ def test_nested_columns_are_one_line_naming_what_the_spec_takes(tmp_path, capsys
             lambda d: (d["sparse"][1].update(table="user"), d["tables"].pop(1)),
             "features user (vocabulary min_count=2) and movie (identity rows=13) share table "
             "'user' but encode differently; give every feature of one table the same encoding: "
-            "vocabulary with one min_count, hashing with one cap, or identity with one rows",
+            "vocabulary with one min_count, hashing with one cap, identity with one rows, or dynamic "
+            "with one capacity and policy",
         ),
         (
             lambda d: d["tables"].pop(),
@@ -298,7 +299,7 @@ def test_nested_columns_are_one_line_naming_what_the_spec_takes(tmp_path, capsys
         (
             lambda d: d["sparse"][0].update(colour=1),
             "sparse[0].colour is not a key of sparse[0]; keys: name, column, kind, encoding, min_count, "
-            "cap, rows, table, pooling, max_len, delimiter",
+            "cap, rows, capacity, policy, table, pooling, max_len, delimiter",
         ),
     ],
 )

@@ -117,6 +117,7 @@ def test_never_imports_torch_distributed(sub):
                 "hybridrec.config.schema",
                 "hybridrec.config.checks",
                 "hybridrec.config.cli",
+                "hybridrec.config.dynamic",
             ),
         ),
         # the kernels serve embedding storage and the row optimizers alike: they import

@@ -132,6 +132,7 @@ def _build(
     for f in features:
         f.finish_counting()
     big = max(f.num_embeddings for f in features) >= 2**31
+    big |= any(f.spec.encoding == "dynamic" for f in features)  # raw ids: int64 end to end
     hot = sum(f.max_len for f in features)
     parts = SplitParts(
         work,
@@ -250,7 +251,8 @@ def _build(
         encoding={
             "kind": "spec",
             "rule": "per feature, see docs/data-spec.md: vocabulary 0 = null, 1 = out of "
-            "vocabulary, 2.. by train count; hashing 0 = null; identity null = rows",
+            "vocabulary, 2.. by train count; hashing 0 = null; identity null = rows; dynamic raw "
+            "int64 ids (strings hashed), null = 2^63 - 2",
             "counted_on": "train",
         },
         transforms={

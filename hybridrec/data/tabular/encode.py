@@ -8,6 +8,12 @@ Ids per encoding (docs/data-spec.md; every null value has an id of its own):
   UTF-8 bytes, anything else by that of its Python repr (CSV values are text: 7 in a CSV
   hashes as "7").
 - identity: the value itself, an integer in [0, rows); null = rows; the table has rows + 1.
+- dynamic: the raw id, no vocabulary (`raw_ids`): an integer (or boolean) value itself, which
+  must be in [0, 2^63 - 2); a string that is a plain decimal integer in that range (as CSV
+  cells of integer ids are) the same integer; any other value the stable hash
+  splitmix64(FNV-1a(UTF-8 text)) mod (2^63 - 2) (other types by their repr); null =
+  DYNAMIC_NULL (2^63 - 2). So ids are int64 >= 0 and -1 stays the list padding. The table
+  has `capacity` rows (slots), which the trainer maps ids to (hybridrec.sparse.dynamic).
 Lists are bags of such ids padded with -1 to `max_len` (longer lists keep their first
 max_len ids and are counted as truncated); a single feature is one id per row.
 Features sharing a table (hybridrec.data.spec) encode alike, so one value is one row for all
@@ -29,6 +35,9 @@ from hybridrec.data.spec import MAX_LIST_LEN, DatasetSpec, SparseSpec, TableSpec
 from hybridrec.data.tabular.columns import Bags, is_text, pad, where
 
 _M = np.uint64(0xFFFFFFFFFFFFFFFF)
+# encoding: dynamic's null id; no value hashes to it (2^63 - 1 the trainer's id check refuses)
+DYNAMIC_NULL = 2**63 - 2
+_PLAIN_INT = r"^(0|[1-9][0-9]{0,18})$"  # a decimal integer as CSV writes one: no sign, no 0s
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -61,6 +70,55 @@ def text_hash(arr: pa.Array) -> np.ndarray:
     out = np.empty(n, np.uint64)
     out[order] = splitmix64(h)
     return out
+
+
+def raw_ids(values: pa.Array) -> tuple[np.ndarray, int | None]:
+    """encoding: dynamic's ids of flat `values` (the module docstring; a float that is a
+    whole number is that integer): ([n] int64 in [0, 2^63 - 2], nulls = DYNAMIC_NULL; the
+    index of the first negative or too large integer, or None). Stable across runs, processes
+    and machines: pure integer arithmetic."""
+    n, t = len(values), values.type
+    if pa.types.is_dictionary(t):
+        values, t = values.cast(t.value_type), t.value_type
+    nulls = values.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        if pa.types.is_uint64(t):  # beyond int64: out of range, reported below
+            raw = pc.fill_null(values, 0).to_numpy(zero_copy_only=False)
+            bad = raw >= np.uint64(DYNAMIC_NULL)
+            ids = np.where(bad, 0, raw).astype(np.int64)
+        else:
+            ids = pc.fill_null(pc.cast(values, pa.int64()), 0).to_numpy(zero_copy_only=False)
+            ids = ids.astype(np.int64, copy=True)
+            bad = (ids < 0) | (ids >= DYNAMIC_NULL)
+        bad &= ~nulls
+        ids[nulls] = DYNAMIC_NULL
+        return ids, (int(bad.argmax()) if bad.any() else None)
+    ids = np.full(n, DYNAMIC_NULL, np.int64)
+    if n == 0:
+        return ids, None
+    text = (
+        values
+        if is_text(t)
+        else pa.array([None if v is None else repr(v) for v in values.to_pylist()], pa.string())
+    )
+    enc = text.dictionary_encode()
+    words = enc.dictionary
+    h = text_hash(words) % np.uint64(DYNAMIC_NULL)
+    plain = pc.fill_null(pc.match_substring_regex(words, _PLAIN_INT), False)
+    plain = plain.to_numpy(zero_copy_only=False) if is_text(t) else np.zeros(len(words), bool)
+    if plain.any():
+        as_int = pc.cast(words.filter(pa.array(plain)), pa.uint64()).to_numpy(zero_copy_only=False)
+        fits = as_int < np.uint64(DYNAMIC_NULL)
+        sel = np.flatnonzero(plain)[fits]
+        h[sel] = as_int[fits]
+    table = h.astype(np.int64)
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    ids[~nulls] = table[idx[~nulls].astype(np.int64)]
+    if pa.types.is_floating(t):  # 5.0 (an integer column with nulls, from pandas) is 5
+        f = pc.fill_null(values, -1.0).to_numpy(zero_copy_only=False).astype(np.float64)
+        whole = (f == np.floor(f)) & (f >= 0) & (f < 2.0**62) & ~nulls
+        ids[whole] = f[whole].astype(np.int64)
+    return ids, None
 
 
 class Vocabulary:
@@ -119,6 +177,7 @@ class Feature:
         self.rows = self.nulls = self.truncated = self.len_sum = 0
         self.len_min, self.len_max = None, 0
         self.id_counts: np.ndarray | None = None
+        self.raw_counts: tuple[np.ndarray, np.ndarray] | None = None  # dynamic: (ids, counts)
 
     # -- pass 1 ---------------------------------------------------------------------------
     def count(self, b: Bags, train: np.ndarray) -> None:
@@ -137,8 +196,15 @@ class Feature:
         if self.vocabulary is not None:
             self.vocab = self.vocabulary.finish()
             need = 2 + len(self.vocab)
+        elif s.encoding == "dynamic":
+            need = s.capacity
         else:
             need = s.cap if s.encoding == "hashing" else s.rows + 1
+        if s.encoding == "dynamic" and self.table.rows not in (None, need):
+            raise ValueError(
+                f"tables: {self.table.name}.rows={self.table.rows} differs from {self.key}'s "
+                f"capacity={need}; a dynamic table has capacity rows: leave rows out"
+            )
         if self.table.rows is not None and self.table.rows < need:
             who = ", ".join((s.name, *self.shared_with))
             raise ValueError(
@@ -149,7 +215,10 @@ class Feature:
         self.num_embeddings = self.table.rows or need
         if s.kind == "list":
             self.max_len = s.max_len or max(1, min(self.train_max_len, MAX_LIST_LEN))
-        self.id_counts = np.zeros(self.num_embeddings, np.int64)
+        if s.encoding == "dynamic":  # raw ids: distinct train ids and their counts
+            self.raw_counts = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        else:
+            self.id_counts = np.zeros(self.num_embeddings, np.int64)
 
     # -- pass 2 ---------------------------------------------------------------------------
     def _ids(self, values: pa.Array, b: Bags, file: str, row0: int) -> np.ndarray:
@@ -159,6 +228,16 @@ class Feature:
             return np.zeros(0, np.int64)
         if s.encoding == "identity":
             return self._identity(values, b, file, row0)
+        if s.encoding == "dynamic":
+            ids, bad = raw_ids(values)
+            if bad is not None:
+                raise ValueError(
+                    f"{self.key}: column {s.column!r} holds id {values[bad].as_py()} at "
+                    f"{where(file, row0, int(b.rows_of(np.array([bad]))[0]))}; encoding: dynamic "
+                    f"takes integer ids in [0, 2^63 - 2): map the column's values into that "
+                    "range, or give them as strings (which are hashed)"
+                )
+            return ids
         nulls = values.is_null().to_numpy(zero_copy_only=False)
         t = values.type
         if s.encoding == "hashing" and (pa.types.is_integer(t) or pa.types.is_boolean(t)):
@@ -245,14 +324,38 @@ class Feature:
         out = out[keep]
         train_ids = out[split[keep] == 0]
         train_ids = train_ids[train_ids >= 0]
-        self.id_counts += np.bincount(train_ids, minlength=self.num_embeddings)
+        if self.raw_counts is not None:
+            self._count_raw(train_ids)
+        else:
+            self.id_counts += np.bincount(train_ids, minlength=self.num_embeddings)
         return out
+
+    def _count_raw(self, ids: np.ndarray) -> None:
+        """Merge one batch's raw train ids into the sorted (ids, counts) of a dynamic feature
+        (nulls not counted): memory is the distinct train ids, never the rows."""
+        ids = ids[ids != DYNAMIC_NULL]
+        if not ids.size:
+            return
+        new, c = np.unique(ids, return_counts=True)
+        old, oc = self.raw_counts
+        both, inv = np.unique(np.concatenate([old, new]), return_inverse=True)
+        counts = np.bincount(inv, np.concatenate([oc, c]), minlength=both.size)
+        self.raw_counts = (both, counts.astype(np.int64))
+
+    def train_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending, train counts) of the ids this feature's train rows used."""
+        if self.raw_counts is not None:
+            return self.raw_counts
+        ids = np.flatnonzero(self.id_counts).astype(np.int64)
+        return ids, self.id_counts[ids]
 
     def distinct(self) -> int:
         """Distinct non-null values in train; hashing, and a vocabulary shared with other
         features: distinct non-null ids (the out-of-vocabulary id counts once)."""
         if self.vocabulary is not None and not self.shared_with:
             return self.vocabulary.distinct
+        if self.raw_counts is not None:
+            return int(self.raw_counts[0].size)
         seen = self.id_counts > 0
         seen[self.spec.rows if self.spec.encoding == "identity" else 0] = False
         return int(seen.sum())
@@ -278,6 +381,8 @@ class Feature:
         }
         if self.shared_with:
             d["shared_with"] = list(self.shared_with)
+        if s.encoding == "dynamic":
+            d["dynamic"] = dict(s.policy)
         if s.kind == "list":
             d["length"] = {
                 "min": self.len_min or 0,
@@ -308,7 +413,11 @@ def check_shared_values(features: list[Feature]) -> None:
     the same value would get different ids in them."""
     first: dict[str, Feature] = {}
     for f in features:
-        if not f.shared_with or f.spec.encoding == "identity" or f.value_type in ("", "null"):
+        if (
+            not f.shared_with
+            or f.spec.encoding in ("identity", "dynamic")
+            or f.value_type in ("", "null")
+        ):
             continue
         g = first.setdefault(f.table.name, f)
         if _family(f) != _family(g):

@@ -8,7 +8,8 @@ through a .tmp and a rename, exactly the layout hybridrec.data.dataset reads for
     labels       [N]      float32 (0/1 or the regression target)
     dense        [N, F]   float32 (transformed; F = 0 for a spec without dense columns: the
                           file is its header alone)
-    categorical  [N, H]   int32, or int64 when a table has 2^31 rows or more; table-major
+    categorical  [N, H]   int32, or int64 when a table has 2^31 rows or more or is dynamic
+                          (raw ids, hybridrec.data.tabular.encode); table-major
                           columns, each table's `hotness` of them, lists padded with -1
 """
 
@@ -97,8 +98,7 @@ def write_counts(output: Path, features: list) -> list[TableStats]:
     (output / "counts").mkdir(exist_ok=True)
     tables = []
     for f in features:
-        ids = np.flatnonzero(f.id_counts).astype(np.int64)
-        counts = f.id_counts[ids]
+        ids, counts = f.train_counts()  # dynamic: raw ids (not rows), as the data holds them
         rel = f"counts/{f.table.name}.npz"
         if f.shared_with:
             (output / "counts" / f.table.name).mkdir(exist_ok=True)
