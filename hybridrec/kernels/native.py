@@ -1,4 +1,5 @@
-"""Native CPU kernels for the sparse backward: a hashing dedupe and in-place row updates.
+"""Native CPU kernels for the sparse backward: a hashing dedupe and in-place row updates
+(and the library that also holds the dynamic tables' maps: native_map.py).
 
 `native/sparse_rows.c` is plain C (no torch headers), compiled once per machine with the
 system C compiler (`python -m hybridrec.kernels.native`; scripts/setup.sh runs it at install,
@@ -35,7 +36,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("native") / "sparse_rows.c"
+# one library of every source: the sparse backward, and the dynamic tables' maps (native_map.py)
+SOURCES = tuple(Path(__file__).with_name("native") / n for n in ("sparse_rows.c", "dynamic_map.c"))
 # -ffp-contract=off: every product and sum rounded on its own, as torch's separate ops;
 # -fno-math-errno lets sqrtf vectorise (its argument is never negative here)
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
@@ -76,14 +78,16 @@ def _cpu_id() -> str:
 
 def library_path(cc: str) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_id().encode()):
+    parts = [*(s.read_bytes() for s in SOURCES), cc.encode(), " ".join(FLAGS).encode()]
+    for part in (*parts, _cpu_id().encode()):
         key.update(part)
     return cache_dir() / f"sparse_rows-{key.hexdigest()[:16]}.so"
 
 
 def build(cc: str | None = None) -> Path:
-    """Compile sparse_rows.c into the cache dir (if not there yet) and return its path. Tries
-    -march=native first, then without it. Raises RuntimeError with the compiler's message."""
+    """Compile the sources into one library in the cache dir (if not there yet) and return
+    its path. Tries -march=native first, then without it. Raises RuntimeError with the
+    compiler's message."""
     cc = cc or _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
@@ -96,14 +100,14 @@ def build(cc: str | None = None) -> Path:
         # built under a temporary name, then renamed: ranks building at once never load half a file
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [cc, *FLAGS, *extra, str(SOURCE), "-o", tmp, "-lm"]
+        cmd = [cc, *FLAGS, *extra, *map(str, SOURCES), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode == 0:
             os.replace(tmp, target)
             return target
         os.unlink(tmp)
         errors.append(done.stderr.strip().splitlines()[-1:] or ["(no message)"])
-    raise RuntimeError(f"{cc} could not build {SOURCE.name}: {errors[-1][0]}")
+    raise RuntimeError(f"{cc} could not build the CPU kernels: {errors[-1][0]}")
 
 
 def lib() -> ctypes.CDLL | None:
@@ -191,7 +195,7 @@ def _kernel(name: str) -> ctypes._CFuncPtr:
     assert lib_ is not None, "call usable() first"
     fn = getattr(lib_, name, None)
     if fn is None:
-        raise ValueError(f"{SOURCE.name} has no row update {name!r} (an optimizer's `native`)")
+        raise ValueError(f"{SOURCES[0].name} has no row update {name!r} (an optimizer's `native`)")
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _ROW_UPDATE
     return fn

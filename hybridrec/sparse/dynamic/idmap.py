@@ -11,11 +11,13 @@ map holds, per slot (local row r = (b - b0) * S + j):
     admits, evicts [R_s] int64   ids the slot was given, ids evicted from it (the totals)
 
 plus the count policy's candidates (ids not admitted yet and their counts, at most S per
-bucket: the S highest counts, ties to the smaller id), the step clock and the counters. A
-sorted copy of the occupied ids (`keys`, `key_slots`, with a small sorted delta of recent
-admissions: `_update_keys`) answers lookups by binary search, and each bucket's free
-positions are listed (`free`, `n_free`); both are derived from `slot_id` (rebuilt on load),
-never saved.
+bucket: the S highest counts, ties to the smaller id), the step clock and the counters. Each
+bucket's free positions are listed (`free`, `n_free`), and an index answers lookups: on the
+CPU a hash table in C (kernels/native_map.py, which also runs `step`), else a sorted copy of
+the occupied ids (`keys`, `key_slots`, with a small sorted delta of recent admissions:
+`_update_keys`) searched in torch ops (the Triton probe on CUDA). Both paths make the same
+decisions; the free lists and indexes are derived from `slot_id` (rebuilt on load, and an
+index when the other path changed the slots), never saved.
 
 Checkpoints: `views()` gives every per-slot array, and the candidates packed per slot (bucket
 b's at most S candidates in its rows, by id: `cand_id` -1 where none, `cand_count`), as
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybridrec.kernels import hashing
+from hybridrec.kernels import hashing, native_map
 from hybridrec.kernels.probe import probe
 from hybridrec.sparse.dynamic import policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
@@ -116,13 +118,27 @@ class DynamicMap(nn.Module):
         self._viewed = False  # views() handed out: they may have been written
         self.counters = DynamicCounters()
         self._admit_key = hashing.table_key(seed, table_index, hashing.ADMIT_SALT)
+        self._busy: torch.Tensor | None = None  # the C path's marks of this step's slots
         self._rebuild()
 
     # -- the sorted index ------------------------------------------------------------------------
     def _rebuild(self) -> None:
-        """The sorted index of the held ids and the free lists, from the slots (on load)."""
+        """The free lists from the slots, and the indexes marked stale (on load)."""
         self._rebuild_free()
-        self._rebuild_keys()
+        self._keys_ok = False  # the torch path's sorted index
+        self._native: native_map.NativeIndex | None = None  # the C path's hash index
+
+    def _torch_index(self) -> None:
+        """The sorted index, rebuilt if the C path changed the slots since it was made."""
+        if not self._keys_ok:
+            self._rebuild_keys()
+            self._keys_ok = True
+
+    def _native_index(self) -> native_map.NativeIndex:
+        """The C path's index, rebuilt if the torch path changed the slots since."""
+        if self._native is None:
+            self._native = native_map.NativeIndex(self.slot_id)
+        return self._native
 
     def _rebuild_keys(self) -> None:
         """The sorted index of the held ids (keys [n] ascending, key_slots [n] their slots),
@@ -157,9 +173,16 @@ class DynamicMap(nn.Module):
             self._rebuild_keys()
 
     def find(self, ids: torch.Tensor) -> torch.Tensor:
-        """[N] the slot of each raw id (-1: none): binary searches of the sorted keys and
-        their delta (the Triton probe on CUDA, hybridrec.kernels.probe). Changes nothing."""
+        """[N] the slot of each raw id (-1: none): on the CPU the C path's hash index, else
+        binary searches of the sorted keys and their delta (the Triton probe on CUDA,
+        hybridrec.kernels.probe). Changes nothing."""
         self._reload()
+        if native_map.usable(self.slot_id):
+            return self._native_index().find(ids)
+        return self._find_sorted(ids)
+
+    def _find_sorted(self, ids: torch.Tensor) -> torch.Tensor:
+        self._torch_index()
         found = probe(self.keys, self.key_slots, ids)
         if self.delta_keys.numel():
             found = torch.where(found >= 0, found, probe(self.delta_keys, self.delta_slots, ids))
@@ -173,13 +196,53 @@ class DynamicMap(nn.Module):
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> Stepped:
         """One training step's ids [N] (every feature of the table, every source rank):
-        record uses, admit and evict per the policy, return the slots (see Stepped)."""
+        record uses, admit and evict per the policy, return the slots (see Stepped). On the
+        CPU in C (kernels/native_map.py), else in torch ops: the same decisions."""
         self._reload()
         self.clock += 1
-        t, pol = self.clock, self.policy
         self.counters.steps += 1
+        if native_map.usable(self.slot_id):
+            stepped = self._step_native(ids)
+        else:
+            stepped = self._step_torch(ids)
+        if self.policy.evict == "lfu":
+            policy.age(self.score, self.clock, self.policy.halflife)
+        return stepped
+
+    def _step_native(self, ids: torch.Tensor) -> Stepped:
+        pol, index = self.policy, self._native_index()
+        if self._busy is None:
+            self._busy = torch.zeros(self.slot_id.numel(), dtype=torch.int8)
+        used = native_map.uses(
+            ids, index, self.clock, pol.evict == "lfu", self.score, self.last, self._busy
+        )
+        misses = used.miss_ids
+        want, totals = self._admissible(misses, used.counts.index_select(0, used.miss_u))
+        want_u = used.miss_u
+        if want.numel() != misses.numel():  # want: some of the misses, ascending as they are
+            want_u = want_u.index_select(0, torch.searchsorted(misses, want))
+        state = {
+            "slot_id": self.slot_id, "score": self.score, "last": self.last,
+            "admits": self.admits, "evicts": self.evicts, "free": self.free,
+            "n_free": self.n_free, "busy": self._busy,
+        }  # fmt: skip
+        done = native_map.admit(
+            want, want_u, used.counts.index_select(0, want_u), used.slots, state, index,
+            (self.S, self.ids_per_bucket, self.nb, self.b0, pol.buckets), self.clock,
+            pol.evict, pol.ttl_steps, max(1, int(self.ids_per_bucket * EVICT_SHARE)),
+        )  # fmt: skip
+        if pol.admit == "count" and bool(done.left.any()):  # as in _step_torch
+            self._add_candidates(want[done.left], totals[done.left])
+        if done.new_slots.numel() or done.evicted:
+            self._keys_ok = False
+        self.counters.admitted += done.new_slots.numel()
+        self.counters.evicted += done.evicted
+        return Stepped(used.slots.index_select(0, used.inverse), done.new_slots, done.new_ids)
+
+    def _step_torch(self, ids: torch.Tensor) -> Stepped:
+        t, pol = self.clock, self.policy
         uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-        slots = self.find(uniq)
+        slots = self._find_sorted(uniq)
         hit = slots >= 0
         hit_slots = slots[hit]
         if pol.evict == "lfu":
@@ -211,10 +274,10 @@ class DynamicMap(nn.Module):
                 self.counters.admitted += new_slots.numel()
                 self.counters.evicted += n_evicted
                 self._update_keys(torch.cat([gone, victims[victims >= 0]]), new_ids, new_slots)
+                self._native = None
             elif gone.numel():
                 self._update_keys(gone, new_ids, new_slots)
-        if pol.evict == "lfu":
-            policy.age(self.score, t, pol.halflife)
+                self._native = None
         return Stepped(slots.index_select(0, inverse), new_slots, new_ids)
 
     def _admissible(

@@ -1,0 +1,147 @@
+"""The dynamic tables' id -> slot maps on the CPU, in C (native/dynamic_map.c via ctypes).
+
+DynamicMap (hybridrec/sparse/dynamic/idmap.py) takes these where `usable()` (CPU tensors, the
+native library loaded, not inside `native.disabled()`), else its torch path; both make the same
+decisions bit for bit (tests/unit/test_native_map.py). The C side replaces the torch path's
+~40 ops per step (unique, sorted-index searches, per-bucket sorts, topk) by one pass over the
+ids and a hash-table index, `NativeIndex`, derived from the slots like the sorted one.
+
+    uses(...)   one step's distinct ids, their counts and slots; hits recorded; the misses
+    admit(...)  the ids the policy admits take slots (free first, then one eviction per bucket)
+    find(...)   evaluation lookups
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from hybridrec.kernels import native
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+_SIGNATURES = {
+    "hr_dyn_index_build": ([_P, _I64, _P, _I64], None),
+    "hr_dyn_find": ([_P, _I64, _P, _I64, _P], None),
+    "hr_dyn_uses": ([_P, _I64, _P, _I64, _I64, _I64, *[_P] * 10], _I64),
+    "hr_dyn_admit": ([_P, _P, _P, _I64, _P, _I64, *[_P] * 9, *[_I64] * 10, *[_P] * 4], _I64),
+}
+EVICT_KINDS = {"lfu": 0, "lru": 1, "ttl": 2}
+
+
+def _fn(name: str) -> ctypes._CFuncPtr:
+    lib = native.lib()
+    assert lib is not None, "call usable() first"
+    fn = getattr(lib, name)
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _SIGNATURES[name]
+    return fn
+
+
+def usable(t: torch.Tensor) -> bool:
+    """True when the map's tensors (on t's device) can take the C path."""
+    return t.device.type == "cpu" and native.lib() is not None
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class NativeIndex:
+    """raw id -> slot of a shard's slot_id [R]: an open-addressing hash table of 2^k >= 1.5 R
+    entries (id and slot, 16 bytes each), built from the slots (a function of them alone)."""
+
+    def __init__(self, slot_id: torch.Tensor) -> None:
+        r = slot_id.numel()
+        cap = 16
+        while cap < r + r // 2:
+            cap *= 2
+        self.cap = cap
+        self.entries = torch.empty(cap, 2, dtype=torch.int64)
+        _fn("hr_dyn_index_build")(_ptr(self.entries), cap, _ptr(slot_id.contiguous()), r)
+
+    def find(self, ids: torch.Tensor) -> torch.Tensor:
+        """[N] each id's slot, -1 for none."""
+        ids = ids.contiguous()
+        out = torch.empty_like(ids)
+        _fn("hr_dyn_find")(_ptr(self.entries), self.cap, _ptr(ids), ids.numel(), _ptr(out))
+        return out
+
+
+@dataclass(frozen=True)
+class Uses:
+    """hr_dyn_uses' result: the distinct ids [U] (first-occurrence order), their counts [U]
+    and slots [U] (-1: missed), each id's entry [N]; the misses ascending [M] and their
+    entries [M]."""
+
+    uniq: torch.Tensor
+    counts: torch.Tensor
+    slots: torch.Tensor
+    inverse: torch.Tensor
+    miss_ids: torch.Tensor
+    miss_u: torch.Tensor
+
+
+def uses(
+    ids: torch.Tensor, index: NativeIndex, clock: int, lfu: bool, score: torch.Tensor,
+    last: torch.Tensor, busy: torch.Tensor,
+) -> Uses:  # fmt: skip
+    """One step's ids [N]: dedupe, look up; each hit slot marked busy, last = clock, and under
+    LFU its score += its count."""
+    ids = ids.contiguous()
+    n = ids.numel()
+    uniq, counts, inverse, slots, miss_ids, miss_u = (
+        torch.empty(n, dtype=torch.int64) for _ in range(6)
+    )
+    m = ctypes.c_int64(0)
+    u = _fn("hr_dyn_uses")(
+        _ptr(ids), n, _ptr(index.entries), index.cap, clock, int(lfu),
+        _ptr(score), _ptr(last), _ptr(busy), _ptr(uniq), _ptr(counts), _ptr(inverse),
+        _ptr(slots), _ptr(miss_ids), _ptr(miss_u), ctypes.addressof(m),
+    )  # fmt: skip
+    if u < 0:
+        raise MemoryError(f"out of memory mapping {n} ids of a dynamic table")
+    k = m.value
+    return Uses(uniq[:u], counts[:u], slots[:u], inverse, miss_ids[:k], miss_u[:k])
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """hr_dyn_admit's result: the slots given [K] and their ids [K] (in want order), which ids
+    of `want` got none [A] bool, and the ids evicted (extra victims and slots' former ids)."""
+
+    new_slots: torch.Tensor
+    new_ids: torch.Tensor
+    left: torch.Tensor
+    evicted: int
+
+
+def admit(
+    want: torch.Tensor, want_u: torch.Tensor, want_counts: torch.Tensor, slots: torch.Tensor,
+    state: dict[str, torch.Tensor], index: NativeIndex, geometry: tuple[int, ...], clock: int,
+    evict: str, ttl_steps: int, bulk: int,
+) -> Admitted:  # fmt: skip
+    """The ids `want` [A] (ascending; their entries of the step's distinct ids `want_u`, this
+    step's counts) take slots per the policy; `slots` [U] (the step's) gets theirs, and busy is
+    cleared. state: slot_id, score, last, admits, evicts [R], free [nb, Sw], n_free [nb], busy
+    [R], written in place; geometry: (S, Sw, nb, b0, buckets)."""
+    want, want_u = want.contiguous(), want_u.contiguous()
+    want_counts = want_counts.contiguous()
+    a = want.numel()
+    new_slots, new_ids = torch.empty(a, dtype=torch.int64), torch.empty(a, dtype=torch.int64)
+    left = torch.zeros(a, dtype=torch.int8)
+    counts = torch.zeros(2, dtype=torch.int64)
+    s = state
+    k = _fn("hr_dyn_admit")(
+        _ptr(want), _ptr(want_u), _ptr(want_counts), a, _ptr(slots), slots.numel(),
+        _ptr(s["slot_id"]), _ptr(s["score"]), _ptr(s["last"]), _ptr(s["admits"]),
+        _ptr(s["evicts"]), _ptr(s["free"]), _ptr(s["n_free"]), _ptr(s["busy"]),
+        _ptr(index.entries), index.cap, *geometry, EVICT_KINDS[evict], clock,
+        ttl_steps, bulk, _ptr(new_slots), _ptr(new_ids), _ptr(left), _ptr(counts),
+    )  # fmt: skip
+    if k == -1:
+        raise MemoryError(f"out of memory admitting {a} ids into a dynamic table")
+    if k == -2:
+        raise ValueError("a dynamic table shard was given ids of buckets it does not own")
+    return Admitted(new_slots[:k], new_ids[:k], left.bool(), int(counts[1]))
