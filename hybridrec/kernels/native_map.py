@@ -49,14 +49,14 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 class NativeIndex:
-    """raw id -> slot of a shard's slot_id [R]: an open-addressing hash table of 2^k >= 1.5 R
-    entries (id and slot, 16 bytes each), built from the slots (a function of them alone)."""
+    """raw id -> slot of a shard's slot_id [R]: an open-addressing hash table of `cap` entries
+    (a power of two > R; id and slot, 16 bytes each; the runtime's size is
+    sparse.costs.index_entries), built from the slots (a function of them alone)."""
 
-    def __init__(self, slot_id: torch.Tensor) -> None:
+    def __init__(self, slot_id: torch.Tensor, cap: int) -> None:
         r = slot_id.numel()
-        cap = 16
-        while cap < r + r // 2:
-            cap *= 2
+        if cap & (cap - 1) or cap <= r:
+            raise ValueError(f"an index of {r} slots needs a power of two > {r} entries, not {cap}")
         self.cap = cap
         self.entries = torch.empty(cap, 2, dtype=torch.int64)
         _fn("hr_dyn_index_build")(_ptr(self.entries), cap, _ptr(slot_id.contiguous()), r)

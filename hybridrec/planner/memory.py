@@ -8,7 +8,8 @@ Per rank, for every shard it stores (the same numbers `estimate_cost` reports):
   buffer (`replica_sync`: a dense [rows, width + 1] one when all-reduced).
 A host-resident shard (`cache_rows` > 0) counts on the device only its cache (cache rows x
 (row + optimizer state + bookkeeping)) plus one cache slot per shard row and the buffers; its
-rows and optimizer state count against the host (`host_memory`). The byte sizes come from
+rows and optimizer state count against the host (`host_memory`). A dynamic table's shard adds
+its id -> slot map (`dynamic_map_bytes`) to its buffers. The byte sizes come from
 `hybridrec.sparse.costs`, which the runtime allocates by, so model == measured.
 """
 
@@ -18,7 +19,14 @@ from collections import Counter
 from collections.abc import Sequence
 
 from hybridrec.planner.types import MemoryUse, OptimizerFootprint
-from hybridrec.sparse.costs import CACHE_META_BYTES, EMB_BYTES, ID_BYTES, SLOT_BYTES, replica_sync
+from hybridrec.sparse.costs import (
+    CACHE_META_BYTES,
+    EMB_BYTES,
+    ID_BYTES,
+    SLOT_BYTES,
+    dynamic_map_bytes,
+    replica_sync,
+)
 from hybridrec.types import ShardingPlan, ShardingType, TableConfig, storage_tables
 
 
@@ -39,6 +47,8 @@ def shard_memory(
     """Device bytes for one shard (or one replica) of `table`: rows x width, serving the
     global batch. A host-resident shard (`cache_rows` > 0) holds only its cache here."""
     buffers = batch_size * table.hotness * ID_BYTES + 2 * batch_size * width * EMB_BYTES
+    if table.dynamic is not None:  # its map (every column shard runs one)
+        buffers += dynamic_map_bytes(rows)
     if cache_rows:
         return MemoryUse(
             weights=cache_rows * width * weight_bytes,

@@ -9,7 +9,8 @@ model equals what is measured. Plain numbers only: no tensors, no process group.
 - pooled embeddings and their gradients: fp32 (`EMB_BYTES`);
 - host-resident tables: per cache row its table row and a dirty flag (`CACHE_META_BYTES`),
   per table row its cache slot and use count (`SLOT_BYTES`);
-- replicated tables' row gradients: all-reduced or all-gathered, the cheaper (`replica_sync`).
+- replicated tables' row gradients: all-reduced or all-gathered, the cheaper (`replica_sync`);
+- a dynamic shard's id -> slot map (`dynamic_map_bytes`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ INT32_IDS = 2**31 - 1  # tables up to this many rows send ids through the input 
 EMB_BYTES = 4  # pooled embeddings and their gradients travel as fp32
 CACHE_META_BYTES = 9  # per cache row: its table row (int64) and a dirty flag
 SLOT_BYTES = 8  # per host-resident row: its cache slot (int32) and its use count (fp32)
+# per slot of a dynamic shard's map (hybridrec.sparse.dynamic.idmap): its id, LFU score (fp32),
+# last use, admission and eviction totals, and a packed candidate's id and count
+DYNAMIC_SLOT_BYTES = 8 + 4 + 8 + 8 + 8 + 8 + 8
+INDEX_ENTRY_BYTES = 16  # an entry of the map's lookup index: an id and its slot
+
+
+def index_entries(rows: int) -> int:
+    """Entries of a dynamic shard's hash index (kernels/native_map.NativeIndex): the least
+    power of two, at least 16, holding 1.5 x its rows."""
+    cap = 16
+    while cap < rows + rows // 2:
+        cap *= 2
+    return cap
+
+
+def dynamic_map_bytes(rows: int) -> int:
+    """Bytes of a dynamic shard's map of `rows` slots: its per-slot arrays, its hash index and
+    the step's one-byte marks (the C path's; a GPU's sorted index takes less: 16 per slot)."""
+    return rows * (DYNAMIC_SLOT_BYTES + 1) + index_entries(rows) * INDEX_ENTRY_BYTES
 
 
 def id_wire_bytes(tables: Sequence[TableConfig]) -> int:

@@ -119,6 +119,6 @@ def test_native_index_holds_the_slots_through_deletions():
     held = m.slot_id[m.slot_id >= 0]
     index = m._native_index()
     assert torch.equal(index.find(held), (m.slot_id >= 0).nonzero().squeeze(1))
-    fresh = native_map.NativeIndex(m.slot_id)
+    fresh = native_map.NativeIndex(m.slot_id, 128)
     others = torch.randint(0, 1 << 40, (1000,))
     assert torch.equal(index.find(others), fresh.find(others))

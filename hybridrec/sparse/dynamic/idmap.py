@@ -46,6 +46,7 @@ from torch import nn
 
 from hybridrec.kernels import hashing, native_map
 from hybridrec.kernels.probe import probe
+from hybridrec.sparse.costs import index_entries
 from hybridrec.sparse.dynamic import policy
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
 
@@ -137,7 +138,7 @@ class DynamicMap(nn.Module):
     def _native_index(self) -> native_map.NativeIndex:
         """The C path's index, rebuilt if the torch path changed the slots since."""
         if self._native is None:
-            self._native = native_map.NativeIndex(self.slot_id)
+            self._native = native_map.NativeIndex(self.slot_id, index_entries(self.slot_id.numel()))
         return self._native
 
     def _rebuild_keys(self) -> None:

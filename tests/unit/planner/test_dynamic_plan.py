@@ -48,3 +48,27 @@ def test_a_plan_splitting_a_bucket_is_refused():
     )
     with pytest.raises(ValueError, match=r"shard rows \[0, 100\) split a bucket of 64 rows"):
         check_plan([DYN], ShardingPlan(2, (split,)))
+
+
+def test_a_dynamic_shard_counts_its_map_as_the_runtime_allocates_it():
+    """The planner's memory for a dynamic shard adds its map: what the DynamicMap and its C
+    index allocate (per-slot arrays, the index's entries, the step's marks), to the byte."""
+    import torch
+
+    from hybridrec.planner import shard_memory
+    from hybridrec.planner.types import OptimizerFootprint
+    from hybridrec.sparse.dynamic.idmap import DynamicMap
+
+    fixed_twin = TableConfig("users", DYN.num_rows, 8)
+    opt = OptimizerFootprint(0, 0)
+    extra = (
+        shard_memory(DYN, 768, 8, 64, opt, 4).buffers
+        - shard_memory(fixed_twin, 768, 8, 64, opt, 4).buffers
+    )
+    dmap = DynamicMap(DYN, 0, ShardSpec("users", 0, 0, 768, 0, 8), seed=0)
+    dmap.step(torch.arange(50))  # the C path makes its index and marks (on the CPU)
+    if dmap._native is None:
+        pytest.skip("no C compiler: the torch path's sorted index is smaller than the model")
+    allocated = sum(b.numel() * b.element_size() for b in dmap.buffers())
+    allocated += dmap._native.entries.numel() * 8 + dmap._busy.numel()
+    assert extra == allocated > 768 * 52
