@@ -21,6 +21,7 @@ their ids' gradients meet in one deduplication, as in the unsharded table.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -48,6 +49,7 @@ class Unit:
     shard: ShardSpec
     row_wise: bool
     storage_index: int  # the table's index in the plan
+    own_group: bool = True  # a dynamic table's shard: a group of its own (not sample-major)
 
     @property
     def slot(self) -> tuple[int, ShardSpec]:
@@ -63,9 +65,11 @@ class Unit:
     def group_key(self) -> str:
         """The fused group serving it on its rank: "w<width>" (device) or "h<width>" (host);
         a dynamic table's shard has a group of its own, "w<width>_d<table>_<row>_<col>", so
-        its rows are the group's and its raw ids map to them (hybridrec.sparse.dynamic)."""
+        its rows are the group's and its raw ids map to them (hybridrec.sparse.dynamic),
+        except on one rank whose tables all fit one sample-major group (`own_group` False:
+        the map turns its columns' ids into rows before that group's lookup)."""
         key = f"{'h' if self.shard.on_host else 'w'}{self.shard.width}"
-        if self.table.dynamic is not None:
+        if self.table.dynamic is not None and self.own_group:
             key += f"_d{self.storage_index}_{self.shard.row_start}_{self.shard.col_start}"
         return key
 
@@ -115,6 +119,8 @@ class ShardedLayout:
             row_wise = tp.sharding.traits.partial_sums
             for s in tp.shards:
                 units_on[s.rank].extend(Unit(f, tables[f], s, row_wise, i) for f in users[i])
+        if plan.world_size == 1 and not dp_tables and _one_group(units_on[0]):
+            units_on[0] = [dataclasses.replace(u, own_group=False) for u in units_on[0]]
         for q, units in enumerate(units_on):  # group by group, each keeping its units' order
             keys = list(dict.fromkeys(u.group_key for u in units))
             units_on[q] = sorted(units, key=lambda u: keys.index(u.group_key))
@@ -273,15 +279,26 @@ class ShardedLayout:
         """The one group that holds every table whole, on one rank with no
         replicated tables: its lookup can run sample-major with nothing to exchange
         (hybridrec.sparse.local.sample_major_layout). None otherwise."""
-        if self.world != 1 or self.dp_tables or len(self.group_units) != 1 or self.dynamic:
+        if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
             return None
         [(key, ks)] = self.group_units.items()
         units = [self.local_units[k] for k in ks]
+        if any(u.table.dynamic is not None and u.own_group for u in units):
+            return None  # a dynamic shard's group of its own: its ids are raw
         if all(u.whole for u in units) and sorted(u.table_index for u in units) == list(
             range(len(self.tables))
         ):
             return key  # one unit per feature (features sharing a table read one slot)
         return None
+
+
+def _one_group(units: Sequence[Unit]) -> bool:
+    """One rank's units could all be one device group read sample-major: whole tables of one
+    width, none host-resident (sample_major_group decides on the grouped layout)."""
+    return (
+        all(u.whole and not u.shard.on_host for u in units)
+        and len({u.shard.width for u in units}) == 1
+    )
 
 
 def whole_values(plan: ShardingPlan) -> bool:

@@ -31,7 +31,7 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, ScaleGrad, all_gather_rows, any_rank, world_size
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
 from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
-from hybridrec.sparse.dynamic.remap import build_maps, remap
+from hybridrec.sparse.dynamic.remap import build_maps, column_maps, remap, remap_columns
 from hybridrec.sparse.dynamic.stats import DynamicStats, dynamic_metrics
 from hybridrec.sparse.exchange.input import Routed, build_routes, input_dist
 from hybridrec.sparse.exchange.output import output_dist, reassemble
@@ -115,6 +115,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         self.dynamic = nn.ModuleDict(build_maps(self.layout, seed, self.device))
         key = self.layout.sample_major_group
         self.sample_major = None
+        self.column_maps = []
         if key is not None:
             group = self.groups[key]
             units = [self.layout.local_units[k] for k in self.layout.group_units[key]]
@@ -124,6 +125,10 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             }
             offsets = [start[f] for f in range(len(self.tables))]
             self.sample_major = sample_major_layout(self.tables, offsets, self.device)
+            # its dynamic tables' columns become rows first (an id without one: PAD_ID)
+            self.column_maps = column_maps(self.layout, group, self.device)
+            if any(self.dynamic[c.key].policy.unknown == "zeros" for c in self.column_maps):
+                self.sample_major = dataclasses.replace(self.sample_major, jagged=True)
         self.prefetches = self.layout.has_host
         self.autocast_output = autocast_output
         self._staged: Staged | None = None
@@ -138,10 +143,11 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         out = []
         for key, group in self.groups.items():
             views = group.shard_views()
-            if key in self.dynamic:
-                [(spec, weight, state)] = views
-                views = [(spec, weight, {**state, **self.dynamic[key].views()})]
-            out.extend(views)
+            for pos, (spec, weight, state) in enumerate(views):
+                for k in (key, f"{key}_t{pos}"):  # (the sample-major group's: "<key>_t<pos>")
+                    if k in self.dynamic:
+                        state = {**state, **self.dynamic[k].views()}
+                out.append((spec, weight, state))
         return out
 
     def replicated_tables(self) -> set[str]:
@@ -365,6 +371,10 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         prefetched = staged.prefetched if staged is not None else {}
         if self.sample_major is not None:
             [(key, group)] = self.groups.items()
+            if self.column_maps:
+                with timing.phase("dynamic_map"):
+                    training = self.training and torch.is_grad_enabled()
+                    ids = remap_columns(ids, self.column_maps, self.dynamic, group, training)
             with timing.phase("lookup"):
                 made = staged.sample_major if staged is not None else None
                 out_dtype = handoff or torch.float32

@@ -72,3 +72,19 @@ def test_a_dynamic_shard_counts_its_map_as_the_runtime_allocates_it():
     allocated = sum(b.numel() * b.element_size() for b in dmap.buffers())
     allocated += dmap._native.entries.numel() * 8 + dmap._busy.numel()
     assert extra == allocated > 768 * 52
+
+
+@pytest.mark.parametrize("mode", ["table_wise", "row_wise", "host"])
+def test_one_rank_reads_dynamic_tables_in_the_sample_major_group(mode):
+    """On one rank with whole device tables of one width, dynamic tables join the one group
+    that is looked up sample-major (their maps turn ids into rows first); a host-resident
+    dynamic table keeps a group of its own."""
+    from hybridrec.sparse.layout import ShardedLayout
+
+    plan = plan_sharding([DYN, FIXED], Topology(1, GIB), mode, 420, cache=CachePolicy())
+    layout = ShardedLayout.build([DYN, FIXED], plan, 0)
+    if mode == "host":
+        assert layout.sample_major_group is None
+        assert any("_d" in key for key in layout.group_units)
+    else:
+        assert layout.sample_major_group == "w8" and list(layout.group_units) == ["w8"]
