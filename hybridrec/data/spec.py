@@ -139,10 +139,15 @@ class DatasetSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its default filled in; `input` only when the spec has one (absent, the
-        reading defaults apply and are not part of the spec's identity)."""
+        reading defaults apply and are not part of the spec's identity), and a sparse
+        feature's `capacity` and `policy` only when dynamic: a spec written before those keys
+        existed keeps its fingerprint (what data.spec and reruns compare)."""
         d = dataclasses.asdict(self)
         if self.input is None:
             del d["input"]
+        for feature in d["sparse"]:
+            if feature["encoding"] != "dynamic":
+                del feature["capacity"], feature["policy"]
         return d
 
     def fingerprint(self) -> str:
