@@ -9,6 +9,7 @@ ids and a hash-table index, `NativeIndex`, derived from the slots like the sorte
     uses(...)   one step's distinct ids, their counts and slots; hits recorded; the misses
     admit(...)  the ids the policy admits take slots (free first, then one eviction per bucket)
     find(...)   evaluation lookups
+    fresh_rows(...)  admitted ids' initial rows (kernels/hashing.fresh_rows' values)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _SIGNATURES = {
     "hr_dyn_index_build": ([_P, _I64, _P, _I64], None),
     "hr_dyn_find": ([_P, _I64, _P, _I64, _P], None),
     "hr_dyn_uses": ([_P, _I64, _P, _I64, _I64, _I64, *[_P] * 10], _I64),
+    "hr_dyn_fresh_rows": ([_P, _I64, _I64, _I64, _I64, ctypes.c_float, _P], None),
     "hr_dyn_admit": ([_P, _P, _P, _I64, _P, _I64, *[_P] * 9, *[_I64] * 10, *[_P] * 4], _I64),
 }
 EVICT_KINDS = {"lfu": 0, "lru": 1, "ttl": 2}
@@ -145,3 +147,14 @@ def admit(
     if k == -2:
         raise ValueError("a dynamic table shard was given ids of buckets it does not own")
     return Admitted(new_slots[:k], new_ids[:k], left.bool(), int(counts[1]))
+
+
+def fresh_rows(
+    ids: torch.Tensor, key: int, col_start: int, col_end: int, bound: float
+) -> torch.Tensor:
+    """[K, col_end - col_start] fp32: hashing.fresh_rows' values for ids [K] (table key `key`,
+    values uniform in [-bound, bound]), bit for bit."""
+    ids = ids.contiguous()
+    out = torch.empty(ids.numel(), col_end - col_start, dtype=torch.float32)
+    _fn("hr_dyn_fresh_rows")(_ptr(ids), ids.numel(), key, col_start, col_end, bound, _ptr(out))
+    return out

@@ -122,3 +122,17 @@ def test_native_index_holds_the_slots_through_deletions():
     fresh = native_map.NativeIndex(m.slot_id, 128)
     others = torch.randint(0, 1 << 40, (1000,))
     assert torch.equal(index.find(others), fresh.find(others))
+
+
+@pytest.mark.parametrize("rows,cols", [(4096, (0, 16)), (1000, (3, 11)), (7, (0, 1))])
+def test_native_fresh_rows_are_the_torch_paths(rows, cols):
+    """An admitted id's initial row, computed in C, has the torch path's bits (any column
+    slice, any table size), so a readmitted id starts from the same row on either path."""
+    from hybridrec.kernels import hashing
+
+    ids = torch.randint(0, 1 << 62, (3000,), generator=torch.Generator().manual_seed(rows))
+    got = hashing.fresh_rows(ids, 3, 2, rows, *cols)
+    with native.disabled():
+        want = hashing.fresh_rows(ids, 3, 2, rows, *cols)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert got.abs().max() <= 1 / rows**0.5 and got.std() > 0.4 / rows**0.5

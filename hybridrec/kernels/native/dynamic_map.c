@@ -291,3 +291,23 @@ done:
     free(prio);
     return rc;
 }
+
+/* ---- fresh rows ---- */
+
+/* out[K, c1 - c0]: the initial values of ids[K]'s rows, columns [c0, c1), as
+ * kernels/hashing.py's fresh_rows computes them (fp32): mix64(id ^ key) plus the column times
+ * the golden ratio, one more xorshift-multiply round, its top 24 bits u in [0, 1) make
+ * (u * 2 - 1) * bound, each product rounded on its own (-ffp-contract=off). */
+void hr_dyn_fresh_rows(const int64_t *ids, int64_t k, int64_t key, int64_t c0, int64_t c1,
+                       float bound, float *out) {
+    const int64_t d = c1 - c0;
+    for (int64_t i = 0; i < k; i++) {
+        const uint64_t h = mix64((uint64_t)(ids[i] ^ key));
+        for (int64_t c = c0; c < c1; c++) {
+            uint64_t z = h + (uint64_t)c * 0x9E3779B97F4A7C15ULL;
+            z = (z ^ (z >> 32)) * 0x94D049BB133111EBULL;
+            const float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+            out[i * d + (c - c0)] = (u * 2.0f - 1.0f) * bound;
+        }
+    }
+}

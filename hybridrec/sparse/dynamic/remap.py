@@ -51,6 +51,7 @@ class ColumnMap:
     key: str
     columns: torch.Tensor
     offset: int
+    jagged: bool  # some of its features are lists: their PAD_ID entries are no ids
 
 
 def column_maps(layout, group: FusedEmbedding, device: torch.device) -> list[ColumnMap]:  # noqa: ANN001
@@ -67,7 +68,10 @@ def column_maps(layout, group: FusedEmbedding, device: torch.device) -> list[Col
             for c in range(layout.offsets[f], layout.offsets[f] + layout.tables[f].hotness)
         ]
         columns = torch.tensor(cols, dtype=torch.int64, device=device)
-        out.append(ColumnMap(f"{key}_t{pos}", columns, group.offsets_list[pos]))
+        jagged = any(
+            t.jagged for t, j in zip(layout.tables, layout.storage_of, strict=True) if j == i
+        )
+        out.append(ColumnMap(f"{key}_t{pos}", columns, group.offsets_list[pos], jagged))
     return out
 
 
@@ -86,8 +90,8 @@ def remap_columns(
     for cm in cmaps:
         dmap = maps[cm.key]
         flat = ids.index_select(1, cm.columns).reshape(-1)
-        real = (flat != PAD_ID).nonzero().squeeze(1)
-        raw = flat.index_select(0, real)
+        real = (flat != PAD_ID).nonzero().squeeze(1) if cm.jagged else None
+        raw = flat.index_select(0, real) if real is not None else flat
         if training:
             stepped = dmap.step(raw)
             if stepped.new_slots.numel():
@@ -99,8 +103,9 @@ def remap_columns(
             dmap.count_eval(slots)
         if dmap.policy.unknown == "row":
             slots = dmap.resolve(raw, slots)[0]
-        rows = torch.full_like(flat, PAD_ID).index_copy_(0, real, slots)
-        out.index_copy_(1, cm.columns, rows.view(ids.shape[0], -1))
+        if real is not None:  # (slots' "no row" is -1: PAD_ID already)
+            slots = torch.full_like(flat, PAD_ID).index_copy_(0, real, slots)
+        out.index_copy_(1, cm.columns, slots.view(ids.shape[0], -1))
     return out
 
 
