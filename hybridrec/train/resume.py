@@ -121,7 +121,28 @@ class Checkpointer:
                 "; ".join(changed),
                 state.step,
             )
+        self._check_eps_form(state.extra)
         return state.step, int(state.extra.get("skipped", 0))
+
+    def _check_eps_form(self, extra: dict[str, Any]) -> None:
+        """Warn when sparse Adam resumes under another eps form than it was saved with. The
+        form is a setting, not state, so the config's wins; a checkpoint without the entry
+        was written before `optim.sparse.eps_form` existed, in SparseAdam's form."""
+        sparse = self.cfg.optim.sparse
+        if sparse.name != "adam" or not self.env.is_main or self.cfg.eval.only:
+            return
+        saved = extra.get("sparse_eps_form", "sparse_adam")
+        if saved != sparse.eps_form:
+            before = "" if "sparse_eps_form" in extra else " (written before the key existed)"
+            log.warning(
+                "resuming sparse adam saved with optim.sparse.eps_form=%s%s under "
+                "optim.sparse.eps_form=%s: the rest of the run adds eps in the new form, so "
+                "it differs from an uninterrupted run; set optim.sparse.eps_form=%s to keep it",
+                saved,
+                before,
+                sparse.eps_form,
+                saved,
+            )
 
     def save(self, step: int, skipped: int, wandb_run_id: str | None) -> Path | None:
         """Save at `step` (None when checkpoint.dir is unset)."""
@@ -133,6 +154,8 @@ class Checkpointer:
             "stream": stream(self.cfg),
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
         }
+        if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
+            extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
         if wandb_run_id:
             extra["wandb_run_id"] = wandb_run_id
         state = TrainState(step, step, extra)

@@ -257,6 +257,31 @@ def test_resume_with_another_data_stream_is_named(tmp_path, caplog):
     assert "different training stream" not in caplog.text
 
 
+def test_resume_under_another_adam_eps_form_is_named(tmp_path, caplog):
+    """The eps form is a setting, not state: a resume takes the config's, and says so when it
+    differs from the one the checkpoint was saved with."""
+
+    def adam(eps_form: str, steps: int = 4) -> Trainer:
+        cfg = make_cfg("none", "adam", 1)
+        cfg.checkpoint.dir, cfg.checkpoint.every = str(tmp_path), 2
+        cfg.train.steps, cfg.eval.batches = steps, 1
+        cfg.optim.sparse.eps_form = eps_form
+        return Trainer(cfg, init_distributed("cpu"))
+
+    adam("sparse_adam", steps=2).fit()
+    assert read_manifest(tmp_path / "step_2")["extra"]["sparse_eps_form"] == "sparse_adam"
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        adam("sparse_adam").restore()  # the same form: nothing to say
+    assert "eps_form" not in caplog.text
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        adam("adam").restore()
+    assert (
+        "resuming sparse adam saved with optim.sparse.eps_form=sparse_adam under "
+        "optim.sparse.eps_form=adam" in caplog.text
+    )
+    assert "set optim.sparse.eps_form=sparse_adam to keep it" in caplog.text
+
+
 def test_init_from_a_file_that_is_not_an_export_is_named(tmp_path):
     """model.init_from pointing at a truncated or non-torch file used to fail inside
     torch.load (an OSError 'Invalid argument', or a RuntimeError about mmap and zipfile

@@ -53,12 +53,20 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_an_old_checkpoint_evaluates_and_resumes(tmp_path, name):
+def test_an_old_checkpoint_evaluates_and_resumes(tmp_path, name, caplog):
     ck = tmp_path / "ckpt"
     shutil.copytree(FIXTURES / name / "ckpt", ck)
     cfg = make_config(*COMMON, *MODELS[name], f"checkpoint.dir={ck}", "train.steps=6")
     trainer = Trainer(cfg, DistEnv())
-    trainer.restore()
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        trainer.restore()
+    # saved before optim.sparse.eps_form existed, in SparseAdam's form: the default's
+    assert "eps_form" not in caplog.text
+    other = make_config(*COMMON, *MODELS[name], f"checkpoint.dir={ck}", "train.steps=6")
+    other.optim.sparse.eps_form = "adam"
+    with caplog.at_level("WARNING", logger="hybridrec"):
+        Trainer(other, DistEnv()).restore()
+    assert "optim.sparse.eps_form=sparse_adam (written before the key existed)" in caplog.text
     assert trainer.step == 4
     got = trainer.evaluate()
     want = EXPECTED[name]["eval"]
