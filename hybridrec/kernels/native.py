@@ -189,15 +189,22 @@ def dedupe_hashed(
     return uniq[:u], out[:u]
 
 
-def _kernel(name: str) -> ctypes._CFuncPtr:
-    """The row update `name` of the loaded library, typed on first use."""
+def function(name: str, signature: tuple[list, object]) -> ctypes._CFuncPtr | None:
+    """The loaded library's function `name` (None: it has none), typed on first use with
+    `signature` (argtypes, restype). Callers check `lib()` first."""
     lib_ = lib()
     assert lib_ is not None, "call usable() first"
     fn = getattr(lib_, name, None)
+    if fn is not None and fn.argtypes is None:
+        fn.argtypes, fn.restype = signature
+    return fn
+
+
+def _kernel(name: str) -> ctypes._CFuncPtr:
+    """The row update `name` of the loaded library."""
+    fn = function(name, _ROW_UPDATE)
     if fn is None:
         raise ValueError(f"{SOURCES[0].name} has no row update {name!r} (an optimizer's `native`)")
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = _ROW_UPDATE
     return fn
 
 

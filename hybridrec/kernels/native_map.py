@@ -33,12 +33,7 @@ EVICT_KINDS = {"lfu": 0, "lru": 1, "ttl": 2}
 
 
 def _fn(name: str) -> ctypes._CFuncPtr:
-    lib = native.lib()
-    assert lib is not None, "call usable() first"
-    fn = getattr(lib, name)
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = _SIGNATURES[name]
-    return fn
+    return native.function(name, _SIGNATURES[name])
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -73,11 +68,10 @@ class NativeIndex:
 
 @dataclass(frozen=True)
 class Uses:
-    """hr_dyn_uses' result: the distinct ids [U] (first-occurrence order), their counts [U]
-    and slots [U] (-1: missed), each id's entry [N]; the misses ascending [M] and their
+    """hr_dyn_uses' result: the counts [U] and slots [U] (-1: missed) of the step's distinct
+    ids (first-occurrence order), each id's entry [N]; the misses ascending [M] and their
     entries [M]."""
 
-    uniq: torch.Tensor
     counts: torch.Tensor
     slots: torch.Tensor
     inverse: torch.Tensor
@@ -105,7 +99,7 @@ def uses(
     if u < 0:
         raise MemoryError(f"out of memory mapping {n} ids of a dynamic table")
     k = m.value
-    return Uses(uniq[:u], counts[:u], slots[:u], inverse, miss_ids[:k], miss_u[:k])
+    return Uses(counts[:u], slots[:u], inverse, miss_ids[:k], miss_u[:k])
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ int64_t hr_dyn_admit(const int64_t *want, const int64_t *want_u, const int64_t *
         /* the extra victims: evicted now, then the free list, positions descending */
         const int64_t n_extra = avail - taken;
         for (int64_t q = taken; q < avail; q++) evict_slot(&mp, b * S + (prio[q] & 0xFFFFFFFF));
-        for (int64_t e = 0; e < n_extra; e++) fl[e] = prio[avail - 1 - e] & 0xFFFFFFFF;
+        for (int64_t e = 0; e < n_extra; e++) fl[e] = prio[taken + e] & 0xFFFFFFFF;
         qsort(fl, (size_t)n_extra, sizeof(int64_t), by_key_desc); /* positions descending */
         n_free[b] = n_extra;
     }

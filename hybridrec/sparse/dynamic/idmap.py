@@ -101,6 +101,7 @@ class DynamicMap(nn.Module):
             )
         self.b0, self.nb = shard.row_start // self.S, shard.num_rows // self.S
         self.ids_per_bucket = self.S - (1 if pol.unknown == "row" else 0)
+        self.bulk = max(1, int(self.ids_per_bucket * EVICT_SHARE))  # an eviction's least victims
         self.col_start, self.col_end = shard.col_start, shard.col_end
         # counters and ratios count a table once: its first column shard
         self.counts_table = shard.col_start == 0
@@ -230,7 +231,7 @@ class DynamicMap(nn.Module):
         done = native_map.admit(
             want, want_u, used.counts.index_select(0, want_u), used.slots, state, index,
             (self.S, self.ids_per_bucket, self.nb, self.b0, pol.buckets), self.clock,
-            pol.evict, pol.ttl_steps, max(1, int(self.ids_per_bucket * EVICT_SHARE)),
+            pol.evict, pol.ttl_steps, self.bulk,
         )  # fmt: skip
         if pol.admit == "count" and bool(done.left.any()):  # as in _step_torch
             self._add_candidates(want[done.left], totals[done.left])
@@ -328,9 +329,8 @@ class DynamicMap(nn.Module):
                 pol.evict, self.clock, pol.ttl_steps,
             )  # fmt: skip
 
-        bulk = max(1, int(Sw * EVICT_SHARE))
         j, ex_bucket, ex_pos = policy.choose_slots(
-            buckets, self.free, self.n_free, priorities, bulk
+            buckets, self.free, self.n_free, priorities, self.bulk
         )
         return torch.where(j >= 0, buckets * S + j, -1), ex_bucket * S + ex_pos
 

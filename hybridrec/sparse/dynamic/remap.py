@@ -61,18 +61,33 @@ def column_maps(layout, group: FusedEmbedding, device: torch.device) -> list[Col
     for pos, (i, _) in enumerate(layout.group_slots[key]):
         if layout.storage[i].dynamic is None:
             continue
+        features = [f for f, j in enumerate(layout.storage_of) if j == i]
         cols = [
             c
-            for f, j in enumerate(layout.storage_of)
-            if j == i
+            for f in features
             for c in range(layout.offsets[f], layout.offsets[f] + layout.tables[f].hotness)
         ]
         columns = torch.tensor(cols, dtype=torch.int64, device=device)
-        jagged = any(
-            t.jagged for t, j in zip(layout.tables, layout.storage_of, strict=True) if j == i
-        )
+        jagged = any(layout.tables[f].jagged for f in features)
         out.append(ColumnMap(f"{key}_t{pos}", columns, group.offsets_list[pos], jagged))
     return out
+
+
+def slots_of(
+    ids: torch.Tensor, dmap: DynamicMap, group: FusedEmbedding, offset: int, training: bool
+) -> torch.Tensor:
+    """[N] the slots of raw ids [N] (-1: none). In training the map steps once on them
+    (admits, evicts) and the rows it gave new ids start fresh in `group` (the map's rows start
+    at `offset` there); in evaluation it only looks up, counting the ids without a row."""
+    if not training:
+        slots = dmap.find(ids)
+        dmap.count_eval(slots)
+        return slots
+    stepped = dmap.step(ids)
+    if stepped.new_slots.numel():
+        fresh = dmap.fresh_rows(stepped.new_ids, group.weight.dtype)
+        group.reset_rows(stepped.new_slots + offset, fresh)
+    return stepped.slots
 
 
 def remap_columns(
@@ -92,15 +107,7 @@ def remap_columns(
         flat = ids.index_select(1, cm.columns).reshape(-1)
         real = (flat != PAD_ID).nonzero().squeeze(1) if cm.jagged else None
         raw = flat.index_select(0, real) if real is not None else flat
-        if training:
-            stepped = dmap.step(raw)
-            if stepped.new_slots.numel():
-                fresh = dmap.fresh_rows(stepped.new_ids, group.weight.dtype)
-                group.reset_rows(stepped.new_slots + cm.offset, fresh)
-            slots = stepped.slots
-        else:
-            slots = dmap.find(raw)
-            dmap.count_eval(slots)
+        slots = slots_of(raw, dmap, group, cm.offset, training)
         if dmap.policy.unknown == "row":
             slots = dmap.resolve(raw, slots)[0]
         if real is not None:  # (slots' "no row" is -1: PAD_ID already)
@@ -113,15 +120,7 @@ def remap_input(
     inp: GroupInput, dmap: DynamicMap, group: FusedEmbedding, training: bool
 ) -> GroupInput:
     """The GroupInput of raw ids -> the same lookup of the group's rows (see module doc)."""
-    if training:
-        stepped = dmap.step(inp.rows)
-        if stepped.new_slots.numel():
-            fresh = dmap.fresh_rows(stepped.new_ids, group.weight.dtype)
-            group.reset_rows(stepped.new_slots, fresh)
-        slots = stepped.slots
-    else:
-        slots = dmap.find(inp.rows)
-        dmap.count_eval(slots)
+    slots = slots_of(inp.rows, dmap, group, 0, training)
     rows, kept = dmap.resolve(inp.rows, slots)
     if kept is None:
         return dataclasses.replace(inp, rows=rows)
