@@ -20,17 +20,7 @@ set -euo pipefail
 
 OUT=${1:?usage: examples/dynamic/run.sh OUT_DIR [hybridrec-train overrides ...]}
 shift
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-cd "$ROOT"
-VENV=${VENV:-$ROOT/.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  bash scripts/setup.sh
-fi
-PY=$VENV/bin/python
-export PYTHONPATH=$ROOT
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute, PY
 
 "$PY" examples/dynamic/make_stream.py "$OUT"
 

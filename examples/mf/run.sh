@@ -19,18 +19,7 @@ set -euo pipefail
 OUT=${1:?usage: examples/mf/run.sh OUT_DIR [hybridrec-train overrides ...]}
 shift
 NPROC=${NPROC:-2}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-cd "$ROOT"
-
-VENV=${VENV:-$ROOT/.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  bash scripts/setup.sh
-fi
-PY=$VENV/bin/python
-export PYTHONPATH=$ROOT        # this checkout's hybridrec, also in the ranks it launches
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute, PY
 
 # 1. Data: MovieLens 100K with the fixed train/val/test split of examples/movielens.
 "$PY" examples/movielens/prepare.py "$OUT"

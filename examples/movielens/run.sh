@@ -18,19 +18,9 @@ set -euo pipefail
 OUT=${1:?usage: examples/movielens/run.sh OUT_DIR [hybridrec-train overrides ...]}
 shift
 NPROC=${NPROC:-1}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-cd "$ROOT"
 
-# 1. Set-up: scripts/setup.sh makes .venv (torch CPU, hybridrec editable) when it is missing.
-VENV=${VENV:-$ROOT/.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  bash scripts/setup.sh
-fi
-PY=$VENV/bin/python
-export PYTHONPATH=$ROOT        # this checkout's hybridrec, also in the ranks it launches
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# 1. Set-up: examples/env.sh (scripts/setup.sh makes .venv when it is missing).
+source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute, PY
 
 # 2. Data: MovieLens 100K with a fixed train/val/test split and each rating's user and movie
 #    history (from the non-test ratings only; see prepare.py's docstring).

@@ -18,18 +18,7 @@ set -euo pipefail
 OUT=${1:?usage: examples/two_tower/run.sh OUT_DIR [hybridrec-train overrides ...]}
 shift
 NPROC=${NPROC:-1}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-cd "$ROOT"
-
-VENV=${VENV:-$ROOT/.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  bash scripts/setup.sh
-fi
-PY=$VENV/bin/python
-export PYTHONPATH=$ROOT        # this checkout: hybridrec, and examples.two_tower.model
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute, PY
 
 "$PY" examples/movielens/prepare.py "$OUT"
 "$PY" -m hybridrec.data.preprocess_cli --spec examples/two_tower/spec.yaml \
