@@ -97,20 +97,12 @@ def train(group, sharding: str, pins, sparse: str) -> dict:
     world = dist.get_world_size(group) if group is not None else 1
     rank = dist.get_rank(group) if group is not None else 0
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    names, hotness = zip(*FEATURES, strict=True)
-    losses = []
-    for dense, ids, labels in batches():
-        part = slice(rank * B // world, (rank + 1) * B // world)
-        out = model(dense[part], KeyedIds(ids[part], names, hotness))
-        loss = nn.functional.binary_cross_entropy_with_logits(out, labels[part])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        if group is not None:
-            dist.all_reduce(total, group=group)
-        losses.append(float(total) / world)
-    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    part = slice(rank * B // world, (rank + 1) * B // world)
+    losses = [
+        step_mean_loss(model, opt, group, dense[part], ids[part], labels[part], FEATURES)
+        for dense, ids, labels in batches()
+    ]
+    inner = unwrap(model)
     for m in embedding_modules(inner):
         for g in m.host_groups():
             g.flush()  # host tables: cached rows back into host memory
@@ -127,17 +119,50 @@ def train(group, sharding: str, pins, sparse: str) -> dict:
 
 def full_tables(results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
     """Every table's rows and state, reassembled from all ranks' shards."""
+    dims = {t: 8 if t.startswith("users.") else 4 for t in ROWS}
+    return assemble_tables(results, ROWS, dims)
+
+
+def step_mean_loss(model, opt, group, dense, ids, labels, features) -> float:  # noqa: ANN001
+    """One training step on this rank's slice of a batch (dense [b, n], ids [b, H], labels
+    [b]; `features`: (name, hotness) pairs); the global batch's mean loss."""
+    names, hotness = zip(*features, strict=True)
+    out = model(dense, KeyedIds(ids, names, hotness))
+    loss = nn.functional.binary_cross_entropy_with_logits(out, labels)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    total = loss.detach().clone()
+    if group is None:
+        return float(total)
+    dist.all_reduce(total, group=group)
+    return float(total) / dist.get_world_size(group)
+
+
+def unwrap(model) -> nn.Module:  # noqa: ANN001
+    """The model inside DDP (parallelize wraps it when it has dense parameters)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def assemble_tables(
+    results: list[dict], rows: dict[str, int], dims: dict[str, int]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Every table's rows and optimizer state [rows, dim] (or [rows]), reassembled from all
+    ranks' shards (results' "shards": (spec, weight, state)); NaN where no shard wrote.
+    Dynamic maps' arrays (state "dyn_*") are left out."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for res in results:
         for spec, w, state in res["shards"]:
-            dim = 8 if spec.table.startswith("users.") else 4
+            n, dim = rows[spec.table], dims[spec.table]
             entry = out.setdefault(spec.table, {})
             for name, t in {"weight": w, **state}.items():
+                if name.startswith("dyn_"):
+                    continue
                 if t.dim() == 1:
-                    buf = entry.setdefault(name, torch.full((ROWS[spec.table],), float("nan")))
+                    buf = entry.setdefault(name, torch.full((n,), float("nan")))
                     buf[spec.row_start : spec.row_end] = t
                 else:
-                    buf = entry.setdefault(name, torch.full((ROWS[spec.table], dim), float("nan")))
+                    buf = entry.setdefault(name, torch.full((n, dim), float("nan")))
                     buf[spec.row_start : spec.row_end, spec.col_start : spec.col_end] = t
     return out
 

@@ -11,21 +11,15 @@ from torch import nn
 
 import hybridrec
 from hybridrec import Dynamic, EmbeddingTables, Feature, KeyedIds, Table
-from hybridrec.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
 from hybridrec.planner import CachePolicy
 from hybridrec.sparse.api import embedding_modules
+from tests.libmodel import OPTIMIZERS, assemble_tables, step_mean_loss, unwrap
 
 B, STEPS = 24, 6
 FEATURES = [("user_id", 1), ("friends", 4), ("age", 1), ("item_id", 1)]
 ROWS = {"users.user": 64, "users.age": 7, "items.item": 48}
 DIMS = {"users.user": 8, "users.age": 8, "items.item": 8}
 POOLS = {"user": 400, "item": 300}  # distinct raw ids per side (tables hold 56-64)
-OPTIMIZERS = {
-    "sgd": lambda: SparseSGD(0.5),
-    "rowwise_adagrad": lambda: RowWiseAdagrad(0.1),
-    "adam": lambda: SparseAdam(0.01),
-    "adagrad": lambda: SparseAdagrad(0.1),
-}
 POLICIES = {
     "lfu": (
         Dynamic(admit="count", min_count=2, evict="lfu", halflife=2, unknown="row", buckets=8),
@@ -122,26 +116,11 @@ def _part(group) -> slice:  # noqa: ANN001
 
 def run_steps(model, opt, group, steps: range) -> list[float]:  # noqa: ANN001
     """Train on global batches `steps` (this rank's slice of each); the global mean losses."""
-    names, hotness = zip(*FEATURES, strict=True)
-    part, world = _part(group), dist.get_world_size(group) if group is not None else 1
-    data = batches()
-    losses = []
-    for step in steps:
-        dense, ids, labels = data[step]
-        out = model(dense[part], KeyedIds(ids[part], names, hotness))
-        loss = nn.functional.binary_cross_entropy_with_logits(out, labels[part])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        if group is not None:
-            dist.all_reduce(total, group=group)
-        losses.append(float(total) / world)
-    return losses
-
-
-def inner(model) -> nn.Module:  # noqa: ANN001
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    part, data = _part(group), batches()
+    return [
+        step_mean_loss(model, opt, group, *(x[part] for x in data[step]), FEATURES)
+        for step in steps
+    ]
 
 
 def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
@@ -154,7 +133,7 @@ def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
     with torch.no_grad():
         scores = model(dense[part], KeyedIds(ids[part], names, hotness))
     model.train()
-    modules = embedding_modules(inner(model))
+    modules = embedding_modules(unwrap(model))
     for m in modules:
         for g in m.host_groups():
             g.flush()
@@ -195,22 +174,9 @@ def train(group, sharding: str, pins, sparse: str, policies: str) -> dict:  # no
 
 
 def full_tables(results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:
-    """Every table's rows and optimizer state, reassembled from all ranks' shards."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for res in results:
-        for spec, w, state in res["shards"]:
-            rows, dim = ROWS[spec.table], DIMS[spec.table]
-            entry = out.setdefault(spec.table, {})
-            for name, t in {"weight": w, **state}.items():
-                if name.startswith("dyn_"):  # map arrays: full_maps compares them
-                    continue
-                if t.dim() == 1:
-                    buf = entry.setdefault(name, torch.full((rows,), float("nan")))
-                    buf[spec.row_start : spec.row_end] = t
-                else:
-                    buf = entry.setdefault(name, torch.full((rows, dim), float("nan")))
-                    buf[spec.row_start : spec.row_end, spec.col_start : spec.col_end] = t
-    return out
+    """Every table's rows and optimizer state, reassembled from all ranks' shards (the map
+    arrays: full_maps)."""
+    return assemble_tables(results, ROWS, DIMS)
 
 
 def full_maps(results: list[dict]) -> dict[str, dict[str, torch.Tensor]]:

@@ -22,10 +22,10 @@ from tests.distributed.dynamic_model import (
     collect,
     full_maps,
     full_tables,
-    inner,
     run_steps,
 )
 from tests.distributed.harness import run_shared
+from tests.libmodel import unwrap
 
 pytestmark = pytest.mark.slow
 
@@ -38,8 +38,8 @@ def _env(env) -> DistEnv:  # noqa: ANN001
 
 
 def _signature(model) -> dict:  # noqa: ANN001
-    tables = [t for m in embedding_modules(inner(model)) for t in m.tables]
-    return model_signature(tables, inner(model), CASE[2], "sgd")
+    tables = [t for m in embedding_modules(unwrap(model)) for t in m.tables]
+    return model_signature(tables, unwrap(model), CASE[2], "sgd")
 
 
 def save_then_continue(env, root: str) -> dict:  # noqa: ANN001
@@ -48,7 +48,7 @@ def save_then_continue(env, root: str) -> dict:  # noqa: ANN001
     model, opt = build(env.group, *CASE)
     losses = run_steps(model, opt, env.group, range(SAVED_AT))
     state = TrainState(SAVED_AT, SAVED_AT, {})
-    save_checkpoint(root, state, inner(model), opt, _signature(model), None, env)
+    save_checkpoint(root, state, unwrap(model), opt, _signature(model), None, env)
     losses += run_steps(model, opt, env.group, range(SAVED_AT, STEPS))
     return collect(model, env.group, losses)
 
@@ -57,7 +57,7 @@ def resume(env, path: str) -> dict:  # noqa: ANN001
     """A fresh model (of this world size) loaded from `path`, trained to the end."""
     env = _env(env)
     model, opt = build(env.group, *CASE)
-    state = load_checkpoint(path, inner(model), opt, _signature(model))
+    state = load_checkpoint(path, unwrap(model), opt, _signature(model))
     assert state.step == SAVED_AT
     losses = run_steps(model, opt, env.group, range(SAVED_AT, STEPS))
     return collect(model, env.group, losses)
