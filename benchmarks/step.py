@@ -142,7 +142,7 @@ def run_hybridrec(
     reset_device(device)
     trainer = Trainer(cfg, DistEnv(device=device))
     if per_table:  # the lookup's older layout: per-table outputs stacked (and cat'ed back)
-        trainer.embeddings[0].sample_major = None
+        trainer.embeddings[0].exchange = trainer.embeddings[0].all_to_all
     if fp32_handoff:  # pooled embeddings in fp32 even under autocast (the dense part casts)
         trainer.embeddings[0].autocast_output = False
 

@@ -92,7 +92,7 @@ from hybridrec.distributed.comm import ScaleGrad
 from hybridrec.model import DenseArch, bce_loss
 from hybridrec.optim import build_dense_optimizer
 from hybridrec.sparse.init import init_shard
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import full_shard
 from hybridrec.train.checkpoint.format import dense_module, dense_state
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn

@@ -25,7 +25,7 @@ from hybridrec.model.tables import declared_features
 from hybridrec.optim import build_sparse_optimizer
 from hybridrec.planner import CachePolicy, OptimizerFootprint, Topology, plan_sharding
 from hybridrec.shard import declarations, parallelize, plan_of
-from hybridrec.sparse.local import HostOptions
+from hybridrec.sparse.groups import HostOptions
 from hybridrec.types import ShardingPlan, TableConfig
 
 log = logging.getLogger("hybridrec")

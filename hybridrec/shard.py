@@ -55,9 +55,9 @@ from hybridrec.planner import (
 from hybridrec.planner.types import NO_OPTIMIZER_STATE
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.sparse.fused import RowOptimizer
+from hybridrec.sparse.groups import HostOptions
 from hybridrec.sparse.host import check_host_memory
 from hybridrec.sparse.layout import whole_values
-from hybridrec.sparse.local import HostOptions
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan, TableConfig, storage_tables
 

@@ -65,7 +65,7 @@ READS = {
 ALLOWED = {
     ("cache.py", "_admit", "tolist"): "an admission's one read (distinct rows and misses)",
     ("cache.py", "_choose_slots", "int"): "an unforeseen eviction: how many slots may go",
-    ("local.py", "sample_major_inputs", "aten::nonzero"): "one rank: a list's real ids",
+    ("sample_major.py", "sample_major_inputs", "aten::nonzero"): "one rank: a list's real ids",
 }
 
 

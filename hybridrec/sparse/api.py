@@ -13,22 +13,24 @@ Contract of an EmbeddingModule, at any world size:
     use_staged(staged)           the next forward runs on what `prefetch` staged
     check_inputs()               raise a deferred bad-id error (collective on several ranks)
     warm_start(counts, batch)    fill caches from id frequencies -> WarmStart
-    take_metrics()               counters since the last call, summable over ranks and modules
-    take_eval_unknown()          dynamic tables' ids without a row in evaluation, summable
+    take_metrics()               EmbeddingCounters since the last call, summable over ranks
+    take_eval_unknown()          dynamic tables' ids without a row in evaluation, likewise
     shard_views(), replicated_tables(), sparse_step / set_sparse_step   checkpoint state
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from hybridrec.sparse.dynamic.stats import DynamicStats
 from hybridrec.sparse.fused import RowOptimizer
+from hybridrec.sparse.host.stats import CacheStats
 from hybridrec.types import ShardSpec
 
 ShardView = tuple[ShardSpec, torch.Tensor, dict[str, torch.Tensor]]  # spec, weight, state views
@@ -42,6 +44,41 @@ class WarmStart:
 
     rows: int
     expected_hit_rate: float | None
+
+
+@dataclass
+class EmbeddingCounters:
+    """An embedding module's counters since the last reading, typed and summable over modules
+    and ranks: its host caches' (None: no rank holds a host-resident shard of its plan) and
+    each dynamic table's by name (every dynamic table of the plan, zeros where no shard is
+    held, so every rank has the same fields: `values` lists them in one order)."""
+
+    cache: CacheStats | None = None
+    dynamic: dict[str, DynamicStats] = field(default_factory=dict)
+
+    def add(self, other: EmbeddingCounters) -> None:
+        if other.cache is not None:
+            if self.cache is None:
+                self.cache = CacheStats()
+            self.cache.add(other.cache)
+        for name, st in other.dynamic.items():
+            self.dynamic.setdefault(name, DynamicStats()).add(st)
+
+    def values(self) -> list[float]:
+        """Every counter in a fixed order (the cache's fields, then each table's, by name)."""
+        parts = [self.cache] if self.cache is not None else []
+        parts += [self.dynamic[t] for t in sorted(self.dynamic)]
+        return [float(getattr(p, f.name)) for p in parts for f in fields(p)]
+
+    def with_values(self, values: list[float]) -> EmbeddingCounters:
+        """The same counters holding `values` (in the order of `values()`), e.g. summed."""
+        it = iter(values)
+
+        def fill(cls: type) -> Any:
+            return cls(**{f.name: next(it) for f in fields(cls)})
+
+        cache = fill(CacheStats) if self.cache is not None else None
+        return EmbeddingCounters(cache, {t: fill(DynamicStats) for t in sorted(self.dynamic)})
 
 
 class EmbeddingModule(nn.Module):
@@ -67,14 +104,14 @@ class EmbeddingModule(nn.Module):
     def warm_start(self, counts: IdCounts, batch_size: int) -> WarmStart:
         return WarmStart(0, None)
 
-    def take_metrics(self) -> dict[str, float]:
-        """Counters since the last call (e.g. cache hits), to be summed over ranks."""
-        return {}
+    def take_metrics(self) -> EmbeddingCounters:
+        """Counters since the last call (cache hits, dynamic admissions), summable over ranks."""
+        return EmbeddingCounters()
 
-    def take_eval_unknown(self) -> dict[str, float]:
-        """Dynamic tables: `<table>.ids` and `<table>.unknown`, ids looked up in evaluation
-        since the last call and those without a row, to be summed over ranks ({}: none)."""
-        return {}
+    def take_eval_unknown(self) -> EmbeddingCounters:
+        """Dynamic tables: ids looked up in evaluation since the last call and those without
+        a row (each table's DynamicStats.eval_ids, eval_unknown), summable over ranks."""
+        return EmbeddingCounters()
 
     def shard_views(self) -> list[ShardView]:
         raise NotImplementedError

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from hybridrec.sparse.fused import RowOptimizer
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import full_shard
 from hybridrec.sparse.sharded import ShardedEmbeddingCollection
 from hybridrec.types import ShardingPlan, ShardingType, TableConfig, TablePlan, storage_tables
 

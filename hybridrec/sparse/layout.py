@@ -9,8 +9,12 @@ shards their storage tables (`storage`, hybridrec.types.storage_tables), which s
 may share. A *unit* is one feature's lookup in one non-replicated shard, served by the shard's
 owner rank. A feature is 1 unit (table-wise), k units whose outputs are concatenated in column
 order (column-wise), or k units whose outputs are summed in shard order (row-wise). A rank's
-units are fused into one group per width and placement ("w<width>" in device memory,
-"h<width>" in host memory); replicated (data-parallel) tables get groups "dp_w<width>". Units
+units are fused into one group per placement and width, named by a typed `GroupKey`
+(`Placement.DEVICE`, `HOST` (prefetched a step ahead), `HOST_DYNAMIC` (dynamic tables in host
+memory: their rows are known only after the map, so they are admitted at lookup) or
+`REPLICATED` for data-parallel tables). A dynamic table's shard is a slot of its width's group
+like any other: its owner maps the raw ids it receives to the slot's rows before the group's
+lookup (hybridrec.sparse.dynamic.remap). Units
 of rank q are listed group by group (in order of first appearance), each group's in (storage
 table, shard, feature) order, so a group's units lie side by side in every exchange; the
 output dist receives them in (source rank, that order), which `table_units` maps back to
@@ -21,9 +25,9 @@ their ids' gradients meet in one deduplication, as in the unsharded table.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
 
 import torch
@@ -40,6 +44,36 @@ from hybridrec.types import (
 )
 
 
+class Placement(str, Enum):
+    """Where a fused group's rows live, and so how its lookup gets them."""
+
+    DEVICE = "device"  # device memory: fixed and dynamic tables alike
+    HOST = "host"  # host memory behind a device cache, its rows prefetched a step ahead
+    HOST_DYNAMIC = "host_dynamic"  # the same for dynamic tables: rows known after the map only
+    REPLICATED = "replicated"  # a data-parallel table's full copy on every rank
+
+
+@dataclass(frozen=True, order=True)
+class GroupKey:
+    """A fused group of one rank: its placement and width (one group per pair; ordered by
+    placement, then width, wherever ranks must agree on an order of groups)."""
+
+    placement: Placement
+    width: int
+
+    @property
+    def on_host(self) -> bool:
+        return self.placement in (Placement.HOST, Placement.HOST_DYNAMIC)
+
+    @property
+    def prefetched(self) -> bool:
+        """Its rows are admitted into its device cache a step ahead (prefetch)."""
+        return self.placement is Placement.HOST
+
+    def __str__(self) -> str:
+        return f"{self.placement.value} w{self.width}"
+
+
 @dataclass(frozen=True)
 class Unit:
     """One feature's lookup in one non-replicated shard of the table it reads."""
@@ -49,7 +83,6 @@ class Unit:
     shard: ShardSpec
     row_wise: bool
     storage_index: int  # the table's index in the plan
-    own_group: bool = True  # a dynamic table's shard: a group of its own (not sample-major)
 
     @property
     def slot(self) -> tuple[int, ShardSpec]:
@@ -62,16 +95,17 @@ class Unit:
         return self.row_wise or self.table.jagged
 
     @property
-    def group_key(self) -> str:
-        """The fused group serving it on its rank: "w<width>" (device) or "h<width>" (host);
-        a dynamic table's shard has a group of its own, "w<width>_d<table>_<row>_<col>", so
-        its rows are the group's and its raw ids map to them (hybridrec.sparse.dynamic),
-        except on one rank whose tables all fit one sample-major group (`own_group` False:
-        the map turns its columns' ids into rows before that group's lookup)."""
-        key = f"{'h' if self.shard.on_host else 'w'}{self.shard.width}"
-        if self.table.dynamic is not None and self.own_group:
-            key += f"_d{self.storage_index}_{self.shard.row_start}_{self.shard.col_start}"
-        return key
+    def dynamic(self) -> bool:
+        """Its ids are raw (a dynamic table): its shard's owner maps them to rows."""
+        return self.table.dynamic is not None
+
+    @property
+    def group_key(self) -> GroupKey:
+        """The fused group serving it on its rank (see Placement)."""
+        if not self.shard.on_host:
+            return GroupKey(Placement.DEVICE, self.shard.width)
+        placement = Placement.HOST_DYNAMIC if self.dynamic else Placement.HOST
+        return GroupKey(placement, self.shard.width)
 
     @property
     def whole(self) -> bool:
@@ -92,8 +126,8 @@ class ShardedLayout:
     units_on: tuple[tuple[Unit, ...], ...]  # per rank: the units it serves
     table_units: dict[int, list[int]]  # feature -> positions in the received list, shard order
     dp_tables: tuple[int, ...]  # features of replicated tables, in feature order
-    group_units: dict[str, list[int]]  # this rank's group key -> its local units, group order
-    dp_group_tables: dict[str, list[int]]  # replicated group key -> its features
+    group_units: dict[GroupKey, list[int]]  # this rank's groups -> their local units, in order
+    dp_group_tables: dict[GroupKey, list[int]]  # replicated groups -> their features
     peers: dict[int, list[int]]  # local column unit -> ranks of its table's other columns
     full_row_stat: bool
     storage: tuple[TableConfig, ...]  # the plan's tables
@@ -119,8 +153,6 @@ class ShardedLayout:
             row_wise = tp.sharding.traits.partial_sums
             for s in tp.shards:
                 units_on[s.rank].extend(Unit(f, tables[f], s, row_wise, i) for f in users[i])
-        if plan.world_size == 1 and not dp_tables and _one_group(units_on[0]):
-            units_on[0] = [dataclasses.replace(u, own_group=False) for u in units_on[0]]
         for q, units in enumerate(units_on):  # group by group, each keeping its units' order
             keys = list(dict.fromkeys(u.group_key for u in units))
             units_on[q] = sorted(units, key=lambda u: keys.index(u.group_key))
@@ -133,12 +165,12 @@ class ShardedLayout:
             for f, i in enumerate(storage_of)
             if not plan.tables[i].sharding.traits.replicated
         }
-        group_units: dict[str, list[int]] = {}
+        group_units: dict[GroupKey, list[int]] = {}
         for k, u in enumerate(units_on[rank]):
             group_units.setdefault(u.group_key, []).append(k)
-        dp_group_tables: dict[str, list[int]] = {}
+        dp_group_tables: dict[GroupKey, list[int]] = {}
         for f in dp_tables:
-            dp_group_tables.setdefault(f"dp_w{tables[f].dim}", []).append(f)
+            dp_group_tables.setdefault(GroupKey(Placement.REPLICATED, tables[f].dim), []).append(f)
         peers = {}
         if full_row_stat:
             for k, u in enumerate(units_on[rank]):
@@ -169,10 +201,10 @@ class ShardedLayout:
         return self.units_on[self.rank]
 
     @cached_property
-    def group_slots(self) -> dict[str, list[tuple[int, ShardSpec]]]:
+    def group_slots(self) -> dict[GroupKey, list[tuple[int, ShardSpec]]]:
         """Group key -> the shards it stores (slots: (table index, shard)), in group order;
         replicated groups' slots are their whole tables."""
-        out: dict[str, list[tuple[int, ShardSpec]]] = {}
+        out: dict[GroupKey, list[tuple[int, ShardSpec]]] = {}
         for key, ks in self.group_units.items():
             slots = out.setdefault(key, [])
             for k in ks:
@@ -187,14 +219,14 @@ class ShardedLayout:
                     slots.append(slot)
         return out
 
-    def slot_rows(self, key: str) -> list[int]:
+    def slot_rows(self, key: GroupKey) -> list[int]:
         """Where each slot of group `key` starts in the group's rows, and the group's rows."""
         out = [0]
         for _, shard in self.group_slots[key]:
             out.append(out[-1] + shard.num_rows)
         return out
 
-    def locate(self, table_index: int) -> tuple[str, int]:
+    def locate(self, table_index: int) -> tuple[GroupKey, int]:
         """The group key and slot position in that group of this rank's first shard of a
         (storage) table (KeyError where this rank holds none of it)."""
         for key, slots in self.group_slots.items():
@@ -203,11 +235,11 @@ class ShardedLayout:
                     return key, pos
         raise KeyError(f"rank {self.rank} holds no shard of table {table_index}")
 
-    def input_slots(self, key: str) -> list[int]:
+    def input_slots(self, key: GroupKey) -> list[int]:
         """Per input of group `key` (its units, or its replicated features): its slot's
         position in `group_slots[key]`."""
         slots = self.group_slots[key]
-        if key in self.dp_group_tables:
+        if key.placement is Placement.REPLICATED:
             plan = self.plan.tables
             return [
                 slots.index((self.storage_of[f], plan[self.storage_of[f]].shards[self.rank]))
@@ -233,11 +265,6 @@ class ShardedLayout:
     def one_width(self) -> bool:
         """Every table has the same width: the pooled output is [B, T, D], else [B, sum D]."""
         return len({t.dim for t in self.tables}) == 1
-
-    @cached_property
-    def group_widths(self) -> dict[str, int]:
-        """This rank's group key -> its width."""
-        return {k: self.local_units[ks[0]].shard.width for k, ks in self.group_units.items()}
 
     @cached_property
     def id_dtype(self) -> torch.dtype:
@@ -275,30 +302,28 @@ class ShardedLayout:
         return whole_values(self.plan)
 
     @cached_property
-    def sample_major_group(self) -> str | None:
-        """The one group that holds every table whole, on one rank with no
-        replicated tables: its lookup can run sample-major with nothing to exchange
-        (hybridrec.sparse.local.sample_major_layout). None otherwise."""
+    def sample_major_group(self) -> GroupKey | None:
+        """The one group that holds every table whole, on one rank with no replicated tables:
+        its lookup can number its bags sample-major with nothing to exchange
+        (hybridrec.sparse.exchange.sample_major). None otherwise."""
         if self.world != 1 or self.dp_tables or len(self.group_units) != 1:
             return None
         [(key, ks)] = self.group_units.items()
         units = [self.local_units[k] for k in ks]
-        if any(u.table.dynamic is not None and u.own_group for u in units):
-            return None  # a dynamic shard's group of its own: its ids are raw
         if all(u.whole for u in units) and sorted(u.table_index for u in units) == list(
             range(len(self.tables))
         ):
             return key  # one unit per feature (features sharing a table read one slot)
         return None
 
+    def dynamic_slots(self, key: GroupKey) -> list[int]:
+        """The positions in `group_slots[key]` of its dynamic tables' shards."""
+        return [p for p, (i, _) in enumerate(self.group_slots[key]) if self.storage[i].dynamic]
 
-def _one_group(units: Sequence[Unit]) -> bool:
-    """One rank's units could all be one device group read sample-major: whole tables of one
-    width, none host-resident (sample_major_group decides on the grouped layout)."""
-    return (
-        all(u.whole and not u.shard.on_host for u in units)
-        and len({u.shard.width for u in units}) == 1
-    )
+
+def full_shard(table: TableConfig, rank: int = 0) -> ShardSpec:
+    """The one shard of a table held whole by `rank`."""
+    return ShardSpec(table.name, rank, 0, table.num_rows, 0, table.dim)
 
 
 def whole_values(plan: ShardingPlan) -> bool:

@@ -3,66 +3,42 @@
     forward(ids [B_l, H]) -> pooled [B_l, T, D]    (B_l = this rank's slice of the global B)
                                                    ([B_l, sum_t D_t] when widths differ)
 
-One step, each stage in its own module: check ids (hybridrec.sparse.ids) -> input dist
-(sparse.exchange.input) -> one fused lookup per width group (sparse.local, sparse.fused) -> output
-dist and reassembly (sparse.exchange.output); replicated tables pool locally (sparse.exchange.
-replicated). Backward mirrors it inside the output dist's autograd node, in a fixed order on
-every rank: all-to-all in reverse, row statistics of column shards (sparse.exchange.row_stats),
-replicated tables' sync; then each group updates its rows with the whole global batch's
-gradients. The output is scaled by 1/W in backward (gradient-scaling rule: docs/architecture.md).
-
-One rank, with or without a process group, runs this same code: its exchanges are the
-identity, and a lone group holding every table whole looks up sample-major (sparse.local).
-The single-process reference (hybridrec.sparse.collection.EmbeddingCollection) is this class
-on a one-rank plan.
+One step, the same stages at any world size, each handing the next a StepContext by value
+(hybridrec.sparse.step): check ids (sparse.ids) -> `exchange.route` (the ids reach the
+groups that own their shards) -> dynamic maps turn raw ids into rows (sparse.dynamic.remap)
+-> one fused lookup per group (sparse.groups, sparse.fused) -> `exchange.deliver` (pooled rows
+back to their samples, each feature rebuilt). The exchange is the all-to-all
+(sparse.exchange.all_to_all: the identity on one rank), or on one rank whose one group holds
+every table whole, the sample-major numbering (sparse.exchange.sample_major). Backward mirrors
+it inside the all-to-all's autograd node in a fixed order on every rank, then each group
+updates its rows with the whole global batch's gradients. The single-process reference
+(hybridrec.sparse.collection.EmbeddingCollection) is this class on a one-rank plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hybridrec import timing
-from hybridrec.distributed.comm import CommStats, ScaleGrad, all_gather_rows, any_rank, world_size
-from hybridrec.sparse.api import EmbeddingModule, IdCounts, ShardView, WarmStart
-from hybridrec.sparse.bags import divide_means, jagged_means, mean_divisors
-from hybridrec.sparse.dynamic.remap import build_maps, column_maps, remap, remap_columns
+from hybridrec.distributed.comm import CommStats, all_gather_rows, any_rank, world_size
+from hybridrec.sparse.api import EmbeddingCounters, EmbeddingModule, IdCounts, ShardView, WarmStart
+from hybridrec.sparse.dynamic.remap import map_raw_ids
 from hybridrec.sparse.dynamic.stats import DynamicStats, dynamic_metrics
-from hybridrec.sparse.exchange.input import Routed, build_routes, input_dist
-from hybridrec.sparse.exchange.output import output_dist, reassemble
-from hybridrec.sparse.exchange.replicated import ReplicaInputs, replicated_lookup, sync_replicas
-from hybridrec.sparse.exchange.row_stats import RowStats, share_row_stats
+from hybridrec.sparse.exchange.all_to_all import AllToAll
+from hybridrec.sparse.exchange.row_stats import RowStats
+from hybridrec.sparse.exchange.sample_major import SampleMajor
 from hybridrec.sparse.fused import RowOptimizer
-from hybridrec.sparse.host import CacheStats, HostCachedEmbedding, Prefetched
+from hybridrec.sparse.groups import Group, HostOptions, build_groups
+from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError
-from hybridrec.sparse.layout import ShardedLayout
-from hybridrec.sparse.local import (
-    HostOptions,
-    SampleMajorInputs,
-    build_groups,
-    lookup_groups,
-    lookup_sample_major,
-    sample_major_inputs,
-    sample_major_layout,
-)
+from hybridrec.sparse.layout import GroupKey, Placement, ShardedLayout
+from hybridrec.sparse.step import Exchange, GroupInput, StepContext, Wire
 from hybridrec.types import ShardingPlan, TableConfig
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A batch's ids, checked, with what prefetch() computed for them: the input dist
-    (several ranks) or the sample-major lookup inputs (one rank), and per host group what
-    its prefetch admitted (group key -> Prefetched), handed to its lookup of those rows."""
-
-    ids: torch.Tensor
-    routed: Routed | None
-    sample_major: SampleMajorInputs | None
-    prefetched: dict[str, Prefetched]
 
 
 class ShardedEmbeddingCollection(EmbeddingModule):
@@ -105,33 +81,21 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         )
         self.rank, self.world, self.plan = rank, world, plan
         self.device = torch.device(device)
-        self.routes = build_routes(self.layout, self.device)
         self.checker = IdChecker(self.tables) if check_ids else None
-        self.means = jagged_means(self.tables)  # divided by bag lengths after the exchange
-        self.groups = build_groups(
+        built = build_groups(
             self.layout, optimizer, seed, self.device, dtype, host or HostOptions()
         )
-        # dynamic shards' id -> row maps, by group key (hybridrec.sparse.dynamic)
-        self.dynamic = nn.ModuleDict(build_maps(self.layout, seed, self.device))
+        self.group_modules = nn.ModuleList(built)  # registered: .to(), train()/eval()
+        self.groups: dict[GroupKey, Group] = {g.key: g for g in built}
+        stores = {g.key: g.store for g in built}
+        self.all_to_all = AllToAll(self.layout, stores, group, stats, self.device)
         key = self.layout.sample_major_group
-        self.sample_major = None
-        self.column_maps = []
-        if key is not None:
-            group = self.groups[key]
-            units = [self.layout.local_units[k] for k in self.layout.group_units[key]]
-            start = {  # feature -> where its table's rows start in the group
-                u.table_index: group.offsets_list[p]
-                for u, p in zip(units, self.layout.input_slots(key), strict=True)
-            }
-            offsets = [start[f] for f in range(len(self.tables))]
-            self.sample_major = sample_major_layout(self.tables, offsets, self.device)
-            # its dynamic tables' columns become rows first (an id without one: PAD_ID)
-            self.column_maps = column_maps(self.layout, group, self.device)
-            if any(self.dynamic[c.key].policy.unknown == "zeros" for c in self.column_maps):
-                self.sample_major = dataclasses.replace(self.sample_major, jagged=True)
+        self.exchange: Exchange = (
+            SampleMajor(self.layout, key, self.device) if key is not None else self.all_to_all
+        )
         self.prefetches = self.layout.has_host
         self.autocast_output = autocast_output
-        self._staged: Staged | None = None
+        self._staged: StepContext | None = None
 
     # -- the interface the trainer and checkpoints use (hybridrec.sparse.api) ---------------
     def sparse_optimizers(self) -> list[RowOptimizer]:
@@ -141,12 +105,11 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         """Every shard held here: (spec, weight view [rows, width], optimizer-state views); a
         dynamic shard's map arrays join its state as row-wise state (DynamicMap.views)."""
         out = []
-        for key, group in self.groups.items():
-            views = group.shard_views()
-            for pos, (spec, weight, state) in enumerate(views):
-                for k in (key, f"{key}_t{pos}"):  # (the sample-major group's: "<key>_t<pos>")
-                    if k in self.dynamic:
-                        state = {**state, **self.dynamic[k].views()}
+        for group in self.groups.values():
+            maps = dict(group.dynamic())
+            for pos, (spec, weight, state) in enumerate(group.store.shard_views()):
+                if pos in maps:
+                    state = {**state, **maps[pos].views()}
                 out.append((spec, weight, state))
         return out
 
@@ -156,15 +119,15 @@ class ShardedEmbeddingCollection(EmbeddingModule):
     @property
     def sparse_step(self) -> int:
         """The sparse optimizer's step count (the same in every group)."""
-        counts = {g.step_count for g in self.groups.values()}
+        counts = {g.store.step_count for g in self.groups.values()}
         assert len(counts) <= 1, f"fused groups disagree on their step count: {counts}"
         return counts.pop() if counts else 0
 
     def set_sparse_step(self, step: int) -> None:
         for g in self.groups.values():
-            g.step_count = step
-        for m in self.dynamic.values():  # a training step is one map step and one update
-            m.set_clock(step)
+            g.store.step_count = step
+            for _, dmap in g.dynamic():  # a training step is one map step and one update
+                dmap.set_clock(step)
 
     def check_inputs(self) -> None:
         """Raise, on every rank, for a bad id a deferred check met on any rank (collective)."""
@@ -180,21 +143,22 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             )
 
     def host_groups(self) -> list[HostCachedEmbedding]:
-        return [g for g in self.groups.values() if isinstance(g, HostCachedEmbedding)]
+        return [g.host for g in self.groups.values() if g.host is not None]
 
     def warm_start(self, counts: IdCounts, batch_size: int) -> WarmStart:
         """Fill each host cache with its most frequent rows: `counts(t)` gives feature t's id
-        frequencies [num_rows] (None: unknown); a shared table adds its features'."""
+        frequencies [num_rows] (None: unknown); a shared table adds its features'. (A dynamic
+        table's rows have no counts: its ids are raw.)"""
         loaded = 0
         lay = self.layout
         for key, slots in lay.group_slots.items():
-            group = self.groups[key]
-            if not isinstance(group, HostCachedEmbedding) or key in self.dynamic:
-                continue  # (a dynamic table's rows have no counts: its ids are raw)
-            freq = torch.zeros(group.num_rows, dtype=torch.float64)
+            cache = self.groups[key].host
+            if cache is None or key.placement is not Placement.HOST:
+                continue
+            freq = torch.zeros(cache.num_rows, dtype=torch.float64)
             known, ids_per_step = False, 0.0
             for pos, (i, shard) in enumerate(slots):
-                a = group.offsets_list[pos]
+                a = cache.offsets_list[pos]
                 for f in (f for f, j in enumerate(lay.storage_of) if j == i):  # its features
                     table_counts = counts(f)
                     if table_counts is None:
@@ -205,7 +169,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                     share = part.sum().item() / max(1, int(table_counts.sum()))
                     ids_per_step += batch_size * lay.tables[f].hotness * share
             if known:
-                loaded += group.warm_start(freq, ids_per_step)
+                loaded += cache.warm_start(freq, ids_per_step)
         hits = [g.warm_hits for g in self.host_groups()]
         cached, total = sum(h[0] for h in hits), sum(h[1] for h in hits)
         return WarmStart(loaded, cached / total if total else None)
@@ -220,64 +184,53 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             total.add(g.take_stats())
         return total
 
-    def take_metrics(self) -> dict[str, float]:
-        """The host-cache counters as `cache.<name>` ({} when no rank has host groups; zeros
-        on a rank without any, so every rank sums the same keys)."""
-        out = {}
-        if self.layout.dynamic:  # every rank sums the same keys (zeros where none is held)
-            held = self.dynamic_stats()
-            for t in self.layout.storage:
-                if t.dynamic is not None:
-                    st = held.get(t.name, DynamicStats())
-                    out.update({f"dynamic.{t.name}.{k}": float(v) for k, v in st.items()})
-        if not self.prefetches:
-            return out
-        st = self.cache_stats() or CacheStats()
-        out.update({f"cache.{k}": float(v) for k, v in dataclasses.asdict(st).items()})
-        return out
+    def take_metrics(self) -> EmbeddingCounters:
+        """Counters since the last call: the host caches' (None when no rank holds a
+        host-resident shard; zeros on a rank without any) and every dynamic table's of the
+        plan (zeros where no shard is held here), so every rank sums the same fields."""
+        held = self.dynamic_stats()
+        dynamic = {t.name: held.get(t.name, DynamicStats()) for t in self.layout.storage
+                   if t.dynamic is not None}  # fmt: skip
+        cache = (self.cache_stats() or CacheStats()) if self.prefetches else None
+        return EmbeddingCounters(cache, dynamic)
 
     def dynamic_stats(self) -> dict[str, DynamicStats]:
         """This rank's dynamic tables' counters since the last call, by table ({} if none)."""
-        return dynamic_metrics(self.dynamic)
+        return dynamic_metrics([m for g in self.groups.values() for _, m in g.dynamic()])
 
-    def take_eval_unknown(self) -> dict[str, float]:
+    def take_eval_unknown(self) -> EmbeddingCounters:
         """Per dynamic table of the plan (zeros where no shard is held here, so every rank
-        sums the same keys): ids looked up in evaluation since the last call, and those
+        sums the same fields): ids looked up in evaluation since the last call, and those
         without a row (one column shard of a table counts)."""
-        out = {}
-        for t in self.layout.storage:
-            if t.dynamic is not None:
-                out[f"{t.name}.ids"] = out[f"{t.name}.unknown"] = 0.0
-        for dmap in self.dynamic.values():
-            ids, unknown = dmap.take_eval()
-            if dmap.counts_table:
-                out[f"{dmap.table.name}.ids"] += ids
-                out[f"{dmap.table.name}.unknown"] += unknown
-        return out
+        out = {t.name: DynamicStats() for t in self.layout.storage if t.dynamic is not None}
+        for g in self.groups.values():
+            for _, dmap in g.dynamic():
+                ids, unknown = dmap.take_eval()
+                if dmap.counts_table:
+                    out[dmap.table.name].eval_ids += ids
+                    out[dmap.table.name].eval_unknown += unknown
+        return EmbeddingCounters(None, out)
 
-    def prefetch(self, ids: torch.Tensor) -> Staged | None:
+    def prefetch(self, ids: torch.Tensor) -> StepContext | None:
         """Start moving the next batch's host-resident rows into the device caches.
 
         ids [B_l, H]: this rank's next batch. Collective when any rank holds host-resident
-        shards (the ids travel by the input dist the forward then reuses), so every rank
-        calls it at the same point: the pipeline does, between a step's forward and backward."""
+        shards (the ids travel by the exchange the forward then reuses), so every rank calls
+        it at the same point: the pipeline does, between a step's forward and backward.
+        Returns the batch's StepContext, with what each host group's prefetch admitted."""
         if not self.prefetches:
             return None
         with timing.phase("host_prefetch"):
-            clean, error = self._check_ids(ids.to(self.device, non_blocking=True))
-            if self.sample_major is not None:  # the forward looks up these rows
-                inputs = sample_major_inputs(clean, self.sample_major)
-                [(key, group)] = self.groups.items()
-                return Staged(clean, None, inputs, {key: group.prefetch(inputs.rows)})
-            routed = self._input_dist(clean, error)
+            given = ids.to(self.device, non_blocking=True)
+            step = self._route(*self._check_ids(given))
             prefetched = {  # the forward looks up these rows (a dynamic group's: not known yet)
-                key: group.prefetch(routed.groups[key].rows)
-                for key, group in self.groups.items()
-                if isinstance(group, HostCachedEmbedding) and key not in self.dynamic
+                key: self.groups[key].host.prefetch(inp.rows)  # type: ignore[union-attr]
+                for key, inp in step.lookups.items()
+                if key.prefetched
             }
-            return Staged(clean, routed, None, prefetched)
+            return step.replace(given=given, given_version=given._version, prefetched=prefetched)
 
-    def use_staged(self, staged: Staged | None) -> None:
+    def use_staged(self, staged: StepContext | None) -> None:
         self._staged = staged
 
     # -- forward ----------------------------------------------------------------------------
@@ -285,7 +238,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         """(ids, checked; this rank's error for a bad one). One rank raises it at once; with
         several, the bad ids read as 0 and the input dist tells every rank whether any rank
         found one (a flag in the exchange it makes anyway), so all fail together in that
-        step, with no collective of their own (`_input_dist`). Deferred on CUDA (IdChecker):
+        step, with no collective of their own (`_route`). Deferred on CUDA (IdChecker):
         bad ids read as 0 until check_inputs."""
         if self.checker is None:
             return ids, None
@@ -300,19 +253,21 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             raise error
         return ids.masked_fill(bad, 0), error
 
-    def _input_dist(self, ids: torch.Tensor, error: IdOutOfRangeError | None) -> Routed:
-        """The input dist of checked ids; raises, on every rank, if any rank found a bad one."""
+    def _route(self, ids: torch.Tensor, error: IdOutOfRangeError | None) -> StepContext:
+        """The exchange's route of checked ids; raises, on every rank, if any rank found a
+        bad one."""
         at_once = self.checker is not None and not self.checker.deferred(ids)
         flag = (error is not None) if at_once else None  # deferred: no flag to read
-        routed = input_dist(ids, self.layout, self.routes, self.group, self.stats, flag=flag)
+        with timing.phase("input_dist"):
+            step, flagged = self.exchange.route(ids, flag)
         if error is not None:
             raise error
-        if routed.flagged:
+        if flagged:
             raise IdOutOfRangeError(
                 f"rank {self.rank}: another rank found an out-of-range id in this batch "
                 "(that rank's error names the feature and the id)"
             )
-        return routed
+        return step
 
     def handoff_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype when the pooled embeddings go to the dense part in it: under
@@ -324,7 +279,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         if (
             self.autocast_output
             and self.layout.whole_values
-            and not self.means
+            and not self.all_to_all.means
             and torch.is_autocast_enabled(device.type)
         ):
             return torch.get_autocast_dtype(device.type)
@@ -348,82 +303,59 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                     )
                 padded = ids.new_zeros(max(sizes), ids.shape[1])  # id 0: in every table
                 padded[: ids.shape[0]] = ids
-                return self._pooled(padded)[: ids.shape[0]]
-        return self._pooled(ids)
+                return self._embed(padded)[: ids.shape[0]]
+        return self._embed(ids)
 
     def _batch_sizes(self, n: int) -> list[int]:
         """Every rank's B_l (a collective; reads them on the host)."""
         local = torch.tensor([n], dtype=torch.int64, device=self.device)
         return all_gather_rows(local, self.group, name="batch_sizes").tolist()
 
-    def _pooled(self, ids: torch.Tensor) -> torch.Tensor:
-        """forward, once every rank holds as many samples (see forward)."""
-        staged, self._staged = self._staged, None
-        error = None
-        if staged is not None:
-            if staged.ids.shape != ids.shape:
-                raise RuntimeError("the staged batch does not match the forward's ids")
-            ids = staged.ids  # checked (and distributed) by prefetch()
-        else:  # ids may come from the host (a no-op when they are on the device already)
-            ids, error = self._check_ids(ids.to(self.device, non_blocking=True))
-        handoff = self.handoff_dtype(ids.device)
-        divisors = mean_divisors(ids, self.means, self.layout.offsets)
-        prefetched = staged.prefetched if staged is not None else {}
-        if self.sample_major is not None:
-            [(key, group)] = self.groups.items()
-            if self.column_maps:
-                with timing.phase("dynamic_map"):
-                    training = self.training and torch.is_grad_enabled()
-                    ids = remap_columns(ids, self.column_maps, self.dynamic, group, training)
-            with timing.phase("lookup"):
-                made = staged.sample_major if staged is not None else None
-                out_dtype = handoff or torch.float32
-                pooled = lookup_sample_major(
-                    ids, self.sample_major, group, out_dtype, made, prefetched.get(key)
-                )
-                return divide_means(pooled, divisors)
-        routed = staged.routed if staged is not None else None
-        if routed is None:
-            with timing.phase("input_dist"):
-                routed = self._input_dist(ids, error)
-        row_stats = RowStats() if self.layout.exchange_row_stats else None
-        if self.dynamic:
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """forward, once every rank holds as many samples (see forward): the step's stages
+        in order (module docstring), each handing the next the StepContext."""
+        step = self._staged_or_routed(ids)
+        if self.layout.dynamic:
             with timing.phase("dynamic_map"):
-                training = self.training and torch.is_grad_enabled()
-                routed = remap(routed, self.dynamic, self.groups, training)
+                step = map_raw_ids(step, self.groups, self.training and torch.is_grad_enabled())
+        row_stats = RowStats() if self.layout.exchange_row_stats else None
+        step = step.replace(wire=self._wire(step.ids.device), row_stats=row_stats)
         with timing.phase("lookup"):
-            pooled = lookup_groups(routed, self.groups, self.layout, row_stats, prefetched)
-        with timing.phase("data_parallel"):
-            replicated, dp_inputs = replicated_lookup(ids, self.layout, self.groups)
-            if handoff is not None:
-                replicated = replicated.to(handoff)
-        wire = (
-            handoff or self.comm_dtype,
-            handoff is not None,
-            1.0 / self.world if handoff is not None else 1.0,
-        )
-        after = self._after_backward(routed, dp_inputs, row_stats)
-        with timing.phase("output_dist"):
-            received, replicated = output_dist(
-                pooled, replicated, routed, self.layout, self.group, self.stats, wire, after
+            pooled = {key: self._lookup(key, inp, step) for key, inp in step.lookups.items()}
+        return self.exchange.deliver(pooled, step)
+
+    def _staged_or_routed(self, ids: torch.Tensor) -> StepContext:
+        """What prefetch() staged for this batch (checked to be these ids), or the ids
+        checked and routed now."""
+        staged, self._staged = self._staged, None
+        if staged is None:  # ids may come from the host (a no-op when on the device already)
+            return self._route(*self._check_ids(ids.to(self.device, non_blocking=True)))
+        if not staged.matches(ids):
+            raise RuntimeError(
+                "the staged batch does not match the forward's ids: prefetch() was given "
+                "another batch than the one this forward runs on"
             )
-        out = reassemble(received, routed.kept, replicated, self.layout, divisors)
-        if handoff is not None or self.world == 1:  # 1/W: in the exchange's backward, or 1
-            return out
-        return ScaleGrad.apply(out, 1.0 / self.world)
+        return staged
 
-    def _after_backward(self, routed: Routed, dp_inputs: ReplicaInputs, row_stats: RowStats | None):  # noqa: ANN202 (a closure)
-        """The output dist's backward work after its all-to-all, in this order on every rank:
-        column shards share row statistics, then replicated tables sync and update."""
+    def _wire(self, device: torch.device) -> Wire:
+        """How this step's pooled rows cross (the hand-off dtype under autocast, see
+        handoff_dtype; else the comm dtype, back to fp32 on arrival)."""
+        handoff = self.handoff_dtype(device)
+        if handoff is None:
+            return Wire(self.comm_dtype)
+        return Wire(handoff, keep=True, scale=1.0 / self.world)
 
-        def after(grad_send: torch.Tensor, grad_replicated: torch.Tensor) -> None:
-            if row_stats is not None:
-                share_row_stats(
-                    grad_send, routed, self.layout, self.group, self.stats, row_stats, self.groups
-                )
-            if self.layout.dp_tables:
-                sync_replicas(
-                    grad_replicated, dp_inputs, self.layout, self.groups, self.group, self.stats
-                )
-
-        return after
+    def _lookup(self, key: GroupKey, inp: GroupInput, step: StepContext) -> torch.Tensor:
+        """Group `key`'s pooled rows [num_bags, w] of its lookup `inp` (its backward updates
+        the rows; column shards read their row statistics from the step's RowStats)."""
+        row_sq = None
+        if step.row_stats is not None and any(
+            k in self.layout.peers for k in self.layout.group_units[key]
+        ):
+            row_sq = functools.partial(step.row_stats.take, key)
+        wire = step.wire
+        out_dtype = wire.dtype if wire.keep and self.exchange.pools_in_handoff else torch.float32
+        return self.groups[key].store.lookup(
+            inp.rows, inp.bags, inp.scale, inp.num_bags, out_dtype,
+            row_sq=row_sq, prefetched=step.prefetched.get(key),
+        )  # fmt: skip

@@ -17,7 +17,9 @@ from tqdm import tqdm
 from hybridrec.config import Config
 from hybridrec.distributed.comm import all_reduce_sum
 from hybridrec.distributed.env import DistEnv
-from hybridrec.sparse.api import EmbeddingModule
+from hybridrec.sparse.api import EmbeddingCounters
+from hybridrec.sparse.dynamic.stats import DynamicStats
+from hybridrec.sparse.host.stats import CacheStats
 from hybridrec.train.loggers import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from hybridrec.types import ShardingPlan
 
@@ -79,64 +81,55 @@ def phase_columns(phases: dict[str, float]) -> dict[str, float]:
     return {f"time_ms/{k}": v for k, v in sorted(phases.items())}
 
 
-def cache_rates(counters: dict[str, float], steps: int, world: int) -> dict[str, float]:
+def cache_rates(cache: CacheStats | None, steps: int, world: int) -> dict[str, float]:
     """Host caches over all ranks (counters summed) -> hit rate, rows moved per step (in and
     out), copy bandwidth and time the steps waited on host memory. {} without caches."""
-    if "cache.rows_requested" not in counters:
+    if cache is None:
         return {}
-    c = counters
-    req, transfer_s = c["cache.rows_requested"], c["cache.transfer_s"]
+    c = cache
     return {
-        "cache/hit_rate": c["cache.hits"] / req if req else 1.0,
-        "cache/rows_in_per_step": c["cache.rows_loaded"] / steps,
-        "cache/rows_out_per_step": c["cache.rows_written"] / steps,
-        "cache/copy_gb_s": c["cache.bytes_moved"] / transfer_s / 1e9 if transfer_s else 0.0,
-        "time_ms/host_wait": c["cache.wait_s"] / world / steps * 1e3,
+        "cache/hit_rate": c.hits / c.rows_requested if c.rows_requested else 1.0,
+        "cache/rows_in_per_step": c.rows_loaded / steps,
+        "cache/rows_out_per_step": c.rows_written / steps,
+        "cache/copy_gb_s": c.bytes_moved / c.transfer_s / 1e9 if c.transfer_s else 0.0,
+        "time_ms/host_wait": c.wait_s / world / steps * 1e3,
     }
 
 
-def dynamic_rates(counters: dict[str, float], steps: int) -> dict[str, float]:
-    """Dynamic tables over all ranks (counters `dynamic.<table>.<name>` summed, see
+def dynamic_rates(tables: dict[str, DynamicStats], steps: int) -> dict[str, float]:
+    """Dynamic tables over all ranks (each table's DynamicStats summed, see
     hybridrec.sparse.dynamic.stats) -> per table: occupancy (share of the slots ids may take
     that hold one), ids admitted and evicted per step since the last row, and in all. {}
     without dynamic tables."""
     out = {}
-    tables = sorted(
-        {k[len("dynamic.") :].rsplit(".", 1)[0] for k in counters if k.startswith("dynamic.")}
-    )
-    for t in tables:
-        c = {k.rsplit(".", 1)[1]: v for k, v in counters.items() if k.startswith(f"dynamic.{t}.")}
-        p = f"dynamic/{t}/"
-        out[p + "occupancy"] = c["used"] / c["capacity"] if c["capacity"] else 0.0
-        out[p + "admitted_per_step"] = c["admitted"] / max(steps, 1)
-        out[p + "evicted_per_step"] = c["evicted"] / max(steps, 1)
-        out[p + "admitted"] = c["admitted_total"]
-        out[p + "evicted"] = c["evicted_total"]
+    for t in sorted(tables):
+        c, p = tables[t], f"dynamic/{t}/"
+        out[p + "occupancy"] = c.occupancy
+        out[p + "admitted_per_step"] = c.admitted / max(steps, 1)
+        out[p + "evicted_per_step"] = c.evicted / max(steps, 1)
+        out[p + "admitted"] = c.admitted_total
+        out[p + "evicted"] = c.evicted_total
     return out
 
 
-def unknown_rates(modules: list[EmbeddingModule], env: DistEnv) -> dict[str, float]:
-    """Per dynamic table, the share of ids looked up in evaluation (since the last call)
-    that had no row: `dynamic/<table>/unknown_rate`, summed over modules and ranks (a
-    collective when any module has dynamic tables: every rank has the same keys)."""
-    counts: dict[str, float] = {}
-    for module in modules:
-        for k, v in module.take_eval_unknown().items():
-            counts[k] = counts.get(k, 0.0) + v
-    if not counts:
-        return {}
-    if env.group is not None:
-        keys = sorted(counts)
-        v = torch.tensor([counts[k] for k in keys], dtype=torch.float64, device=env.device)
-        all_reduce_sum(v, env.group, name="dynamic_unknown")
-        counts = dict(zip(keys, v.tolist(), strict=True))
-    tables = sorted({k.rsplit(".", 1)[0] for k in counts})
-    return {
-        f"dynamic/{t}/unknown_rate": counts[f"{t}.unknown"] / counts[f"{t}.ids"]
-        if counts[f"{t}.ids"]
-        else 0.0
-        for t in tables
-    }
+def unknown_rates(tables: dict[str, DynamicStats]) -> dict[str, float]:
+    """Per dynamic table, the share of ids looked up in evaluation that had no row:
+    `dynamic/<table>/unknown_rate` ({} without dynamic tables)."""
+    return {f"dynamic/{t}/unknown_rate": tables[t].unknown_rate for t in sorted(tables)}
+
+
+def summed_counters(taken: list[EmbeddingCounters], env: DistEnv) -> EmbeddingCounters:
+    """The embedding modules' counters (what take_metrics or take_eval_unknown gave), summed
+    over modules and ranks (a collective when they have counters: every rank has the same)."""
+    total = EmbeddingCounters()
+    for counters in taken:
+        total.add(counters)
+    values = total.values()
+    if values and env.group is not None:
+        v = torch.tensor(values, dtype=torch.float64, device=env.device)
+        all_reduce_sum(v, env.group, name="embedding_counters")
+        total = total.with_values(v.tolist())
+    return total
 
 
 def memory_gb(device: torch.device) -> float:
@@ -228,21 +221,6 @@ def show_summary(
     if cfg.checkpoint.dir:
         parts.append(f"checkpoints in {cfg.checkpoint.dir}")
     log.info("; ".join(parts))
-
-
-def module_counters(modules: list[EmbeddingModule], env: DistEnv) -> dict[str, float]:
-    """The embedding modules' counters since the last call, summed over modules and ranks
-    (a collective when any module has counters: every rank has the same keys)."""
-    counters: dict[str, float] = {}
-    for module in modules:
-        for k, v in module.take_metrics().items():
-            counters[k] = counters.get(k, 0.0) + v
-    if counters and env.group is not None:
-        keys = sorted(counters)
-        v = torch.tensor([counters[k] for k in keys], dtype=torch.float64, device=env.device)
-        all_reduce_sum(v, env.group, name="cache_counters")
-        counters = dict(zip(keys, v.tolist(), strict=True))
-    return counters
 
 
 def show_start(cfg: Config, env: DistEnv, step: int, local_batch: int) -> None:

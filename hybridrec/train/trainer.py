@@ -274,7 +274,9 @@ class Trainer:
                     chunk=self._eval_chunk(), check_dense=self.dense_checks.get("eval"),
                 )  # fmt: skip
             # dynamic tables: the share of this evaluation's ids that had no row
-            return {**metrics, **console.unknown_rates(self.embeddings, self.env)}
+            taken = [m.take_eval_unknown() for m in self.embeddings]
+            unknown = console.summed_counters(taken, self.env)
+            return {**metrics, **console.unknown_rates(unknown.dynamic)}
 
     def evaluate_topk(
         self, split: str = "eval", whole: bool = False, lists: bool = False
@@ -348,9 +350,10 @@ class Trainer:
             row["lr/dense"], row["lr/sparse"] = self.lr
         if self.skipped:
             row["skipped_steps"] = self.skipped
-        counters = console.module_counters(self.embeddings, self.env)
-        row.update(console.cache_rates(counters, steps_since, self.env.world_size))
-        row.update(console.dynamic_rates(counters, steps_since))
+        taken = [m.take_metrics() for m in self.embeddings]
+        counters = console.summed_counters(taken, self.env)
+        row.update(console.cache_rates(counters.cache, steps_since, self.env.world_size))
+        row.update(console.dynamic_rates(counters.dynamic, steps_since))
         return row
 
     def fit(self) -> dict[str, Any]:

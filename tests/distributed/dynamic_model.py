@@ -12,7 +12,7 @@ from torch import nn
 import hybridrec
 from hybridrec import Dynamic, EmbeddingTables, Feature, KeyedIds, Table
 from hybridrec.planner import CachePolicy
-from hybridrec.sparse.api import embedding_modules
+from hybridrec.sparse.api import EmbeddingCounters, embedding_modules
 from tests.libmodel import OPTIMIZERS, assemble_tables, step_mean_loss, unwrap
 
 B, STEPS = 24, 6
@@ -137,9 +137,9 @@ def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
     for m in modules:
         for g in m.host_groups():
             g.flush()
-    metrics = {}
+    metrics = EmbeddingCounters()
     for m in modules:
-        metrics.update(m.take_metrics())
+        metrics.add(m.take_metrics())
     return {
         "losses": losses,
         "scores": scores,
@@ -162,7 +162,8 @@ def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
                 d.clock,
             )
             for m in modules
-            for d in m.dynamic.values()
+            for g in m.groups.values()
+            for _, d in g.dynamic()
         ],  # fmt: skip
     }
 

@@ -203,11 +203,12 @@ class _Group:
                         replies[r] = "died"
                 elif obj in sentinels:  # a rank exited without replying
                     replies.setdefault(sentinels.pop(obj), "died")
-        errors = sorted(Path(out).glob("error_*.txt"))
+        # read before close(): it removes the directory the ranks wrote them in
+        errors = [(e.stem, e.read_text()) for e in sorted(Path(out).glob("error_*.txt"))]
         if errors or len(replies) < self.world or set(replies.values()) != {"ok"}:
             self.close(kill=True)
             if errors:
-                raise AssertionError("\n".join(f"--- {e.stem}\n{e.read_text()}" for e in errors))
+                raise AssertionError("\n".join(f"--- {stem}\n{text}" for stem, text in errors))
             missing = [r for r in range(self.world) if replies.get(r) != "ok"]
             raise TimeoutError(f"ranks {missing} did not finish the job within {timeout}s")
         files = [Path(out) / f"result_{r}.pt" for r in range(self.world)]

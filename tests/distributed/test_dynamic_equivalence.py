@@ -22,6 +22,7 @@ import functools
 import pytest
 import torch
 
+from hybridrec.sparse.api import EmbeddingCounters
 from tests.distributed.dynamic_model import POLICIES, STEPS, full_maps, full_tables, train
 from tests.distributed.harness import run_shared
 
@@ -79,14 +80,13 @@ def test_dynamic_tables_match_one_process(world):
                     **tol,
                     msg=lambda m, t=table, n=name, c=label: f"{c} {t}.{n}: {m}",
                 )
-        summed = {}
+        summed = EmbeddingCounters()
         for r in per_rank:
-            for key, v in r["metrics"].items():
-                summed[key] = summed.get(key, 0.0) + v
+            summed.add(r["metrics"])
         for key in ("used", "capacity", "admitted_total", "evicted_total", "eval_unknown"):
             for table in ("users.user", "items.item"):
-                name = f"dynamic.{table}.{key}"
-                assert summed[name] == ref["metrics"][name], f"{label} {name}"
+                got, want = summed.dynamic[table], ref["metrics"].dynamic[table]
+                assert getattr(got, key) == getattr(want, key), f"{label} {table}.{key}"
 
 
 def test_reference_evicts_and_admits():
@@ -95,6 +95,7 @@ def test_reference_evicts_and_admits():
     for policies in POLICIES:
         m = reference("sgd", policies)["metrics"]
         for table in ("users.user", "items.item"):
-            assert m[f"dynamic.{table}.evicted_total"] > 0, (policies, table)
-            assert m[f"dynamic.{table}.used"] > 0.8 * m[f"dynamic.{table}.capacity"]
-            assert m[f"dynamic.{table}.eval_unknown"] > 0, (policies, table)
+            st = m.dynamic[table]
+            assert st.evicted_total > 0, (policies, table)
+            assert st.used > 0.8 * st.capacity
+            assert st.eval_unknown > 0, (policies, table)

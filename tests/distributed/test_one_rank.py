@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hybridrec.distributed import DistEnv
+from hybridrec.sparse.exchange.sample_major import SampleMajor
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn, spawn_jobs
 from tests.equivalence import HOST_STEPS, host_cfg, make_cfg, snapshot
@@ -24,9 +25,11 @@ def _train(env: DistEnv, mode: str, sparse: str, pooling: str, fast: bool, prefe
     cfg.model.pooling = pooling
     trainer = Trainer(cfg, env)
     emb = trainer.embeddings[0]
-    assert emb.sample_major is not None  # this plan qualifies
+    assert isinstance(emb.exchange, SampleMajor)  # this plan qualifies
     if not fast:
-        emb.sample_major = None  # the general path: input dist, per-unit lookups, output dist
+        emb.exchange = (
+            emb.all_to_all
+        )  # the general path: input dist, per-unit numbering, output dist
     batches = [trainer.train_batch(s) for s in range(HOST_STEPS)]
     losses = trainer.train_batches(batches, look_ahead=prefetch)
     stats = emb.cache_stats()
@@ -76,7 +79,7 @@ def _layouts(env: DistEnv) -> dict:
     out = {}
     for mode in ("table_wise", "data_parallel", "auto"):
         emb = Trainer(make_cfg(mode, "sgd", env.world_size), env).embeddings[0]
-        out[mode] = emb.sample_major is not None
+        out[mode] = isinstance(emb.exchange, SampleMajor)
     return out
 
 

@@ -21,7 +21,7 @@ import torch
 from hybridrec.kernels import dispatch
 from hybridrec.optim import SparseAdagrad
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import full_shard
 from hybridrec.types import Pooling, TableConfig
 
 pytestmark = pytest.mark.gpu

@@ -14,7 +14,7 @@ import torch
 from hybridrec.config import SparseOptimConfig
 from hybridrec.optim import build_sparse_optimizer
 from hybridrec.sparse.fused import FusedEmbedding
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import full_shard
 from hybridrec.train.checkpoint.format import write_file
 from hybridrec.train.checkpoint.load import load_embeddings
 from hybridrec.types import ShardSpec, StateKind, TableConfig

@@ -11,7 +11,7 @@ import pytest
 from hybridrec.builder import build
 from hybridrec.data.source import SAMPLE_ENV
 from hybridrec.distributed import DistEnv
-from hybridrec.sparse.host import HostCachedEmbedding, HostMemoryError
+from hybridrec.sparse.host import HostMemoryError
 from hybridrec.train.trainer import Trainer
 from tests.cli import run_cli
 from tests.configs import make_config
@@ -30,7 +30,7 @@ def _fit_both(env, tmp_path):
         _cfg(*common, "sharding=host", "sharding.cache_fraction=0.01"), env, tmp_path / "host"
     )
     got = trainer.fit()
-    host = [isinstance(g, HostCachedEmbedding) for g in trainer.embeddings[0].groups.values()]
+    host = [g.host is not None for g in trainer.embeddings[0].groups.values()]
     return ref, got, any(host)
 
 
@@ -106,7 +106,7 @@ def _warm(env, tmp_path):
     # table 2's hottest id: which group and row it is in, and whether it is cached
     hottest = int(trainer.source.id_counts(2).argmax())
     key, pos = emb.layout.locate(2)
-    group = emb.groups[key]
+    group = emb.groups[key].store
     cached = int(group.slot_of[group.offsets_list[pos] + hottest]) >= 0
     fractions = [g.cached_fraction() for g in emb.host_groups()]
     return fractions, cached

@@ -24,7 +24,7 @@ TABLES = (
     TableConfig("genres", 12, 4, 3, "mean", jagged=True),
     TableConfig("history", 40, 8, 5, "sum", jagged=True),
 )
-# one width: one fused group over every table, looked up sample-major (sparse.local)
+# one width: one fused group over every table, looked up sample-major (sparse.exchange.sample_major)
 ONE_WIDTH = tuple(dataclasses.replace(t, dim=8) for t in TABLES)
 B = 7
 

@@ -18,7 +18,7 @@ from hybridrec.kernels.rows import backend
 from hybridrec.optim import sparse
 from hybridrec.planner import OptimizerFootprint
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import full_shard
 from hybridrec.types import SPARSE_OPTIMIZER_STATE, StateKind, TableConfig
 
 

@@ -13,7 +13,7 @@ memory, which waits for the device). The backward's sparse update is recorded to
 The documented sync points (tests.syncs.ALLOWED, docs/host-cache.md "Host syncs"): an
 admission reads the distinct-row and miss counts in one `.tolist()` (cache._admit), and only
 when it must evict unforeseen a second time, how many slots may go (_choose_slots); on one
-rank a jagged list's real ids are found once per batch (local.sample_major_inputs). Anything
+rank a jagged list's real ids are found once per batch (exchange.sample_major.sample_major_inputs). Anything
 else fails, the backward's dedupe and update and the lookup of a prefetched batch included.
 Covered: DLRM on one process (every optimizer); host-resident tables with the UVA copy
 kernel (interpreted: the whole admission runs on this thread), with and without the
@@ -38,7 +38,7 @@ from hybridrec.optim import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
 from hybridrec.planner import CachePolicy
 from hybridrec.shard import declarations
 from hybridrec.sparse.api import embedding_modules
-from hybridrec.sparse.local import HostOptions
+from hybridrec.sparse.groups import HostOptions
 from hybridrec.train.pipeline import TrainPipeline
 from hybridrec.train.trainer import Trainer
 from hybridrec.types import Batch, KeyedIds

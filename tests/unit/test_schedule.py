@@ -72,9 +72,7 @@ def test_trainer_scales_both_learning_rates(sparse):
         assert scheduled.lr == pytest.approx((base[0] * f, base[1] * f))
         for g in plain.dense_opt.param_groups:
             g["lr"] = base[0] * f
-        plain.embeddings[0].groups[next(iter(plain.embeddings[0].groups))].optimizer.lr = (
-            base[1] * f
-        )
+        next(iter(plain.embeddings[0].groups.values())).store.optimizer.lr = base[1] * f
         plain.train_step(batch)
     a, b = snapshot(scheduled), snapshot(plain)
     for (spec, w, st), (_, w2, st2) in zip(a["shards"], b["shards"], strict=True):

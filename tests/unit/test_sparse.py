@@ -29,9 +29,10 @@ from hybridrec.optim import (
 from hybridrec.planner import OptimizerFootprint
 from hybridrec.sparse import EmbeddingCollection, IdOutOfRangeError
 from hybridrec.sparse.bags import regular_bags
+from hybridrec.sparse.exchange.sample_major import SampleMajor
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.init import init_shard
-from hybridrec.sparse.local import full_shard
+from hybridrec.sparse.layout import GroupKey, Placement, full_shard
 from hybridrec.types import Pooling, ShardSpec, StateKind, TableConfig
 from tests.equivalence import make_cfg
 
@@ -200,7 +201,7 @@ def test_fused_group_serves_several_tables_in_one_weight():
     tables = [TableConfig("a", 10, 4, 2), TableConfig("b", 7, 4, 1)]
     coll = EmbeddingCollection(tables, SparseSGD(0.1), seed=3)
     assert len(coll.groups) == 1
-    group = next(iter(coll.groups.values()))
+    group = next(iter(coll.groups.values())).store
     assert group.weight.shape == (17, 4)
     ids = torch.tensor([[1, 9, 6], [0, 0, 0]])
     out = coll(ids)
@@ -253,10 +254,11 @@ def test_out_of_range_id_names_feature_id_and_table_size():
 
 def test_no_update_without_grad():
     coll = EmbeddingCollection([TableConfig("a", 10, 4)], SparseSGD(0.1))
-    before = coll.groups["w4"].weight.clone()
+    key = GroupKey(Placement.DEVICE, 4)
+    before = coll.groups[key].store.weight.clone()
     with torch.no_grad():
         coll(torch.tensor([[1], [2]]))
-    assert torch.equal(before, coll.groups["w4"].weight)
+    assert torch.equal(before, coll.groups[key].store.weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -305,8 +307,8 @@ def test_sample_major_lookup_equals_per_table_lookup(kernels, opt, width, monkey
     }[opt]
     fast = EmbeddingCollection(tables, make(), seed=3)
     slow = EmbeddingCollection(tables, make(), seed=3)
-    assert fast.sample_major is not None
-    slow.sample_major = None  # the per-table path: split, stack, cat
+    assert isinstance(fast.exchange, SampleMajor)
+    slow.exchange = slow.all_to_all  # the per-unit numbering: reassembled by a stack
     g = torch.Generator().manual_seed(0)
     try:
         for _ in range(3):
@@ -367,7 +369,7 @@ def test_autocast_output_trains_bit_for_bit_like_fp32_output(kernels, opt, monke
 
 def test_tables_of_several_widths_keep_the_per_table_path():
     tables = [TableConfig("a", 10, 8), TableConfig("b", 10, 4)]
-    assert EmbeddingCollection(tables, SparseSGD(0.1)).sample_major is None
+    assert not isinstance(EmbeddingCollection(tables, SparseSGD(0.1)).exchange, SampleMajor)
 
 
 def test_deferred_id_check_reads_bad_ids_as_zero_and_raises_later():

@@ -424,7 +424,7 @@ def test_a_decayed_triton_step_has_no_syncing_op(sparse, mode, monkeypatch):
     cfg.optim.sparse.table_weight_decay = {"cat_1": 0.2, "cat_3": 0.0}
     try:
         trainer = Trainer(cfg, DistEnv(device=torch.device("cpu")))
-        [group] = [g for m in trainer.embeddings for g in m.groups.values()]
+        [group] = [g.store for m in trainer.embeddings for g in m.groups.values()]
         assert isinstance(group.row_decay(torch.arange(5)), torch.Tensor)  # per row
         batches = [trainer.train_batch(s) for s in range(3)]
         trainer.train_step(batches[0])

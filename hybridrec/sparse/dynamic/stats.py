@@ -11,10 +11,12 @@ give the table's occupancy, admissions and evictions per step and unknown-at-eva
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hybridrec.sparse.dynamic.idmap import DynamicMap
+if TYPE_CHECKING:
+    from hybridrec.sparse.dynamic.idmap import DynamicMap
 
 
 @dataclass
@@ -47,10 +49,10 @@ class DynamicStats:
         return self.eval_unknown / self.eval_ids if self.eval_ids else 0.0
 
 
-def dynamic_metrics(maps: Mapping[str, DynamicMap]) -> dict[str, DynamicStats]:
+def dynamic_metrics(maps: Iterable[DynamicMap]) -> dict[str, DynamicStats]:
     """Table name -> its counters over the maps held here, taken (reset) by this call."""
     out: dict[str, DynamicStats] = {}
-    for dmap in maps.values():
+    for dmap in maps:
         c = dmap.take_counters()
         if not dmap.counts_table:
             continue

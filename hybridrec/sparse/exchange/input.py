@@ -1,5 +1,6 @@
 """Input dist: this rank's ids [B_l, H] -> one GroupInput per local fused group, over the
-global batch, and what this rank needs to read its samples' pooled rows when they come back.
+global batch, and the Receipt this rank needs to read its samples' pooled rows when they come
+back (hybridrec.sparse.step).
 
 Wire: one all_to_all_single of int32 (int64 if a table has more than 2**31 - 1 rows). The
 chunk rank r sends rank q is [flag | counts | ids]: whether r found an out-of-range id in
@@ -25,7 +26,8 @@ source-rank order, which is global-sample order.
 
 A dynamic table's ids are raw (hybridrec.sparse.dynamic): a row-wise one's id is routed as the
 first row of its hash bucket (the shard owning the bucket) and sent as the raw id itself,
-which its owner maps to a row before the lookup; table-wise and column-wise ones go whole.
+which its owner maps to a row before the lookup; table-wise and column-wise ones go whole. The
+receiver leaves them unshifted and lists where they are (GroupInput.raw, by slot).
 
 Legend: W ranks, B_l samples per rank, U units, G id groups, C id columns of counted features.
 """
@@ -41,33 +43,8 @@ import torch.distributed as dist
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.hashing import bucket_of
 from hybridrec.sparse.bags import pooling_scale
-from hybridrec.sparse.layout import ShardedLayout
-
-
-@dataclass(frozen=True)
-class GroupInput:
-    """One fused group's lookup in a step: group rows [N] (slot offset + shard id), bags [N]
-    non-decreasing and numbered (source rank, unit, sample), per-id scale [N] or None, and
-    per source rank the bags (pooled rows to send back) that are its samples'."""
-
-    rows: torch.Tensor
-    bags: torch.Tensor
-    scale: torch.Tensor | None
-    num_bags: int
-    per_rank: list[int]
-
-
-@dataclass(frozen=True)
-class Routed:
-    """A step's input dist: this rank's group lookups, and for the pooled rows coming back,
-    per rank q and unit of q how many rows are this rank's samples' (`recv_rows`) and, for
-    compact units (by position in the received list), which samples they are (`kept`);
-    `flagged`: some rank found an out-of-range id in its part of the batch."""
-
-    groups: dict[str, GroupInput]
-    recv_rows: list[list[int]]
-    kept: dict[int, torch.Tensor]
-    flagged: bool = False
+from hybridrec.sparse.layout import GroupKey, ShardedLayout
+from hybridrec.sparse.step import GroupInput, Receipt
 
 
 @dataclass(frozen=True)
@@ -80,8 +57,9 @@ class Routes:
     PAD_ID; `unit_group[q][k]` the id group of rank q's unit k (-1: fixed hotness, sent whole
     from columns `unit_cols[q][k]`). Receiver side, per local unit k: `hotness[k]`
     (0: counted), `counted` (the counted local units, in order), `compact[k]`, its slot's
-    first row in its group `row_base[k]`, its pooling scale `scale[k]`; `groups`: group key ->
-    its local units [k0, k1)."""
+    first row in its group `row_base[k]` (0 for a dynamic unit: its raw ids are mapped
+    later), its slot's position in its group if it is dynamic `raw_slot[k]` (else -1), its
+    pooling scale `scale[k]`; `groups`: group key -> its local units [k0, k1)."""
 
     cols: torch.Tensor
     col_base: torch.Tensor
@@ -94,8 +72,9 @@ class Routes:
     counted: list[int]
     compact: list[bool]
     row_base: list[int]
+    raw_slot: list[int]
     scale: list[float]
-    groups: dict[str, tuple[int, int]]
+    groups: dict[GroupKey, tuple[int, int]]
     dynamic: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -136,12 +115,15 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         )
         unit_cols.append([(offsets[u.table_index], offsets[u.table_index + 1]) for u in units])
     local = layout.local_units
-    row_base = [0] * len(local)
+    row_base, raw_slot = [0] * len(local), [-1] * len(local)
     groups = {}
     for key, ks in layout.group_units.items():
         slot_rows = layout.slot_rows(key)
         for k, pos in zip(ks, layout.input_slots(key), strict=True):
-            row_base[k] = slot_rows[pos]
+            if local[k].dynamic:
+                raw_slot[k] = pos
+            else:
+                row_base[k] = slot_rows[pos]
         assert ks == list(range(ks[0], ks[-1] + 1)), "a group's units lie side by side"
         groups[key] = (ks[0], ks[-1] + 1)
 
@@ -160,6 +142,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         counted=[k for k, u in enumerate(local) if u.counted],
         compact=[u.row_wise for u in local],
         row_base=row_base,
+        raw_slot=raw_slot,
         scale=[pooling_scale(u.table) for u in local],
         groups=groups,
         dynamic=(
@@ -247,7 +230,7 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
 @dataclass(frozen=True)
 class Packed:
     """What one rank sends in the input dist: the chunks (rank by rank: flag, counts, ids),
-    each rank's share of them, and for the output dist (see Routed) recv_rows and kept."""
+    each rank's share of them, and for the output dist (see Receipt) recv_rows and kept."""
 
     chunks: list[torch.Tensor]
     in_splits: list[int]
@@ -290,10 +273,11 @@ def input_dist(
     group: dist.ProcessGroup,
     stats: CommStats | None,
     flag: bool | None = None,
-) -> Routed:
+) -> tuple[dict[GroupKey, GroupInput], Receipt, bool]:
     """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0) -> this step's
-    Routed: the group lookups over the global batch. `flag` None: ids are not checked at
-    once here (a deferred check, on CUDA): every flag is 0 and none is read (no host sync)."""
+    group lookups over the global batch, the Receipt for the pooled rows coming back, and
+    whether some rank flagged a bad id. `flag` None: ids are not checked at once here (a
+    deferred check, on CUDA): every flag is 0 and none is read (no host sync)."""
     b_local, world = ids.shape[0], layout.world
     packed = pack(ids, routes, bool(flag))
     in_splits = packed.in_splits
@@ -308,7 +292,7 @@ def input_dist(
     groups, flagged = group_inputs(
         recv.long(), out_splits, b_local, world, routes, read_flags=flag is not None
     )
-    return Routed(groups, packed.recv_rows, packed.kept, flagged)
+    return groups, Receipt(packed.recv_rows, packed.kept), flagged
 
 
 def group_inputs(
@@ -318,7 +302,7 @@ def group_inputs(
     world: int,
     routes: Routes,
     read_flags: bool = True,
-) -> tuple[dict[str, GroupInput], bool]:
+) -> tuple[dict[GroupKey, GroupInput], bool]:
     """The received chunks (one per source rank: [flag | counts | ids]) -> each group's lookup
     (none when this rank serves no unit), and whether some rank flagged an out-of-range id
     (False without `read_flags`: fixed-hotness plans then read nothing from the device)."""
@@ -358,9 +342,10 @@ def group_inputs(
                 [body[sum(id_list[p][:k0]) : sum(id_list[p][:k1])] for p, body in enumerate(bodies)]
             )
         n = ids.numel()
+        raw = _raw_positions(routes, id_list, k0, k1, device)
         hots = set(routes.hotness[k0:k1])
         if 0 not in hots and len(hots) == 1:  # fixed hotness h everywhere: all by broadcasting
-            out[key] = _fixed_group(ids, hots.pop(), routes, k0, k1, world, b_local)
+            out[key] = _fixed_group(ids, hots.pop(), routes, k0, k1, world, b_local, raw)
             continue
         lens = lengths[:, k0:k1].reshape(-1)  # per (source, unit, sample): its ids
         compact_k = routes.compact[k0:k1]
@@ -385,12 +370,38 @@ def group_inputs(
             s = torch.tensor(scales, dtype=torch.float32, device=device)
             scale = torch.repeat_interleave(s.repeat(world), per_unit, output_size=n)
         per_rank = [sum(row_list[p][k0:k1]) for p in range(world)]
-        out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank)
+        out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank, raw)
     return out, flagged
 
 
+def _raw_positions(
+    routes: Routes, id_list: list[list[int]], k0: int, k1: int, device: torch.device
+) -> dict[int, torch.Tensor]:
+    """Slot position -> where the group's received ids (source rank by source rank, unit by
+    unit) hold that dynamic slot's raw ids, in that order. {} without dynamic units."""
+    dynamic = [k for k in range(k0, k1) if routes.raw_slot[k] >= 0]
+    if not dynamic:
+        return {}
+    pieces: dict[int, list[torch.Tensor]] = {}
+    at = 0
+    for counts in id_list:  # the ids of source rank p: its units' in order
+        for k in range(k0, k1):
+            if routes.raw_slot[k] >= 0:
+                piece = torch.arange(at, at + counts[k], device=device)
+                pieces.setdefault(routes.raw_slot[k], []).append(piece)
+            at += counts[k]
+    return {pos: torch.cat(ps) for pos, ps in pieces.items()}
+
+
 def _fixed_group(
-    ids: torch.Tensor, hot: int, routes: Routes, k0: int, k1: int, world: int, b_local: int
+    ids: torch.Tensor,
+    hot: int,
+    routes: Routes,
+    k0: int,
+    k1: int,
+    world: int,
+    b_local: int,
+    raw: dict[int, torch.Tensor],
 ) -> GroupInput:
     """group_inputs for a group whose units all take h ids per sample: ids [W, U, B_l * h]."""
     device = ids.device
@@ -407,4 +418,4 @@ def _fixed_group(
     if any(s != 1.0 for s in scales):
         s = torch.tensor(scales, dtype=torch.float32, device=device).view(1, -1, 1)
         scale = s.expand(world, n_units, b_local * hot).reshape(-1)
-    return GroupInput(ids, bags, scale, num_bags, [n_units * b_local] * world)
+    return GroupInput(ids, bags, scale, num_bags, [n_units * b_local] * world, raw)

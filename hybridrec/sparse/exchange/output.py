@@ -5,34 +5,40 @@ concatenated in column order; row-wise: the compact partial sums added, in shard
 the samples they belong to; replicated tables: looked up locally; jagged means: divided by
 their bags' lengths) as [B_l, T, D], or [B_l, sum_t D_t] when the tables' widths differ.
 
-One differentiable all_to_all_single (`Exchange`), in the collection's comm dtype (fp32:
-exact) or, with a hand-off dtype (bf16 under autocast, whole values only), in that dtype
-both ways. Its backward runs every collective of the embedding side's backward in one fixed
-order on every rank: the all-to-all in reverse, then `after_backward` (row-statistic sharing,
-then the replicated tables' sync). One node makes that order explicit instead of a property
-of autograd's scheduling.
+One differentiable all_to_all_single (`OutputExchange`), in the collection's comm dtype
+(fp32: exact) or, with a hand-off dtype (bf16 under autocast, whole values only), in that
+dtype both ways (the step's `Wire`). Its backward runs every collective of the embedding
+side's backward in one fixed order on every rank: the all-to-all in reverse, then the
+exchange's `after_backward(step, ...)` (row-statistic sharing, then the replicated tables'
+sync). One node makes that order explicit instead of a property of autograd's scheduling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, all_to_all
-from hybridrec.sparse.exchange.input import Routed
-from hybridrec.sparse.layout import ShardedLayout
-
-AfterBackward = Callable[[torch.Tensor, torch.Tensor], None]
+from hybridrec.sparse.layout import GroupKey, ShardedLayout
+from hybridrec.sparse.step import StepContext
 
 
-class Exchange(torch.autograd.Function):
-    """Forward: the all-to-all of `send` (the groups' pooled rows, flat) fp32 (in `wire`, back to
-    fp32 on arrival, or kept in the hand-off dtype); `replicated` passes through.
-    Backward: the all-to-all in reverse (with a hand-off dtype: in it, then scaled by `scale`
-    in fp32), then `after_backward(grad_send, grad_replicated)`."""
+class AfterBackward(Protocol):
+    """What runs in the output dist's backward after its all-to-all (on every rank)."""
+
+    def after_backward(
+        self, step: StepContext, grad_send: torch.Tensor, grad_replicated: torch.Tensor
+    ) -> None: ...
+
+
+class OutputExchange(torch.autograd.Function):
+    """Forward: the all-to-all of `send` (the groups' pooled rows, flat) fp32 (in the step's
+    wire dtype, back to fp32 on arrival, or kept in the hand-off dtype); `replicated` passes
+    through. Backward: the all-to-all in reverse (with a hand-off dtype: in it, then scaled by
+    the wire's scale in fp32), then `work.after_backward(step, grad_send, grad_replicated)`."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -42,20 +48,21 @@ class Exchange(torch.autograd.Function):
         splits: tuple[list[int], list[int]],
         group: dist.ProcessGroup,
         stats: CommStats | None,
-        wire: tuple[torch.dtype, bool, float],
-        after_backward: AfterBackward,
+        step: StepContext,
+        work: AfterBackward,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out_splits, in_splits = splits
-        ctx.splits, ctx.group, ctx.stats, ctx.after = splits, group, stats, after_backward
-        ctx.wire, keep, ctx.scale = wire
-        recv = all_to_all(send.to(ctx.wire), out_splits, in_splits, group, stats, "output_dist")
-        return (recv if keep else recv.float()), replicated.view_as(replicated)
+        ctx.splits, ctx.group, ctx.stats, ctx.step, ctx.work = splits, group, stats, step, work
+        wire = step.wire
+        recv = all_to_all(send.to(wire.dtype), out_splits, in_splits, group, stats, "output_dist")
+        return (recv if wire.keep else recv.float()), replicated.view_as(replicated)
 
     @staticmethod
     def backward(ctx: Any, grad_recv: torch.Tensor, grad_replicated: torch.Tensor) -> tuple:  # type: ignore[override]
         out_splits, in_splits = ctx.splits
+        wire = ctx.step.wire
         grad_send = all_to_all(
-            grad_recv.to(ctx.wire).contiguous(),
+            grad_recv.to(wire.dtype).contiguous(),
             in_splits,
             out_splits,
             ctx.group,
@@ -63,83 +70,79 @@ class Exchange(torch.autograd.Function):
             "output_dist.backward",
         ).float()
         grad_replicated = grad_replicated.float()
-        if ctx.scale != 1.0:  # the hand-off's 1/W: the product ScaleGrad forms in fp32
-            grad_send = grad_send * ctx.scale
-            grad_replicated = grad_replicated * ctx.scale
-        ctx.after(grad_send, grad_replicated)
+        if wire.scale != 1.0:  # the hand-off's 1/W: the product ScaleGrad forms in fp32
+            grad_send = grad_send * wire.scale
+            grad_replicated = grad_replicated * wire.scale
+        ctx.work.after_backward(ctx.step, grad_send, grad_replicated)
         return grad_send, None, None, None, None, None, None
 
 
-def _blocks(routed: Routed, world: int) -> Iterator[tuple[str, int, int]]:
+def _blocks(step: StepContext, world: int) -> Iterator[tuple[GroupKey, int, int]]:
     """The send buffer's blocks in order, rank by rank and each rank's group by group:
     (group key, first row in the group's output, rows)."""
-    starts = dict.fromkeys(routed.groups, 0)
+    starts = dict.fromkeys(step.lookups, 0)
     for p in range(world):
-        for key, inp in routed.groups.items():
+        for key, inp in step.lookups.items():
             n = inp.per_rank[p]
             yield key, starts[key], n
             starts[key] += n
 
 
-def send_order(pooled: dict[str, torch.Tensor], routed: Routed, world: int) -> torch.Tensor:
+def send_order(pooled: dict[GroupKey, torch.Tensor], step: StepContext, world: int) -> torch.Tensor:
     """The groups' pooled rows [n_g, w_g] (bags in (source rank, unit, sample) order) as the
     flat send buffer. One group: its output as it is (a view, no copy either way)."""
-    if len(routed.groups) == 1:
-        [key] = routed.groups
+    if len(step.lookups) == 1:
+        [key] = step.lookups
         return pooled[key].reshape(-1)
-    return torch.cat([pooled[key][a : a + n].reshape(-1) for key, a, n in _blocks(routed, world)])
+    return torch.cat([pooled[key][a : a + n].reshape(-1) for key, a, n in _blocks(step, world)])
 
 
-def group_grads(
-    grad: torch.Tensor, routed: Routed, widths: dict[str, int], world: int
-) -> dict[str, torch.Tensor]:
+def group_grads(grad: torch.Tensor, step: StepContext, world: int) -> dict[GroupKey, torch.Tensor]:
     """The inverse of `send_order`: the flat gradient -> each group's [n_g, w_g]."""
-    if len(routed.groups) == 1:
-        [key] = routed.groups
-        return {key: grad.view(-1, widths[key])}
-    pieces: dict[str, list[torch.Tensor]] = {key: [] for key in routed.groups}
+    if len(step.lookups) == 1:
+        [key] = step.lookups
+        return {key: grad.view(-1, key.width)}
+    pieces: dict[GroupKey, list[torch.Tensor]] = {key: [] for key in step.lookups}
     at = 0
-    for key, _, n in _blocks(routed, world):
-        pieces[key].append(grad[at : at + n * widths[key]])
-        at += n * widths[key]
-    return {key: torch.cat(ps).view(-1, widths[key]) for key, ps in pieces.items()}
+    for key, _, n in _blocks(step, world):
+        pieces[key].append(grad[at : at + n * key.width])
+        at += n * key.width
+    return {key: torch.cat(ps).view(-1, key.width) for key, ps in pieces.items()}
 
 
 def output_dist(
-    pooled: dict[str, torch.Tensor],
+    pooled: dict[GroupKey, torch.Tensor],
     replicated: torch.Tensor,
-    routed: Routed,
+    step: StepContext,
     layout: ShardedLayout,
     group: dist.ProcessGroup,
     stats: CommStats | None,
-    wire: tuple[torch.dtype, bool, float],
-    after_backward: AfterBackward,
+    work: AfterBackward,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The local groups' pooled rows -> every unit's rows for this rank's samples, [n, w_u] in
     received order (n = B_l, or a compact unit's kept samples); `replicated` [B_l, sum D_dp]
-    passes through the same autograd node. `wire`: (dtype on the wire, keep that dtype on
-    arrival, backward scale)."""
+    passes through the same autograd node, whose backward ends with `work.after_backward`."""
     world = layout.world
-    widths = layout.group_widths
-    if routed.groups:
-        send = send_order(pooled, routed, world)
+    assert step.receipt is not None, "the all-to-all's step context carries its receipt"
+    if step.lookups:
+        send = send_order(pooled, step, world)
     else:
         send = torch.zeros(0, device=replicated.device)
     if torch.is_grad_enabled() and not send.requires_grad:
         send = send.detach().requires_grad_()  # this rank must still join the backward
     in_splits = [
-        sum(g.per_rank[p] * widths[key] for key, g in routed.groups.items()) for p in range(world)
+        sum(g.per_rank[p] * key.width for key, g in step.lookups.items()) for p in range(world)
     ]
     out_splits = [
         sum(n * u.shard.width for n, u in zip(rows, units, strict=True))
-        for rows, units in zip(routed.recv_rows, layout.units_on, strict=True)
+        for rows, units in zip(step.receipt.recv_rows, layout.units_on, strict=True)
     ]
-    recv, replicated = Exchange.apply(
-        send, replicated, (out_splits, in_splits), group, stats, wire, after_backward
+    recv, replicated = OutputExchange.apply(
+        send, replicated, (out_splits, in_splits), group, stats, step, work
     )
     units = []
     for q, chunk in enumerate(torch.split(recv, out_splits)):
-        rows = routed.recv_rows[q]
+        rows = step.receipt.recv_rows[q]
         sizes = [n * u.shard.width for n, u in zip(rows, layout.units_on[q], strict=True)]
         for n, u, part in zip(rows, layout.units_on[q], torch.split(chunk, sizes), strict=True):
             units.append(part.view(n, u.shard.width))

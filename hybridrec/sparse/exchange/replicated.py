@@ -10,24 +10,25 @@ way every replica applies the reference's update to exactly the rows some rank u
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats, all_gather_rows, all_reduce_sum
 from hybridrec.kernels.segment import dedupe
 from hybridrec.sparse.bags import bag_ids, pooling_scale
 from hybridrec.sparse.costs import replica_sync
-from hybridrec.sparse.fused import LookupInput
-from hybridrec.sparse.layout import ShardedLayout
+from hybridrec.sparse.fused import FusedEmbedding, LookupInput
+from hybridrec.sparse.layout import GroupKey, ShardedLayout
 
-ReplicaInputs = dict[str, list[LookupInput]]  # replicated group key -> its tables' inputs
+ReplicaInputs = dict[GroupKey, list[LookupInput]]  # replicated group -> its tables' inputs
 
 
 @torch.no_grad()
 def replicated_lookup(
-    ids: torch.Tensor, layout: ShardedLayout, groups: nn.ModuleDict
+    ids: torch.Tensor, layout: ShardedLayout, stores: Mapping[GroupKey, FusedEmbedding]
 ) -> tuple[torch.Tensor, ReplicaInputs]:
     """ids [B_l, H] -> (this rank's samples' pooled replicated tables side by side, [B_l,
     sum of their widths] in table order (layout.dp_columns), the inputs the backward needs)."""
@@ -41,7 +42,7 @@ def replicated_lookup(
             rows, bags = bag_ids(ids[:, offsets[i] : offsets[i + 1]], t)
             inputs.append(LookupInput(rows, bags, b_local, pooling_scale(t)))
         saved[key] = inputs
-        pooled.update(zip(idx, groups[key](inputs), strict=True))
+        pooled.update(zip(idx, stores[key](inputs), strict=True))
     if not layout.dp_tables:
         return torch.zeros(b_local, 0, device=ids.device), saved
     return torch.cat([pooled[i] for i in layout.dp_tables], dim=1), saved
@@ -52,7 +53,7 @@ def sync_replicas(
     grad: torch.Tensor,
     inputs: ReplicaInputs,
     layout: ShardedLayout,
-    groups: nn.ModuleDict,
+    stores: Mapping[GroupKey, FusedEmbedding],
     group: dist.ProcessGroup,
     stats: CommStats | None,
 ) -> None:
@@ -60,7 +61,7 @@ def sync_replicas(
     columns = layout.dp_columns
     b_local, world = grad.shape[0], layout.world
     for key, idx in layout.dp_group_tables.items():
-        emb = groups[key]
+        emb = stores[key]
         with timing.phase("sparse_update"):
             rows, bags, scale, _ = emb.flatten(inputs[key])
             grad_pooled = torch.cat([grad[:, slice(*columns[i])] for i in idx])

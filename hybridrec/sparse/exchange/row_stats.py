@@ -18,64 +18,66 @@ shards are whole-width), whose `weight` holds the rows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.rows import seen_grads
 from hybridrec.kernels.segment import dedupe
-from hybridrec.sparse.exchange.input import Routed
 from hybridrec.sparse.exchange.output import group_grads
-from hybridrec.sparse.layout import ShardedLayout
+from hybridrec.sparse.fused import FusedEmbedding
+from hybridrec.sparse.layout import GroupKey, ShardedLayout
+from hybridrec.sparse.step import StepContext
 
 
 class RowStats:
     """One step's full-row mean(g^2) per group: group key -> {shard index: [U_u]}."""
 
     def __init__(self) -> None:
-        self.by_group: dict[str, dict[int, torch.Tensor]] = {}
+        self.by_group: dict[GroupKey, dict[int, torch.Tensor]] = {}
 
-    def take(self, key: str) -> dict[int, torch.Tensor] | None:
+    def take(self, key: GroupKey) -> dict[int, torch.Tensor] | None:
         """The group's statistics, once (None: the group has no shared rows this step)."""
         return self.by_group.pop(key, None)
 
 
 def share_row_stats(
     grad: torch.Tensor,
-    routed: Routed,
+    step: StepContext,
     layout: ShardedLayout,
     group: dist.ProcessGroup,
     stats: CommStats | None,
-    out: RowStats,
-    groups: nn.ModuleDict,
+    stores: Mapping[GroupKey, FusedEmbedding],
 ) -> None:
     """grad: the gradient of this rank's groups' pooled rows, flat as sent back (output.
-    send_order); `routed`: this step's group lookups; `groups`: this rank's fused groups (their
-    optimizer's decay, and the rows L2 decay adds). Fills `out` for the column shards. A
-    shard read by several features (a shared table) takes their gradients together: a row's
-    statistic is of its summed gradient."""
+    send_order); `step`: this step's context (its group lookups, and the RowStats it fills
+    for the column shards); `stores`: this rank's groups' rows (their optimizer's decay, and
+    the rows L2 decay adds). A shard read by several features (a shared table) takes their
+    gradients together: a row's statistic is of its summed gradient."""
     world, peers, units = layout.world, layout.peers, layout.local_units
-    grads = group_grads(grad, routed, layout.group_widths, world)
-    slot_units: dict[tuple[str, int], list[int]] = {}  # (group, slot position) -> its units
+    out: RowStats = step.row_stats
+    grads = group_grads(grad, step, world)
+    slot_units: dict[tuple[GroupKey, int], list[int]] = {}  # (group, slot position) -> units
     for key, ks in layout.group_units.items():
         for k, pos in zip(ks, layout.input_slots(key), strict=True):
             if k in peers:
                 slot_units.setdefault((key, pos), []).append(k)
     # in (table, shard) order, the order every rank lists the same tables' shards in
     order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
-    partial: dict[tuple[str, int], torch.Tensor] = {}
+    partial: dict[tuple[GroupKey, int], torch.Tensor] = {}
     for key, pos in order:
-        inp = routed.groups[key]
+        inp = step.lookups[key]
         start, end = layout.slot_rows(key)[pos : pos + 2]
         at = ((inp.rows >= start) & (inp.rows < end)).nonzero().squeeze(1)
         scale = inp.scale.index_select(0, at) if inp.scale is not None else None
         rows, bags = inp.rows.index_select(0, at), inp.bags.index_select(0, at)
         unique_rows, g_rows = dedupe(rows, bags, scale, grads[key])
-        fused = groups[key]
+        fused = stores[key]
         decay = fused.optimizer.weight_decay_for(fused.shards[pos].table)
         if decay and fused.optimizer.weight_decay_mode == "l2":
-            if key.startswith("h"):  # (the planner never puts column shards in host memory)
+            if key.on_host:  # (the planner never puts column shards in host memory)
                 raise NotImplementedError("a host-resident column shard's L2 row statistic")
             g_rows = seen_grads(fused.optimizer, fused.weight, unique_rows, g_rows, decay)
         partial[(key, pos)] = g_rows.pow(2).sum(dim=1)
@@ -88,7 +90,7 @@ def share_row_stats(
     flat = [p for parts in sends for p in parts]
     flat_t = torch.cat(flat) if flat else grad.new_zeros(0)
     recv = all_to_all(flat_t, out_splits, in_splits, group, stats, "row_stats")
-    received: dict[tuple[tuple[str, int], int], torch.Tensor] = {}
+    received: dict[tuple[tuple[GroupKey, int], int], torch.Tensor] = {}
     for q, chunk in enumerate(torch.split(recv, out_splits)):
         xs = [x for x in partial if q in slot_peers[x]]
         sizes = [partial[x].numel() for x in xs]

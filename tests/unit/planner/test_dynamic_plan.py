@@ -78,13 +78,15 @@ def test_a_dynamic_shard_counts_its_map_as_the_runtime_allocates_it():
 def test_one_rank_reads_dynamic_tables_in_the_sample_major_group(mode):
     """On one rank with whole device tables of one width, dynamic tables join the one group
     that is looked up sample-major (their maps turn ids into rows first); a host-resident
-    dynamic table keeps a group of its own."""
-    from hybridrec.sparse.layout import ShardedLayout
+    dynamic table is in a host group of its own kind (its rows are known only after the map,
+    so they are not prefetched)."""
+    from hybridrec.sparse.layout import GroupKey, Placement, ShardedLayout
 
     plan = plan_sharding([DYN, FIXED], Topology(1, GIB), mode, 420, cache=CachePolicy())
     layout = ShardedLayout.build([DYN, FIXED], plan, 0)
     if mode == "host":
         assert layout.sample_major_group is None
-        assert any("_d" in key for key in layout.group_units)
+        assert GroupKey(Placement.HOST_DYNAMIC, 8) in layout.group_units
     else:
-        assert layout.sample_major_group == "w8" and list(layout.group_units) == ["w8"]
+        key = GroupKey(Placement.DEVICE, 8)
+        assert layout.sample_major_group == key and list(layout.group_units) == [key]

@@ -1,0 +1,82 @@
+"""The exchange over any number of ranks: input dist, output dist, and the backward's order.
+
+`route`: the input dist (hybridrec.sparse.exchange.input) sends each id to the rank that owns
+its shard, and numbers every local group's bags (source rank, unit, sample).
+`deliver`: replicated tables pool locally (exchange.replicated); the groups' pooled rows go
+back to their samples' ranks and each feature is rebuilt (exchange.output); the gradient of
+what leaves is scaled by 1/W (docs/architecture.md, the gradient-scaling rule).
+`after_backward`: what the output dist's backward runs after its all-to-all, in this order on
+every rank: column shards share row statistics (exchange.row_stats), then replicated tables
+sync and update. On one rank every exchange is the identity: the same code runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from hybridrec import timing
+from hybridrec.distributed.comm import CommStats, ScaleGrad
+from hybridrec.sparse.bags import jagged_means, mean_divisors
+from hybridrec.sparse.exchange.input import build_routes, input_dist
+from hybridrec.sparse.exchange.output import output_dist, reassemble
+from hybridrec.sparse.exchange.replicated import replicated_lookup, sync_replicas
+from hybridrec.sparse.exchange.row_stats import share_row_stats
+from hybridrec.sparse.fused import FusedEmbedding
+from hybridrec.sparse.layout import GroupKey, ShardedLayout
+from hybridrec.sparse.step import StepContext
+
+
+class AllToAll:
+    """The Exchange (hybridrec.sparse.step) of any layout, over process group `group`."""
+
+    pools_in_handoff = False  # pooled in fp32: the wire rounds (row-wise partial sums add first)
+
+    def __init__(
+        self,
+        layout: ShardedLayout,
+        stores: Mapping[GroupKey, FusedEmbedding],
+        group: dist.ProcessGroup | None,
+        stats: CommStats | None,
+        device: torch.device,
+    ) -> None:
+        self.layout, self.stores, self.group, self.stats = layout, stores, group, stats
+        self.routes = build_routes(layout, device)
+        self.means = jagged_means(layout.tables)  # divided by bag lengths after the exchange
+
+    def route(self, ids: torch.Tensor, flag: bool | None) -> tuple[StepContext, bool]:
+        lookups, receipt, flagged = input_dist(
+            ids, self.layout, self.routes, self.group, self.stats, flag=flag
+        )
+        return StepContext(ids, lookups, receipt), flagged
+
+    def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> torch.Tensor:
+        lay, wire = self.layout, step.wire
+        with timing.phase("data_parallel"):
+            replicated, replicas = replicated_lookup(step.ids, lay, self.stores)
+            if wire.keep:
+                replicated = replicated.to(wire.dtype)
+        step = step.replace(replicas=replicas)
+        with timing.phase("output_dist"):
+            received, replicated = output_dist(
+                pooled, replicated, step, lay, self.group, self.stats, self
+            )
+        assert step.receipt is not None
+        divisors = mean_divisors(step.ids, self.means, lay.offsets)
+        out = reassemble(received, step.receipt.kept, replicated, lay, divisors)
+        if wire.keep or lay.world == 1:  # 1/W: in the exchange's backward, or 1
+            return out
+        return ScaleGrad.apply(out, 1.0 / lay.world)
+
+    def after_backward(
+        self, step: StepContext, grad_send: torch.Tensor, grad_replicated: torch.Tensor
+    ) -> None:
+        """The output dist's backward work after its all-to-all (see the module doc)."""
+        if step.row_stats is not None:
+            share_row_stats(grad_send, step, self.layout, self.group, self.stats, self.stores)
+        if self.layout.dp_tables:
+            sync_replicas(
+                grad_replicated, step.replicas, self.layout, self.stores, self.group, self.stats
+            )
