@@ -44,7 +44,7 @@ from hybridrec.planner.types import (
     Topology,
     human_bytes,
 )
-from hybridrec.types import PIN_MODES, TableConfig
+from hybridrec.types import TableConfig, pin_modes
 
 DEFAULT_MODEL = "dlrm_kaggle"
 
@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="TABLE=MODE",
         help="fix one table's sharding (repeatable; like sharding.tables): MODE is "
-        f"{', '.join(PIN_MODES)}; --mode plans the other tables around it",
+        f"{', '.join(pin_modes())}; --mode plans the other tables around it",
     )
     p.add_argument(
         "--optimizer",
