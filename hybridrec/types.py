@@ -25,10 +25,9 @@ class ModeTraits:
     """What a sharding mode means: the runtime's layout and exchanges (hybridrec.sparse) and the
     planner's memory and cost models (hybridrec.planner) read these, never a mode's name.
 
-    A mode with none of them set holds whole tables (table_wise). A mode that only combines
-    them needs no exchange code of its own: its entry in MODE_TRAITS, its placement rule
-    (hybridrec.planner.plan.RULES) and a conf/sharding/<mode>.yaml (docs/architecture.md,
-    "How to add").
+    None set: whole tables (table_wise). A mode that only combines them needs no exchange
+    code: its MODE_TRAITS entry, its rule (hybridrec.planner.plan.RULES) and a
+    conf/sharding/<mode>.yaml (docs/architecture.md, "How to add").
     """
 
     # every rank holds the table whole and looks its ids up locally (no exchange); the rows'
@@ -63,13 +62,9 @@ class _EveryMode(type):
 
 
 class ShardingType(str, metaclass=_EveryMode):
-    """How one table is split across ranks: the name of a sharding mode of MODE_TRAITS.
-
-    A str equal to its name (`ShardingType("row_wise") == "row_wise"`), one object per name
-    (so `is` compares), with the mode's `traits`; its repr is an Enum member's, as it was
-    one. Not an Enum, so that a mode is added by its MODE_TRAITS entry alone: every name
-    there is a ShardingType, any other name raises ValueError.
-    """
+    """How one table is split across ranks: the name of a mode of MODE_TRAITS, with its
+    `traits`. A str equal to its name, one object per name (`is` compares), an Enum member's
+    repr; not an Enum, so that a MODE_TRAITS entry alone adds a mode (others: ValueError)."""
 
     __slots__ = ()
     TABLE_WISE: ClassVar[ShardingType]
@@ -85,9 +80,7 @@ class ShardingType(str, metaclass=_EveryMode):
                 f"{name!r} is not a sharding mode; the modes are {', '.join(MODE_TRAITS)} "
                 "(hybridrec.types.MODE_TRAITS)"
             )
-        if name not in _ONE_PER_NAME:
-            _ONE_PER_NAME[name] = super().__new__(cls, name)
-        return _ONE_PER_NAME[name]
+        return _ONE_PER_NAME.setdefault(name, super().__new__(cls, name))
 
     @property
     def value(self) -> str:
@@ -113,16 +106,14 @@ ShardingType.DATA_PARALLEL = ShardingType("data_parallel")
 
 
 def pin_modes() -> tuple[str, ...]:
-    """What `sharding.tables` may pin one table to: a sharding mode (MODE_TRAITS), or host
-    memory behind a device cache (stored as row-wise / table-wise shards with cache rows).
-    Read when called, so that a mode added to MODE_TRAITS is accepted at once."""
+    """What `sharding.tables` may pin one table to: a mode of MODE_TRAITS (read when called:
+    a mode added there is accepted at once), or host memory behind a device cache."""
     return (*MODE_TRAITS, "host")
 
 
 def sharding_types() -> tuple[str, ...]:
     """What `sharding.type` may be: every table in one process (none), every table one way
-    (a mode of MODE_TRAITS), the planner's choice per table (auto), or every table in host
-    memory. Read when called, as pin_modes."""
+    (a mode of MODE_TRAITS, as pin_modes), the planner's choice (auto), or in host memory."""
     return ("none", *MODE_TRAITS, "auto", "host")
 
 
