@@ -23,8 +23,8 @@ from hybridrec.kernels.dispatch import set_kernels
 from hybridrec.model.registry import build_model
 from hybridrec.model.tables import declared_features
 from hybridrec.optim import build_sparse_optimizer
-from hybridrec.planner import CachePolicy, OptimizerFootprint, Topology, plan_sharding
-from hybridrec.shard import declarations, parallelize, plan_of
+from hybridrec.planner import CachePolicy
+from hybridrec.shard import declarations, parallelize, plan_of, plan_request
 from hybridrec.sparse.groups import HostOptions
 from hybridrec.types import ShardingPlan, TableConfig
 
@@ -47,10 +47,10 @@ def model_features(cfg: Config) -> list[TableConfig]:
     return declared_features(build_model(cfg.model))
 
 
-def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
-    """hybridrec.parallelize's keyword arguments from the config (all but the model, group,
-    device and stats), for `world_size` ranks (a config that chose no sharding gets the
-    validation's default for them)."""
+def plan_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
+    """The keyword arguments of hybridrec.parallelize that decide the plan (those of
+    hybridrec.shard.plan_request), from the config, for `world_size` ranks (a config that
+    chose no sharding gets the validation's default for them)."""
     s = cfg.sharding
     return {
         "batch_size": cfg.train.batch_size,
@@ -58,12 +58,21 @@ def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
         "sharding": s.type if s.type is not None else default_sharding(world_size),
         "pins": s.tables,
         "hbm_gb": s.hbm_gb,
-        "host_gb": s.host_gb,
         "cache": CachePolicy(s.cache_fraction, s.cache_gb),
         "data_parallel_max_bytes": s.data_parallel_max_bytes,
+        "dtype": table_dtype(cfg),
+    }
+
+
+def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
+    """hybridrec.parallelize's keyword arguments from the config (all but the model, group,
+    device and stats), for `world_size` ranks: `plan_options` and the rest."""
+    s = cfg.sharding
+    return {
+        **plan_options(cfg, world_size),
+        "host_gb": s.host_gb,
         "seed": cfg.seed,
         "check_ids": cfg.train.check_ids,
-        "dtype": table_dtype(cfg),
         "host": HostOptions(s.pin_host, s.host_copy, s.cache_halflife),
         "comm_dtype": comm_dtype(cfg),
         "autocast": torch.bfloat16 if cfg.train.autocast == "bf16" else None,
@@ -74,19 +83,7 @@ def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
 
 def make_plan(cfg: Config, world_size: int) -> ShardingPlan:
     """The plan parallelize makes for cfg's model on `world_size` ranks (pure, no group)."""
-    o = parallelize_options(cfg, world_size)
-    mode = "table_wise" if o["sharding"] == "none" else o["sharding"]
-    return plan_sharding(
-        model_features(cfg),
-        Topology(world_size, int(o["hbm_gb"] * 2**30)),
-        mode,
-        o["batch_size"],
-        OptimizerFootprint.for_optimizer(cfg.optim.sparse.name),
-        weight_bytes=o["dtype"].itemsize,
-        data_parallel_max_bytes=o["data_parallel_max_bytes"],
-        cache=o["cache"],
-        pins=o["pins"],
-    )
+    return plan_request(world_size, **plan_options(cfg, world_size)).plan(model_features(cfg))
 
 
 def build(

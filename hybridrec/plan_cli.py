@@ -32,10 +32,10 @@ from hybridrec.config import CONF_DIR, TABLE_DTYPES, compose
 from hybridrec.config.cli import model_file
 from hybridrec.configure import validate
 from hybridrec.model.registry import model_name
-from hybridrec.planner.cost import estimate_cost
 from hybridrec.planner.memory import host_memory
-from hybridrec.planner.plan import MODES, plan_sharding
+from hybridrec.planner.plan import MODES
 from hybridrec.planner.report import format_plan
+from hybridrec.planner.request import PlanRequest
 from hybridrec.planner.types import (
     GIB,
     OPTIMIZERS,
@@ -44,7 +44,7 @@ from hybridrec.planner.types import (
     Topology,
     human_bytes,
 )
-from hybridrec.types import PIN_MODES, TableConfig
+from hybridrec.types import TableConfig, pin_modes
 
 DEFAULT_MODEL = "dlrm_kaggle"
 
@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="TABLE=MODE",
         help="fix one table's sharding (repeatable; like sharding.tables): MODE is "
-        f"{', '.join(PIN_MODES)}; --mode plans the other tables around it",
+        f"{', '.join(pin_modes())}; --mode plans the other tables around it",
     )
     p.add_argument(
         "--optimizer",
@@ -198,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         optimizer = OptimizerFootprint.for_optimizer(args.optimizer)
         cache = None if args.no_host else CachePolicy(args.cache_fraction, args.cache_gb)
-        plan = plan_sharding(
-            tables,
+        request = PlanRequest(
             topology,
             args.mode,
             args.batch_size,
@@ -208,14 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             cache=cache,
             pins=_parse_pins(args.pin),
         )
+        plan = request.plan(tables)
         host = host_memory(plan, optimizer, args.weight_bytes)
     except ValueError as e:  # PlannerError included: it carries every rank's numbers
         print(f"hybridrec-plan: error: {e}", file=sys.stderr)
         return 2
     comm_bytes = 4 if args.comm_dtype == "fp32" else 2
-    cost = estimate_cost(
-        plan, tables, topology, args.batch_size, optimizer, args.weight_bytes, comm_bytes
-    )
+    cost = request.cost(plan, tables, comm_bytes)
     print(
         f"model {name}: {len(tables)} tables, {args.world_size} ranks, "
         f"global batch {args.batch_size}, mode {args.mode}, optimizer {args.optimizer}, "

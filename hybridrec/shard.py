@@ -44,12 +44,11 @@ from hybridrec.model.tables import EmbeddingTables, declared_tables
 from hybridrec.planner import (
     CachePolicy,
     OptimizerFootprint,
+    PlanRequest,
     Topology,
-    estimate_cost,
     format_plan,
     host_memory,
     human_bytes,
-    plan_sharding,
     rank_memory,
 )
 from hybridrec.planner.types import NO_OPTIMIZER_STATE
@@ -137,36 +136,25 @@ def parallelize(
     every = [f for fs in features for f in fs]
     _check_table_decay(sparse_optimizer, [t.name for t in storage_tables(every)])
     device = torch.device(device)
-    mode = sharding
-    if sharding == "none":
-        if world > 1:
-            raise ValueError(f"sharding=none keeps every table in one process, not {world} ranks")
-        mode = "table_wise"  # every table whole in this process: the single-process reference
-    footprint = (  # what the optimizer keeps per row and element, from its state kinds
-        OptimizerFootprint.of_state(sparse_optimizer.state_spec().values())
-        if sparse_optimizer is not None
-        else NO_OPTIMIZER_STATE
-    )
-    topology = Topology(world, int(hbm_gb * 2**30))
-    plan = plan_sharding(
-        every,
-        topology,
-        mode,
-        batch_size,
-        footprint,
-        weight_bytes=dtype.itemsize,
-        data_parallel_max_bytes=data_parallel_max_bytes,
-        cache=cache,
+    request = plan_request(
+        world,
+        batch_size=batch_size,
+        sparse_optimizer=sparse_optimizer,
+        sharding=sharding,
         pins=pins,
+        hbm_gb=hbm_gb,
+        cache=cache,
+        data_parallel_max_bytes=data_parallel_max_bytes,
+        dtype=dtype,
     )
+    plan = request.plan(every)
     if world > 1:
         _same_plan_everywhere(plan, group, rank)
-    _check_memory(plan, every, batch_size, footprint, dtype, host_gb, device, rank)
+    _check_memory(plan, every, request, host_gb, device, rank)
     if rank == 0:
         tables = [t for _, t in declared]
         wire = wire_dtype(plan, tables, comm_dtype, autocast, device).itemsize
-        cost = estimate_cost(plan, every, topology, batch_size, footprint, dtype.itemsize, wire)
-        table = format_plan(plan, cost, every)
+        table = format_plan(plan, request.cost(plan, every, wire), every)
         log.info("sharding plan (%s, %d ranks):\n%s", sharding, world, table)
         if autocast is not None and wire == autocast.itemsize != comm_dtype.itemsize:
             log.info(
@@ -210,6 +198,38 @@ def parallelize(
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def plan_request(
+    world: int,
+    *,
+    batch_size: int,
+    sparse_optimizer: RowOptimizer | None,
+    sharding: str = "auto",
+    pins: Mapping[str, str] | None = None,
+    hbm_gb: float = 16.0,
+    cache: CachePolicy | None = None,
+    data_parallel_max_bytes: int = 1 << 20,
+    dtype: torch.dtype = torch.float32,
+) -> PlanRequest:
+    """What `parallelize` with these arguments asks the planner for on `world` ranks (the
+    arguments mean what they mean there; pure, no group): `plan_request(...).plan(features)`
+    is the plan it makes (hybridrec.builder.make_plan: the trainer's plan without ranks)."""
+    footprint = (  # what the optimizer keeps per row and element, from its state kinds
+        OptimizerFootprint.of_state(sparse_optimizer.state_spec().values())
+        if sparse_optimizer is not None
+        else NO_OPTIMIZER_STATE
+    )
+    return PlanRequest(
+        Topology(world, int(hbm_gb * 2**30)),
+        sharding,
+        batch_size,
+        footprint,
+        dtype.itemsize,
+        data_parallel_max_bytes,
+        cache,
+        dict(pins or {}),
+    )
 
 
 def _check_table_decay(optimizer: RowOptimizer | None, names: list[str]) -> None:
@@ -264,16 +284,14 @@ def _same_plan_everywhere(plan: ShardingPlan, group: dist.ProcessGroup, rank: in
 def _check_memory(
     plan: ShardingPlan,
     features: list[TableConfig],
-    batch_size: int,
-    footprint: OptimizerFootprint,
-    dtype: torch.dtype,
+    request: PlanRequest,
     host_gb: float | None,
     device: torch.device,
     rank: int,
 ) -> None:
     """Before allocating: this rank's host-resident tables must fit in host memory (`host_gb`,
-    else what is free), and its planned device memory in the GPU."""
-    wb = dtype.itemsize
+    else what is free), and its planned device memory (as `request` sized it) in the GPU."""
+    footprint, wb = request.optimizer, request.weight_bytes
     host_need = host_memory(plan, footprint, wb)[rank]
     if host_need:
         names = sorted(
@@ -284,7 +302,7 @@ def _check_memory(
         check_host_memory(host_need, budget, what)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        need = rank_memory(plan, features, batch_size, footprint, wb)[rank].total
+        need = rank_memory(plan, features, request.batch_size, footprint, wb)[rank].total
         if need > total:
             raise ValueError(
                 f"rank {rank}: the plan puts {need / 2**30:.2f} GiB of embeddings, caches and "

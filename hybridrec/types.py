@@ -12,52 +12,110 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar
 
 import torch
 
 
 @dataclass(frozen=True)
 class ModeTraits:
-    """What a sharding mode means to the runtime (hybridrec.sparse): the layout and the
-    exchanges read these, never a mode's name. A mode that only combines them needs no
-    exchange code of its own: its planner rule (hybridrec.planner.plan.RULES), its entry
-    here and a conf/sharding/<mode>.yaml."""
+    """What a sharding mode means: the runtime's layout and exchanges (hybridrec.sparse) and the
+    planner's memory and cost models (hybridrec.planner) read these, never a mode's name.
 
-    replicated: bool = False  # every rank holds the table whole; gradients synced
-    partial_sums: bool = False  # units hold row ranges: pooled partial sums added in shard order
-    concatenated: bool = False  # units hold column ranges: outputs concatenated
+    None set: whole tables (table_wise). A mode that only combines them needs no exchange
+    code: its MODE_TRAITS entry, its rule (hybridrec.planner.plan.RULES) and a
+    conf/sharding/<mode>.yaml (docs/architecture.md, "How to add").
+    """
+
+    # every rank holds the table whole and looks its ids up locally (no exchange); the rows'
+    # gradients are synced between the replicas (planner: a sync buffer and its bytes)
+    replicated: bool = False
+    # units hold row ranges: pooled partial sums, added in shard order; a unit receives only
+    # its range's ids and returns only the bags they touch (planner: ids, rows gathered and
+    # pooled outputs scale with the range's share of the rows)
+    partial_sums: bool = False
+    # units hold column ranges: their outputs are concatenated (planner: as whole tables,
+    # each unit with its width)
+    concatenated: bool = False
 
 
-class ShardingType(str, Enum):
-    """How one table is split across ranks."""
+# The sharding modes, by name, in the order choices are listed, and what each means. The one
+# declaration of a mode's meaning: ShardingType accepts exactly these names, the config
+# accepts them (`sharding.type`, `sharding.tables`) and the planner places each by its rule
+# (hybridrec.planner.plan.RULES, one per name here).
+MODE_TRAITS: dict[str, ModeTraits] = {
+    "table_wise": ModeTraits(),  # whole table on one rank
+    "column_wise": ModeTraits(concatenated=True),  # column slices on several ranks
+    "row_wise": ModeTraits(partial_sums=True),  # row ranges on several ranks
+    "data_parallel": ModeTraits(replicated=True),  # replicated on every rank
+}
 
-    TABLE_WISE = "table_wise"  # whole table on one rank
-    COLUMN_WISE = "column_wise"  # column slices [rows, d_i] on several ranks, outputs concatenated
-    ROW_WISE = "row_wise"  # row ranges on several ranks, partial pooled sums added
-    DATA_PARALLEL = "data_parallel"  # replicated on every rank, gradients gathered
+
+class _EveryMode(type):
+    """Iterating ShardingType gives every mode of MODE_TRAITS (as iterating an Enum would)."""
+
+    def __iter__(cls) -> Iterator[ShardingType]:
+        return iter([cls(name) for name in MODE_TRAITS])
+
+
+class ShardingType(str, metaclass=_EveryMode):
+    """How one table is split across ranks: the name of a mode of MODE_TRAITS, with its
+    `traits`. A str equal to its name, one object per name (`is` compares), an Enum member's
+    repr; not an Enum, so that a MODE_TRAITS entry alone adds a mode (others: ValueError)."""
+
+    __slots__ = ()
+    TABLE_WISE: ClassVar[ShardingType]
+    COLUMN_WISE: ClassVar[ShardingType]
+    ROW_WISE: ClassVar[ShardingType]
+    DATA_PARALLEL: ClassVar[ShardingType]
+
+    def __new__(cls, name: str) -> ShardingType:
+        if isinstance(name, ShardingType):
+            return name
+        if name not in MODE_TRAITS:
+            raise ValueError(
+                f"{name!r} is not a sharding mode; the modes are {', '.join(MODE_TRAITS)} "
+                "(hybridrec.types.MODE_TRAITS)"
+            )
+        return _ONE_PER_NAME.setdefault(name, super().__new__(cls, name))
+
+    @property
+    def value(self) -> str:
+        """The mode's name, a plain str (what configs, plan tables and checkpoints write)."""
+        return str(self)
 
     @property
     def traits(self) -> ModeTraits:
         return MODE_TRAITS[self]
 
+    def __repr__(self) -> str:
+        return f"<ShardingType.{self.upper()}: {str.__repr__(self)}>"
 
-MODE_TRAITS = {
-    ShardingType.TABLE_WISE: ModeTraits(),
-    ShardingType.COLUMN_WISE: ModeTraits(concatenated=True),
-    ShardingType.ROW_WISE: ModeTraits(partial_sums=True),
-    ShardingType.DATA_PARALLEL: ModeTraits(replicated=True),
-}
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return ShardingType, (str(self),)
 
 
-# What `sharding.tables` may pin one table to: a ShardingType, or host memory behind a device
-# cache (stored as row-wise / table-wise shards with cache rows).
-PIN_MODES = tuple(s.value for s in ShardingType) + ("host",)
-# What `sharding.type` may be: every table in one process (none), every table one way, the
-# planner's choice per table (auto), or every table in host memory
-SHARDING_TYPES = ("none", *(s.value for s in ShardingType), "auto", "host")
+_ONE_PER_NAME: dict[str, ShardingType] = {}
+ShardingType.TABLE_WISE = ShardingType("table_wise")
+ShardingType.COLUMN_WISE = ShardingType("column_wise")
+ShardingType.ROW_WISE = ShardingType("row_wise")
+ShardingType.DATA_PARALLEL = ShardingType("data_parallel")
+
+
+def pin_modes() -> tuple[str, ...]:
+    """What `sharding.tables` may pin one table to: a mode of MODE_TRAITS (read when called:
+    a mode added there is accepted at once), or host memory behind a device cache."""
+    return (*MODE_TRAITS, "host")
+
+
+def sharding_types() -> tuple[str, ...]:
+    """What `sharding.type` may be: every table in one process (none), every table one way
+    (a mode of MODE_TRAITS, as pin_modes), the planner's choice (auto), or in host memory."""
+    return ("none", *MODE_TRAITS, "auto", "host")
+
 
 # Host caches' use counts halve every this many lookups (sharding.cache_halflife). 1000, not
 # 100: replayed on the CPU (benchmarks/results/cache_policy_halflife_*.md), a short memory

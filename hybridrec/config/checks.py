@@ -34,11 +34,11 @@ from hybridrec.config.schema import (
 )
 from hybridrec.types import (
     ADAM_EPS_FORMS,
-    PIN_MODES,
-    SHARDING_TYPES,
     TASKS,
     WEIGHT_DECAY_MODES,
     Pooling,
+    pin_modes,
+    sharding_types,
     storage_tables,
 )
 
@@ -95,7 +95,7 @@ def _check_pins(c: Config) -> None:
                 f"sharding.tables.{name}: model {c.model.name} has no table {name!r}; its "
                 f"tables are {names[0]} .. {names[-1]}"
             )
-        _choice(f"sharding.tables.{name}", mode, PIN_MODES)
+        _choice(f"sharding.tables.{name}", mode, pin_modes())
 
 
 def _check_sparse_decay(c: Config) -> None:
@@ -334,7 +334,7 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     _choice("model.table_dtype", m.table_dtype, tuple(TABLE_DTYPES))
     _choice("data.name", c.data.name, choices["data.name"])
     _check_data(c, choices)
-    _choice("sharding.type", c.sharding.type, SHARDING_TYPES)
+    _choice("sharding.type", c.sharding.type, sharding_types())
     _choice("optim.dense.name", c.optim.dense.name, choices["optim.dense.name"])
     _choice("optim.sparse.name", c.optim.sparse.name, choices["optim.sparse.name"])
     _choice("logger.name", c.logger.name, choices["logger.name"])

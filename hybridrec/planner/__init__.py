@@ -13,6 +13,7 @@ from hybridrec.planner.memory import cache_row_bytes, host_memory, rank_memory, 
 from hybridrec.planner.placement import column_widths, row_ranges
 from hybridrec.planner.plan import MODES, plan_sharding
 from hybridrec.planner.report import format_plan
+from hybridrec.planner.request import PlanRequest
 from hybridrec.planner.types import (
     OPTIMIZERS,
     CachePolicy,
@@ -30,6 +31,7 @@ __all__ = [
     "MemoryUse",
     "OptimizerFootprint",
     "PlanCost",
+    "PlanRequest",
     "PlannerError",
     "RankCost",
     "Topology",

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from hybridrec.planner.memory import rank_memory
 from hybridrec.planner.types import NO_OPTIMIZER_STATE, OptimizerFootprint, Topology, human_bytes
-from hybridrec.sparse.costs import EMB_BYTES, ID_BYTES, id_wire_bytes, replica_sync
-from hybridrec.types import ShardingPlan, ShardingType, ShardSpec, TableConfig, storage_tables
+from hybridrec.sparse.costs import EMB_BYTES, ID_BYTES, counted, id_wire_bytes, replica_sync
+from hybridrec.types import ModeTraits, ShardingPlan, ShardSpec, TableConfig, storage_tables
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def _comm_s(
 
 
 def _unit_traffic(
-    sharding: ShardingType,
+    traits: ModeTraits,
     t: TableConfig,
     s: ShardSpec,
     b_local: int,
@@ -138,11 +138,12 @@ def _unit_traffic(
     ids: _Exchange,
     emb: _Exchange,
 ) -> float:
-    """Add feature t's exchange bytes in shard s to `ids` and `emb`; returns the rows its
-    lookup gathers per local batch (the unit, sharded, serves W of them)."""
-    if sharding is ShardingType.DATA_PARALLEL:
+    """Add feature t's exchange bytes in shard s (of a table whose mode has `traits`) to
+    `ids` and `emb`; returns the rows its lookup gathers per local batch (the unit, sharded,
+    serves W of them)."""
+    if traits.replicated:  # looked up locally: nothing crosses the exchanges
         return float(b_local * t.hotness)
-    if sharding is ShardingType.ROW_WISE:
+    if traits.partial_sums:
         share = s.num_rows / t.num_rows
         ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
         # compact partial sums: only the bags with an id in the shard come back
@@ -191,12 +192,13 @@ def estimate_cost(
     upd_bytes = [0.0] * world  # bytes touched by the backward update
     shards = [0] * world
     for tp in plan.tables:
+        traits = tp.sharding.traits
         for s in tp.shards:
             shards[s.rank] += 1
             rows = 0.0
             for t in users[tp.table]:  # each feature's lookup in this shard (a unit)
-                rows += _unit_traffic(tp.sharding, t, s, b_local, id_bytes, comm_bytes, ids, emb)
-            if tp.sharding is ShardingType.DATA_PARALLEL:
+                rows += _unit_traffic(traits, t, s, b_local, id_bytes, comm_bytes, ids, emb)
+            if traits.replicated:
                 group = dp_groups.setdefault((s.rank, s.width), [0, 0])
                 group[0] += s.num_rows
                 group[1] += int(rows)
@@ -213,11 +215,7 @@ def estimate_cost(
         dp_reduce[rank] += replica_sync(rows, width, ids_per_rank, world)[1]
     for r in range(world):  # every chunk of the input dist starts with its bad-id flag
         ids.frm[r] += id_bytes
-    if any(
-        tp.sharding is ShardingType.ROW_WISE
-        or (by_name[tp.table].jagged and tp.sharding is not ShardingType.DATA_PARALLEL)
-        for tp in plan.tables
-    ):
+    if any(counted(tp.sharding.traits, by_name[tp.table].jagged) for tp in plan.tables):
         for r in range(world):  # the payload sizes' exchange: one int64 to every other rank
             ids.frm[r] += ID_BYTES
 

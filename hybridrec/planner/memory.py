@@ -27,7 +27,7 @@ from hybridrec.sparse.costs import (
     dynamic_map_bytes,
     replica_sync,
 )
-from hybridrec.types import ShardingPlan, ShardingType, TableConfig, storage_tables
+from hybridrec.types import ShardingPlan, TableConfig, storage_tables
 
 
 def cache_row_bytes(width: int, optimizer: OptimizerFootprint, weight_bytes: int) -> int:
@@ -95,7 +95,7 @@ def rank_memory(
             extra = features[tp.table] - 1
             if extra:
                 mem = mem + MemoryUse(buffers=extra * 2 * batch_size * s.width * EMB_BYTES)
-            if tp.sharding is ShardingType.DATA_PARALLEL:
+            if tp.sharding.traits.replicated:
                 ids = b_local * table.hotness
                 how, _ = replica_sync(s.num_rows, s.width, ids, plan.world_size)
                 rows = s.num_rows if how == "all_reduce" else plan.world_size * min(s.num_rows, ids)

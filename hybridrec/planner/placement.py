@@ -209,7 +209,7 @@ class _Base(NamedTuple):
             t = tables[tp.table]
             for s in tp.shards:
                 base.mem[s.rank] += ctx.memory(t, s.num_rows, s.width, s.cache_rows).total
-                if tp.sharding is not ShardingType.DATA_PARALLEL:  # replicas look up locally
+                if not tp.sharding.traits.replicated:  # replicas look up locally
                     base.load[s.rank] += ctx.batch * t.hotness * s.width * s.num_rows // t.num_rows
         return base
 

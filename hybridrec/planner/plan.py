@@ -1,11 +1,12 @@
 """The planner's entry point: `plan_sharding(tables, topology, mode, ...) -> ShardingPlan`.
 
-Checks the arguments, plans the tables pinned by `sharding.tables` first (row ranges and
-replicas where their mode puts them, whole tables and column slices placed greedily around
-those), then lets `mode` (one of MODES) plan the other tables with the pinned ones' memory and
-lookups as each rank's starting point. Host tables, pinned or not, are planned together so
-one cache budget covers them all. The finished plan is checked against the per-rank budget
-with the memory model (`rank_memory`); a plan over it raises PlannerError naming every rank.
+Checks the arguments, plans the tables pinned by `sharding.tables` first (each mode's rule
+places the tables pinned to it, as row ranges and replicas; whole tables and column slices are
+placed greedily around those), then lets `mode` (a mode of RULES, auto or host) plan the other
+tables with the pinned ones' memory and lookups as each rank's starting point. Host tables,
+pinned or not, are planned together so one cache budget covers them all. The finished plan is
+checked against the per-rank budget with the memory model (`rank_memory`); a plan over it
+raises PlannerError naming every rank.
 Pure and deterministic: the same arguments give the same plan on every rank; tables keep
 their input order. It logs one line (INFO, shown on rank 0) when the host caches' floor
 makes a cache larger than sharding.cache_fraction or cache_gb ask.
@@ -41,11 +42,14 @@ from hybridrec.planner.types import (
     Topology,
     human_bytes,
 )
-from hybridrec.types import PIN_MODES, ShardingPlan, TableConfig, TablePlan, storage_tables
+from hybridrec.types import ShardingPlan, TableConfig, TablePlan, storage_tables
 
 log = logging.getLogger("hybridrec")
 
-# the sharding modes `plan_sharding` accepts (config sharding.mode, hybridrec-plan --mode)
+# A mode's placement rule: (its tables, the context, what is placed already) -> their plans,
+# each with its reason, which starts with "<mode>: " where it names the mode (a table pinned
+# to the mode gets PINNED in its place).
+Rule = Callable[[Sequence[TableConfig], _Context, _Base], dict[str, TablePlan]]
 
 
 def _plan_row_wise(
@@ -68,17 +72,31 @@ def _plan_data_parallel(
     return {t.name: _dp_plan(t, ctx.world, why) for t in tables}
 
 
-# A mode that places every table one way: its rule (tables, context, what is placed already)
-# -> their plans. The runtime reads what each resulting ShardingType means from its traits
-# (hybridrec.types.MODE_TRAITS), so a mode is its rule here, its traits and a conf file.
-RULES: dict[str, Callable[[Sequence[TableConfig], _Context, _Base], dict[str, TablePlan]]] = {
+# Every sharding mode's rule, one per mode of hybridrec.types.MODE_TRAITS (what its tables
+# mean at run time: the layout, the exchanges and the cost model read only that). A mode is
+# its traits, its rule here and a conf/sharding/<mode>.yaml (docs/architecture.md).
+RULES: dict[str, Rule] = {
     "table_wise": _plan_table_wise,
     "column_wise": _plan_column_wise,
     "row_wise": _plan_row_wise,
     "data_parallel": _plan_data_parallel,
 }
+# Modes whose tables are whole tables or column slices that the greedy placement puts on
+# ranks: how many slices one table gets on W ranks. Tables pinned to these are placed
+# together, largest piece first, around the tables pinned to the other modes, which those
+# modes' rules place first.
+SLICES: dict[str, Callable[[TableConfig, int], int]] = {
+    "table_wise": lambda table, world: 1,
+    "column_wise": lambda table, world: min(world, table.dim),
+}
+# the modes `plan_sharding` accepts when this module is imported (hybridrec-plan's --mode):
+# every rule, auto and host. A rule added later is accepted too (plan_sharding reads RULES)
 MODES = (*RULES, "auto", "host")
 PINNED = "pinned by sharding.tables: "
+
+
+def _modes() -> tuple[str, ...]:
+    return (*RULES, "auto", "host")
 
 
 def _pinned(tp: TablePlan) -> TablePlan:
@@ -88,21 +106,26 @@ def _pinned(tp: TablePlan) -> TablePlan:
 def _plan_pinned_device(
     tables: Sequence[TableConfig], pins: Mapping[str, str], ctx: _Context
 ) -> dict[str, TablePlan]:
-    """Tables pinned to a device mode: row ranges and replicas go where their mode puts them,
-    then whole tables and column slices are placed greedily around those."""
-    world = ctx.world
+    """Tables pinned to a device mode: each mode's rule places the tables pinned to it (in
+    RULES order, each mode around the ones before), then the whole tables and column slices
+    of the SLICES modes are placed greedily around those."""
+    by_name = {t.name: t for t in tables}
     plans: dict[str, TablePlan] = {}
-    for t in tables:
-        if pins[t.name] == "row_wise":
-            plans[t.name] = _rw_plan(t, world, _count(min(world, t.num_rows), "row range"))
-        elif pins[t.name] == "data_parallel":
-            plans[t.name] = _dp_plan(t, world, f"replicated on {_count(world, 'rank')}")
-    placed = [t for t in tables if pins[t.name] in ("table_wise", "column_wise")]
-    k = {t.name: 1 if pins[t.name] == "table_wise" else min(world, t.dim) for t in placed}
-    pieces = {t.name: _pieces(t, k[t.name], ctx) for t in placed}
-    mem, load = _Base.of(plans.values(), {t.name: t for t in tables}, ctx)
+    base = _Base.empty(ctx.world)
+    for mode, rule in RULES.items():
+        mine = [t for t in tables if pins[t.name] == mode]
+        if mode in SLICES or not mine:
+            continue
+        placed = {
+            name: replace(tp, reason=tp.reason.removeprefix(f"{mode}: "))
+            for name, tp in rule(mine, ctx, base).items()
+        }
+        plans.update(placed)
+        base = base.plus(_Base.of(placed.values(), by_name, ctx))
+    placed = [t for t in tables if pins[t.name] in SLICES]
+    pieces = {t.name: _pieces(t, SLICES[pins[t.name]](t, ctx.world), ctx) for t in placed}
     try:
-        where = _greedy([p for ps in pieces.values() for p in ps], mem, load, ctx.budget)
+        where = _greedy([p for ps in pieces.values() for p in ps], base.mem, base.load, ctx.budget)
     except _NoRoom as e:
         t = e.piece.table
         raise PlannerError(
@@ -128,9 +151,10 @@ def _check_pins(pins: Mapping[str, str], names: Sequence[str]) -> None:
             f"{', '.join(names)}"
         )
     for name in names:
-        if name in pins and pins[name] not in PIN_MODES:
+        allowed = (*RULES, "host")
+        if name in pins and pins[name] not in allowed:
             raise ValueError(
-                f"sharding.tables.{name}={pins[name]!r} is not one of: {', '.join(PIN_MODES)}"
+                f"sharding.tables.{name}={pins[name]!r} is not one of: {', '.join(allowed)}"
             )
 
 
@@ -151,8 +175,8 @@ def plan_sharding(
     fp32 tables, 2 for fp16/bf16. `cache` sizes the device caches of host-resident tables:
     mode `host` puts every table there (default CachePolicy() when None); mode `auto` moves
     tables there only when they do not fit the devices, and only when `cache` is given.
-    `pins` ({table: one of PIN_MODES}, config `sharding.tables`) fixes some tables' sharding:
-    they are planned first and `mode` plans the others around them (host tables, pinned or
+    `pins` ({table: a mode of RULES, or host}, config `sharding.tables`) fixes some tables'
+    sharding: they are planned first and `mode` plans the others around them (host tables, pinned or
     not, share one cache budget).
     Raises ValueError for bad arguments and PlannerError (a ValueError) when some rank would
     need more than `topology.hbm_bytes_per_rank`.
@@ -211,8 +235,8 @@ def _check_arguments(
     weight_bytes: int,
     pins: Mapping[str, str],
 ) -> None:
-    if mode not in MODES:
-        raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(MODES)}")
+    if mode not in _modes():
+        raise ValueError(f"unknown sharding mode {mode!r}; allowed: {', '.join(_modes())}")
     if batch_size < 1 or batch_size % world != 0:
         raise ValueError(
             f"batch_size must be a positive multiple of world_size {world}, got {batch_size}"

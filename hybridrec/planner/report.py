@@ -15,14 +15,7 @@ from collections.abc import Sequence
 
 from hybridrec.planner.cost import PlanCost
 from hybridrec.planner.types import GIB, human_bytes
-from hybridrec.types import (
-    ShardingPlan,
-    ShardingType,
-    ShardSpec,
-    TableConfig,
-    TablePlan,
-    storage_tables,
-)
+from hybridrec.types import ShardingPlan, ShardSpec, TableConfig, TablePlan, storage_tables
 
 SHARDS_WIDTH = 44  # the shards column wraps onto continuation lines past this width
 
@@ -60,7 +53,7 @@ def _shard(s: ShardSpec, table: TableConfig) -> str:
 
 def _shards(tp: TablePlan, table: TableConfig, world: int) -> str:
     ranks = [s.rank for s in tp.shards]
-    if tp.sharding is ShardingType.DATA_PARALLEL and ranks == list(range(world)) and world > 1:
+    if tp.sharding.traits.replicated and ranks == list(range(world)) and world > 1:
         return f"0-{world - 1}:all"
     return " ".join(_shard(s, table) for s in tp.shards)
 

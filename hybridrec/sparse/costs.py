@@ -9,6 +9,7 @@ model equals what is measured. Plain numbers only: no tensors, no process group.
 - pooled embeddings and their gradients: fp32 (`EMB_BYTES`);
 - host-resident tables: per cache row its table row and a dirty flag (`CACHE_META_BYTES`),
   per table row its cache slot and use count (`SLOT_BYTES`);
+- ids sent with a count per sample, which makes the sizes travel first (`counted`);
 - replicated tables' row gradients: all-reduced or all-gathered, the cheaper (`replica_sync`);
 - a dynamic shard's id -> slot map (`dynamic_map_bytes`).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridrec.types import TableConfig
+from hybridrec.types import ModeTraits, TableConfig
 
 ID_BYTES = 8  # ids in memory, and row ids in the replicated tables' gradient sync: int64
 INT32_IDS = 2**31 - 1  # tables up to this many rows send ids through the input dist as int32
@@ -49,6 +50,14 @@ def id_wire_bytes(tables: Sequence[TableConfig]) -> int:
     """Bytes per id (and per length) in the input dist: 4 (int32, half of int64, exact)
     when every table's ids fit int32, else 8 (a dynamic table's ids are raw int64)."""
     return 4 if all(t.num_rows <= INT32_IDS and t.dynamic is None for t in tables) else 8
+
+
+def counted(traits: ModeTraits, jagged: bool) -> bool:
+    """Whether a feature's ids cross the input dist with one count per sample (then a small
+    all-to-all of the payload sizes goes first): a unit of a row range (its share of a bag's
+    ids varies) or of a jagged feature (its bags' lengths vary); never a replica, whose ids
+    stay on their rank. The layout's `Unit.counted` for a mode's traits."""
+    return not traits.replicated and (traits.partial_sums or jagged)
 
 
 def replica_sync(rows: int, width: int, ids_per_rank: int, world: int) -> tuple[str, float]:

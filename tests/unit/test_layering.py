@@ -276,6 +276,32 @@ def test_the_circle_finder_finds_a_deferred_circle():
     assert circle and {"hybridrec.config", "hybridrec.model.registry"} <= set(circle[0])
 
 
+def test_importing_the_planner_loads_no_runtime_module():
+    """`import hybridrec.planner` (hybridrec-plan, a script's what-if plan) loads the planner,
+    the value types and the runtime's byte sizes (hybridrec.sparse.costs) alone: no exchange,
+    kernel or collective, and no module of ours that imports torch.distributed. In a fresh
+    interpreter, since this one has imported everything already."""
+    import subprocess
+    import sys
+
+    code = "import sys, hybridrec.planner; print(*(m for m in sys.modules if m.split('.')[0] == 'hybridrec'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True, check=True
+    )
+    loaded = set(out.stdout.split())
+    assert "hybridrec.planner.plan" in loaded  # (the listing works)
+    for runtime in ("sparse.sharded", "kernels.rows", "distributed.comm"):
+        assert f"hybridrec.{runtime}" not in loaded, f"import hybridrec.planner loads {runtime}"
+    files = {_module_name(f): f for f in PKG.rglob("*.py")}
+    collective = sorted(
+        m for m in loaded if any(i.startswith("torch.distributed") for i in _imports(files[m]))
+    )
+    assert not collective, f"import hybridrec.planner loads {collective} (torch.distributed)"
+    light = {"hybridrec", "hybridrec.types", "hybridrec.sparse", "hybridrec.sparse.costs"}
+    others = sorted(m for m in loaded - light if not m.startswith("hybridrec.planner"))
+    assert not others, f"import hybridrec.planner loads {others}"
+
+
 def test_only_entry_points_use_the_validation_above_the_components():
     """hybridrec.configure imports every component: a module it imports must not import it
     back (the circle test), and no component does; the commands do."""
