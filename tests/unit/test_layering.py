@@ -24,6 +24,8 @@ def _imports(path: Path) -> set[str]:
     "sub",
     [
         "model",
+        "scoring.py",
+        "inference.py",
         "planner",
         "sparse/costs.py",
         "kernels",
@@ -69,6 +71,8 @@ def test_never_imports_torch_distributed(sub):
             "sparse",
             (
                 "hybridrec.model",
+                "hybridrec.scoring",
+                "hybridrec.inference",
                 "hybridrec.optim",
                 "hybridrec.train",
                 "hybridrec.builder",
@@ -76,7 +80,8 @@ def test_never_imports_torch_distributed(sub):
             ),
             (),
         ),
-        # a model declares its tables; hybridrec.shard gives them rows, sharded or not
+        # a model declares its tables; hybridrec.shard gives them rows, sharded or not, and
+        # hybridrec.scoring the trainer's storage for scoring (hybridrec.inference)
         (
             "model",
             (
@@ -85,9 +90,27 @@ def test_never_imports_torch_distributed(sub):
                 "hybridrec.train",
                 "hybridrec.builder",
                 "hybridrec.shard",
+                "hybridrec.scoring",
+                "hybridrec.inference",
             ),
             (),
         ),
+        # scoring an export: the model and its storage, in one process, under the trainer
+        *[
+            (
+                sub,
+                (
+                    "hybridrec.distributed",
+                    "hybridrec.train",
+                    "hybridrec.builder",
+                    "hybridrec.shard",
+                    "hybridrec.configure",
+                    "hybridrec.main",
+                ),
+                (),
+            )
+            for sub in ("scoring.py", "inference.py")
+        ],
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow
         (
@@ -142,6 +165,29 @@ def test_dependencies_point_one_way(sub, forbidden, allowed):
             if m in allowed:
                 continue
             assert not m.startswith(forbidden), f"{f.relative_to(PKG)} imports {m}"
+
+
+def test_the_model_package_names_the_scoring_api_without_importing_the_storage():
+    """hybridrec.model offers load_export, InferenceModel and PredictInputError as it always
+    did, but they live in hybridrec.inference (above the storage, which the model layer never
+    imports): named by string in the package's `_ABOVE`, resolved on first use. Importing the
+    model package loads no storage module; asking for the names gives hybridrec.inference's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import hybridrec.model as m\n"
+        "loaded = sorted(k for k in sys.modules if k.startswith(('hybridrec.sparse', "
+        "'hybridrec.inference', 'hybridrec.scoring')))\n"
+        "assert not loaded, loaded\n"
+        "import hybridrec.inference as i\n"
+        "assert set(m._ABOVE) == {'load_export', 'InferenceModel', 'PredictInputError'}\n"
+        "assert all(getattr(m, n) is getattr(i, n) for n in m._ABOVE)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_every_package_file_is_linted():
