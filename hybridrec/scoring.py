@@ -32,7 +32,7 @@ from torch import nn
 
 from hybridrec.model.tables import declared_tables
 from hybridrec.sparse.api import EmbeddingModule
-from hybridrec.sparse.collection import EmbeddingCollection
+from hybridrec.sparse.collection import EmbeddingCollection, local_plan
 from hybridrec.types import TableConfig, storage_tables
 
 
@@ -44,6 +44,8 @@ class ScoringCollection(EmbeddingCollection):
     def __init__(self, features: Sequence[TableConfig], device: torch.device | str = "cpu"):
         super().__init__(features, None, device=device, check_ids=False)
         super().train(False)
+        # what it was built from (a move rebuilds it): its own, not the base class's fields
+        self.features, self.home = tuple(features), torch.device(device)
 
     def train(self, mode: bool = True) -> ScoringCollection:
         """Evaluation whatever `mode` is: a scoring lookup changes no map and no row."""
@@ -54,8 +56,8 @@ class ScoringCollection(EmbeddingCollection):
         beside its buffers (bag layouts, routes, map indexes), so a move to another device
         builds it there and copies its rows and maps (its shard views) over."""
         target = fn(torch.zeros(())).device
-        if target != self.device:
-            moved = ScoringCollection(self.tables, target)
+        if target != self.home:
+            moved = ScoringCollection(self.features, target)
             copy_shards(self, moved)
             vars(self).update(vars(moved))
         return super()._apply(fn, recurse)
@@ -67,8 +69,9 @@ def attach_scoring(model: nn.Module, device: torch.device | str = "cpu") -> list
     order. Their rows are freshly initialised until `load_rows` fills them."""
     out: list[ScoringCollection] = []
     for path, tables in declared_tables(model):
-        storage = ScoringCollection(tables.qualified(path), device)
-        tables.attach(storage, storage.plan)
+        features = tables.qualified(path)
+        storage = ScoringCollection(features, device)
+        tables.attach(storage, local_plan(features))
         out.append(storage)
     return out
 
@@ -80,7 +83,7 @@ def export_views(modules: Sequence[ScoringCollection]) -> dict[str, torch.Tensor
     at the next lookup."""
     out = {}
     for m in modules:
-        tables = {t.name: t for t in storage_tables(m.tables)}
+        tables = {t.name: t for t in storage_tables(m.features)}
         for spec, weight, state in m.shard_views():
             t = tables[spec.table]
             assert (spec.num_rows, spec.width) == (t.num_rows, t.dim), f"{t.name} is not whole"

@@ -209,7 +209,7 @@ def test_a_scoring_storage_never_admits_and_moves_whole():
     # a move to another device builds the storage there with the same rows and maps; here it
     # is told it lives elsewhere and moves to the CPU, so the rebuild runs without a GPU
     before = m.shard_views()[0][1].data_ptr()
-    m.device = torch.device("meta")
+    m.home = torch.device("meta")
     scoring.to("cpu")
-    assert m.device == torch.device("cpu") and m.shard_views()[0][1].data_ptr() != before
+    assert m.home == torch.device("cpu") and m.shard_views()[0][1].data_ptr() != before
     assert torch.equal(scoring.tables(ids).tensor, want)
