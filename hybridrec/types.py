@@ -19,6 +19,13 @@ from typing import ClassVar
 
 import torch
 
+# re-exported from the dynamic-table policy's one home, torch-free for the dataset spec
+from hybridrec.dynamic_policy import CACHE_HALFLIFE as CACHE_HALFLIFE
+from hybridrec.dynamic_policy import DYNAMIC_ADMIT as DYNAMIC_ADMIT
+from hybridrec.dynamic_policy import DYNAMIC_EVICT as DYNAMIC_EVICT
+from hybridrec.dynamic_policy import DYNAMIC_UNKNOWN as DYNAMIC_UNKNOWN
+from hybridrec.dynamic_policy import Dynamic as Dynamic
+
 
 @dataclass(frozen=True)
 class ModeTraits:
@@ -117,11 +124,6 @@ def sharding_types() -> tuple[str, ...]:
     return ("none", *MODE_TRAITS, "auto", "host")
 
 
-# Host caches' use counts halve every this many lookups (sharding.cache_halflife). 1000, not
-# 100: replayed on the CPU (benchmarks/results/cache_policy_halflife_*.md), a short memory
-# let rows met once push out rows of steady popularity
-CACHE_HALFLIFE = 1000
-
 
 class Pooling(str, Enum):
     """How the ids of one bag (one sample, one table) become one vector."""
@@ -178,58 +180,6 @@ TASKS = ("binary", "regression", "retrieval")
 PAD_ID = -1
 
 
-# A dynamic table's choices (Dynamic): how a new id gets a row, which row a full bucket frees,
-# and what an id without a row looks up at evaluation and inference
-DYNAMIC_ADMIT = ("always", "count", "probability")
-DYNAMIC_EVICT = ("lfu", "lru", "ttl")
-DYNAMIC_UNKNOWN = ("zeros", "row")
-
-
-@dataclass(frozen=True)
-class Dynamic:
-    """A dynamic table's policy: its ids are raw int64 values from an open set (no
-    vocabulary), mapped while training to the table's `num_rows` slots.
-
-    The slots are split into `buckets` fixed hash buckets (independent of the world size: an
-    id's bucket is a hash of the id, and a shard owns whole buckets), each with its own map and
-    policy, so every decision depends only on the ids of its bucket: the same at any world size.
-    `admit`: "always"; "count", once an id was seen `min_count` times; "probability", each
-    new id with `probability` (decided by a hash of the id, so deterministically).
-    `evict`, when a bucket is full: "lfu" (use counts halving every `halflife` steps, as the
-    host cache's), "lru", or "ttl" (an id unused for `ttl_steps` steps frees its row).
-    A readmitted id starts from fresh rows and optimizer state. `unknown`: what an id without
-    a row looks up at evaluation and inference: "zeros", or "row" (one shared trained row).
-    """
-
-    admit: str = "always"
-    min_count: int = 1
-    probability: float = 1.0
-    evict: str = "lfu"
-    ttl_steps: int = 0
-    halflife: int = CACHE_HALFLIFE
-    unknown: str = "zeros"
-    buckets: int = 64
-
-    def __post_init__(self) -> None:
-        for key, value, choices in (
-            ("admit", self.admit, DYNAMIC_ADMIT),
-            ("evict", self.evict, DYNAMIC_EVICT),
-            ("unknown", self.unknown, DYNAMIC_UNKNOWN),
-        ):
-            if value not in choices:
-                raise ValueError(f"dynamic table: {key} must be one of {choices}, not {value!r}")
-        if self.min_count < 1:
-            raise ValueError(f"dynamic table: min_count must be >= 1, got {self.min_count}")
-        if not 0.0 < self.probability <= 1.0:
-            raise ValueError(
-                f"dynamic table: probability must be in (0, 1], got {self.probability}"
-            )
-        if self.evict == "ttl" and self.ttl_steps < 1:
-            raise ValueError("dynamic table: evict=ttl needs ttl_steps >= 1")
-        if self.halflife < 1 or self.buckets < 1:
-            raise ValueError("dynamic table: halflife and buckets must be >= 1")
-
-
 @dataclass(frozen=True)
 class TableConfig:
     """One embedding table: `num_rows` x `dim`, looked up `hotness` times per sample.
@@ -271,14 +221,13 @@ class TableConfig:
                 f"got {self.mean_ids}"
             )
         d = self.dynamic
-        if d is not None:
-            need = 2 if d.unknown == "row" else 1  # a bucket's unknown row takes one slot
-            if self.num_rows % d.buckets or self.num_rows // d.buckets < need:
-                raise ValueError(
-                    f"dynamic table {self.name!r}: num_rows {self.num_rows} must be a multiple "
-                    f"of buckets={d.buckets} with >= {need} rows per bucket"
-                    f"{' (one is its unknown row)' if need == 2 else ''}; change rows or buckets"
-                )
+        if d is not None and not d.fits(self.num_rows):
+            need = d.reserved_rows + 1  # a bucket's unknown row takes one slot
+            raise ValueError(
+                f"dynamic table {self.name!r}: num_rows {self.num_rows} must be a multiple "
+                f"of buckets={d.buckets} with >= {need} rows per bucket"
+                f"{' (one is its unknown row)' if need == 2 else ''}; change rows or buckets"
+            )
 
     @property
     def expected_ids(self) -> float:

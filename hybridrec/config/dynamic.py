@@ -1,21 +1,18 @@
 """model.dynamic: which tables are dynamic and their policies, checked one key at a time.
 
-`model.dynamic` maps a storage table's name to its policy, a mapping of hybridrec.types.Dynamic's
-fields (admit, min_count, probability, evict, ttl_steps, halflife, unknown, buckets); keys left
-out take Dynamic's defaults. A table named here takes raw int64 ids and maps them to its
-num_embeddings slots while training (docs/dynamic.md). A leaf like the rest of the config: it
-imports only the schema and hybridrec.types.
+`model.dynamic` maps a storage table's name to its policy, a mapping of Dynamic's fields
+(admit, min_count, probability, evict, ttl_steps, halflife, unknown, buckets); keys left out
+take Dynamic's defaults. A table named here takes raw int64 ids and maps them to its
+num_embeddings slots while training (docs/dynamic.md). The policy's keys, types, choices and
+ranges are checked by Dynamic itself (hybridrec.dynamic_policy, their one home), whose
+PolicyError names the key; this module adds the config's names and the table's rows. A leaf
+like the rest of the config: it imports only the schema and the policy.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from hybridrec.config.schema import ModelConfig
-from hybridrec.types import Dynamic
-
-POLICY_KEYS = tuple(f.name for f in dataclasses.fields(Dynamic))
+from hybridrec.dynamic_policy import POLICY_KEYS, PolicyError, policy_of
 
 
 def check_dynamic(m: ModelConfig) -> None:
@@ -40,34 +37,15 @@ def check_dynamic(m: ModelConfig) -> None:
                 f"{key}: model {m.name} has no table {table!r}; its tables are "
                 f"{', '.join(list(rows)[:8])}{' ...' if len(rows) > 8 else ''}"
             )
-        unknown = [k for k in policy if k not in POLICY_KEYS]
-        if unknown:
-            raise ValueError(
-                f"{key}.{unknown[0]} is not a policy key; keys: {', '.join(POLICY_KEYS)}"
-            )
-        policy_ = _typed(key, policy)
         try:
-            d = Dynamic(**policy_)
-        except ValueError as e:
-            why = str(e).removeprefix("dynamic table: ")
-            bad = next((k for k in POLICY_KEYS if why.startswith(k)), "evict")
-            raise ValueError(f"{key}.{bad}: {why}") from None
-        if table in rows and rows[table] % d.buckets:
+            d = policy_of(dict(policy))
+        except PolicyError as e:
+            raise ValueError(f"{key}.{e.detail}") from None
+        if table in rows and not d.fits(rows[table]):
+            need = d.reserved_rows + 1
             raise ValueError(
-                f"{key}: the table's {rows[table]} rows (model.num_embeddings_per_feature) are "
-                f"not a multiple of buckets={d.buckets}; every hash bucket holds rows / buckets "
-                "slots: choose rows or buckets so that they divide"
+                f"{key}: the table's {rows[table]} rows (model.num_embeddings_per_feature) do "
+                f"not split into buckets={d.buckets} of >= {need} rows each"
+                f"{' (one is its unknown row)' if d.reserved_rows else ''}: choose rows or "
+                f"buckets so that rows / buckets is a whole number >= {need}"
             )
-
-
-def _typed(key: str, policy: dict[str, Any]) -> dict[str, Any]:
-    """Each value of the type of Dynamic's default (an int may stand for a float)."""
-    default = Dynamic()
-    out = {}
-    for k, v in policy.items():
-        want = type(getattr(default, k))
-        ok = isinstance(v, want) or (want is float and isinstance(v, int))
-        if isinstance(v, bool) or not ok:
-            raise ValueError(f"{key}.{k} must be {want.__name__}, got {v!r}")
-        out[k] = float(v) if want is float else v
-    return out

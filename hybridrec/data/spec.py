@@ -31,24 +31,16 @@ from typing import Any
 
 import yaml
 
+from hybridrec.dynamic_policy import POLICY_KEYS, PolicyError, policy_of
+
 TASKS = ("binary", "regression")
 TRANSFORMS = ("none", "log1p", "standardize")
 KINDS = ("single", "list")
 ENCODINGS = ("vocabulary", "hashing", "identity", "dynamic")
-# encoding: dynamic's optional `policy` keys: hybridrec.types.Dynamic's fields (min_count is
-# the feature's own key) with their types and choices, mirrored here because preprocessing
-# runs without torch (tests/data/test_dynamic_spec.py checks they agree); keys left out take
-# Dynamic's defaults when the trainer builds the table
-POLICY_KEYS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "admit": (str, ("always", "count", "probability")),
-    "probability": ((int, float), ()),
-    "evict": (str, ("lfu", "lru", "ttl")),
-    "ttl_steps": (int, ()),
-    "halflife": (int, ()),
-    "unknown": (str, ("zeros", "row")),
-    "buckets": (int, ()),
-}
-DEFAULT_BUCKETS = 64  # Dynamic.buckets
+# encoding: dynamic's optional `policy` keys: Dynamic's (hybridrec.dynamic_policy, torch-free as
+# preprocessing needs) but min_count, the feature's own key; keys left out take Dynamic's
+# defaults when the trainer builds the table
+SPEC_POLICY_KEYS = tuple(k for k in POLICY_KEYS if k != "min_count")
 POOLINGS = ("sum", "mean")
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
@@ -242,12 +234,14 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
         raise r.fail(needs, f"is required with encoding: {encoding}")
     if encoding == "hashing" and s.cap < 2:
         raise r.fail("cap", f"must be >= 2 (id 0 is the null id), got {s.cap}")
-    buckets = (s.policy or {}).get("buckets", DEFAULT_BUCKETS)
-    if encoding == "dynamic" and s.capacity % buckets:
+    dynamic = policy_of(s.policy) if s.policy is not None else None
+    if dynamic is not None and not dynamic.fits(s.capacity):
+        need = dynamic.reserved_rows + 1
         raise r.fail(
             "capacity",
-            f"={s.capacity} must be a multiple of policy.buckets={buckets} (every hash bucket "
-            "holds capacity / buckets slots)",
+            f"={s.capacity} must be a multiple of policy.buckets={dynamic.buckets} with >= "
+            f"{need} slots per bucket (every hash bucket holds capacity / buckets slots"
+            f"{', one of them its unknown row' if dynamic.reserved_rows else ''})",
         )
     for key, owners in (
         ("cap", ("hashing",)),
@@ -267,21 +261,22 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
 
 
 def _policy(r: _Reader, d: dict, encoding: str) -> dict[str, Any] | None:
-    """encoding: dynamic's policy: the keys given (with min_count, always), checked here one key
-    at a time; the trainer fills the rest with hybridrec.types.Dynamic's defaults."""
+    """encoding: dynamic's policy: the keys given (with min_count, always), checked by
+    Dynamic itself (hybridrec.dynamic_policy), whose error names the key; the trainer fills
+    the rest with Dynamic's defaults."""
     if encoding != "dynamic":
         return None
-    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, tuple(POLICY_KEYS))
+    pr = _Reader(r.where, f"{r.key}.policy", d.get("policy") or {}, SPEC_POLICY_KEYS)
     policy: dict[str, Any] = {"min_count": r.get("min_count", int, 1)}
-    for key, (kind, choices) in POLICY_KEYS.items():
-        if key in pr.d:
-            policy[key] = pr.get(key, kind, None, choices)
-    if "probability" in policy:
-        policy["probability"] = float(policy["probability"])
-        if not 0.0 < policy["probability"] <= 1.0:
-            raise pr.fail("probability", f"must be in (0, 1], got {policy['probability']}")
+    policy.update({k: pr.d[k] for k in SPEC_POLICY_KEYS if pr.d.get(k) is not None})
     if policy.get("evict") == "ttl" and "ttl_steps" not in policy:
         raise pr.fail("ttl_steps", "is required with evict: ttl (steps an unused id keeps its row)")
+    try:
+        checked = policy_of(policy)
+    except PolicyError as e:
+        raise (r if e.key == "min_count" else pr).fail(e.key, e.problem) from None
+    if "probability" in policy:
+        policy["probability"] = checked.probability  # a float, as Dynamic keeps it
     return policy
 
 

@@ -22,14 +22,60 @@ import torch
 from hybridrec.kernels import native
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
+EVICT_KINDS = {"lfu": 0, "lru": 1, "ttl": 2}
+
+
+class AdmitArgs(ctypes.Structure):
+    """hr_dyn_admit's one argument: native/dynamic_map.c's hr_dyn_admit_args, field for field
+    (pointers as data addresses; tests/unit/test_native_map_layout.py compares this layout
+    with the C library's). `admit` says what each holds."""
+
+    _fields_ = [
+        # the step: the ids to admit [A], their entries of the step's distinct ids, counts
+        ("want", _P),
+        ("want_u", _P),
+        ("want_count", _P),
+        ("a", _I64),
+        ("uslot", _P),  # the step's distinct ids' slots [U]
+        ("u", _I64),
+        # the shard's map, written in place
+        ("slot_id", _P),
+        ("score", _P),
+        ("last", _P),
+        ("admits", _P),
+        ("evicts", _P),
+        ("free_pos", _P),
+        ("n_free", _P),
+        ("busy", _P),
+        ("h", _P),  # the index's entries [cap, 2]
+        ("cap", _I64),
+        # geometry and policy
+        ("S", _I64),
+        ("sw", _I64),
+        ("nb", _I64),
+        ("b0", _I64),
+        ("buckets", _I64),
+        ("evict", _I64),  # EVICT_KINDS
+        ("t", _I64),
+        ("ttl_steps", _I64),
+        ("bulk", _I64),
+        # out
+        ("new_slot", _P),
+        ("new_id", _P),
+        ("left", _P),
+        ("counts", _P),
+    ]
+
+
 _SIGNATURES = {
     "hr_dyn_index_build": ([_P, _I64, _P, _I64], None),
     "hr_dyn_find": ([_P, _I64, _P, _I64, _P], None),
     "hr_dyn_uses": ([_P, _I64, _P, _I64, _I64, _I64, *[_P] * 10], _I64),
     "hr_dyn_fresh_rows": ([_P, _I64, _I64, _I64, _I64, ctypes.c_float, _P], None),
-    "hr_dyn_admit": ([_P, _P, _P, _I64, _P, _I64, *[_P] * 9, *[_I64] * 10, *[_P] * 4], _I64),
+    "hr_dyn_admit": ([ctypes.POINTER(AdmitArgs)], _I64),
+    "hr_dyn_admit_layout": ([_P, _I64], _I64),
+    "hr_dyn_admit_fields": ([], ctypes.c_char_p),
 }
-EVICT_KINDS = {"lfu": 0, "lru": 1, "ttl": 2}
 
 
 def _fn(name: str) -> ctypes._CFuncPtr:
@@ -129,18 +175,32 @@ def admit(
     left = torch.zeros(a, dtype=torch.int8)
     counts = torch.zeros(2, dtype=torch.int64)
     s = state
-    k = _fn("hr_dyn_admit")(
-        _ptr(want), _ptr(want_u), _ptr(want_counts), a, _ptr(slots), slots.numel(),
-        _ptr(s["slot_id"]), _ptr(s["score"]), _ptr(s["last"]), _ptr(s["admits"]),
-        _ptr(s["evicts"]), _ptr(s["free"]), _ptr(s["n_free"]), _ptr(s["busy"]),
-        _ptr(index.entries), index.cap, *geometry, EVICT_KINDS[evict], clock,
-        ttl_steps, bulk, _ptr(new_slots), _ptr(new_ids), _ptr(left), _ptr(counts),
+    S, sw, nb, b0, buckets = geometry
+    args = AdmitArgs(
+        want=_ptr(want), want_u=_ptr(want_u), want_count=_ptr(want_counts), a=a,
+        uslot=_ptr(slots), u=slots.numel(),
+        slot_id=_ptr(s["slot_id"]), score=_ptr(s["score"]), last=_ptr(s["last"]),
+        admits=_ptr(s["admits"]), evicts=_ptr(s["evicts"]), free_pos=_ptr(s["free"]),
+        n_free=_ptr(s["n_free"]), busy=_ptr(s["busy"]), h=_ptr(index.entries), cap=index.cap,
+        S=S, sw=sw, nb=nb, b0=b0, buckets=buckets, evict=EVICT_KINDS[evict], t=clock,
+        ttl_steps=ttl_steps, bulk=bulk,
+        new_slot=_ptr(new_slots), new_id=_ptr(new_ids), left=_ptr(left), counts=_ptr(counts),
     )  # fmt: skip
+    k = _fn("hr_dyn_admit")(ctypes.byref(args))
     if k == -1:
         raise MemoryError(f"out of memory admitting {a} ids into a dynamic table")
     if k == -2:
         raise ValueError("a dynamic table shard was given ids of buckets it does not own")
     return Admitted(new_slots[:k], new_ids[:k], left.bool(), int(counts[1]))
+
+
+def admit_layout() -> tuple[list[str], list[int]]:
+    """The C library's hr_dyn_admit_args: (its field names, [sizeof, each field's offset])."""
+    names = _fn("hr_dyn_admit_fields")().decode().split()
+    out = torch.zeros(len(names) + 1, dtype=torch.int64)
+    n = _fn("hr_dyn_admit_layout")(_ptr(out), out.numel())
+    assert n == out.numel(), f"hr_dyn_admit_layout gives {n} values for {len(names)} fields"
+    return names, out.tolist()
 
 
 def fresh_rows(

@@ -1,7 +1,7 @@
 """Models by config: a built-in one by name (`model.arch`), or the user's by import path
 (`model._target_=my_pkg.MyModel`, Hydra's convention), with keyword arguments `model.args`.
 `build_model(m)` is the one way a config becomes a model (no rows yet: hybridrec.parallelize,
-or hybridrec.model.local for scoring, gives them); every model declares its tables with
+or hybridrec.scoring for scoring, gives them); every model declares its tables with
 EmbeddingTables, so every model is sharded the same way.
 
 The contract of a model class (docs/library.md, "Models by config"):
@@ -85,7 +85,7 @@ def build_model(m: ModelConfig) -> nn.Module:
 
 def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
     """An instance of `cls` for `m` (no embedding rows yet: hybridrec.parallelize, or
-    hybridrec.model.local for scoring, gives them), its features checked against the data."""
+    hybridrec.scoring for scoring, gives them), its features checked against the data."""
     params = inspect.signature(cls).parameters
     given = [k for k in m.args if k in PROVIDED]
     if given:

@@ -33,7 +33,7 @@ import torch
 
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.interactions import SPLITS
-from hybridrec.model.inference import ITEM_IDS, ITEM_VECTORS, RetrievalExport, load_export
+from hybridrec.inference import ITEM_IDS, ITEM_VECTORS, RetrievalExport, load_export
 from hybridrec.safeload import load_tensors
 from hybridrec.train.checkpoint import (
     CheckpointError,

@@ -18,7 +18,7 @@ from hybridrec.data.preprocess_cli import main as preprocess_main
 from hybridrec.data.source import BinarySource
 from hybridrec.data.spec import parse_spec
 from hybridrec.data.tabular import preprocess_table
-from hybridrec.model.inference import load_export
+from hybridrec.inference import load_export
 from hybridrec.train.export_cli import main as export_main
 from tests.cli import run_cli
 from tests.data.tables import N, movies, spec_dict, write_csv, write_parquet, write_spec

@@ -11,11 +11,12 @@ import pyarrow as pa
 import pytest
 from omegaconf import OmegaConf
 
+from hybridrec import dynamic_policy
 from hybridrec.config import compose
 from hybridrec.configure import validate
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.manifest import Manifest
-from hybridrec.data.spec import DEFAULT_BUCKETS, POLICY_KEYS, parse_spec
+from hybridrec.data.spec import SPEC_POLICY_KEYS, parse_spec
 from hybridrec.data.tabular import preprocess_table
 from hybridrec.data.tabular.encode import DYNAMIC_NULL, raw_ids
 from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
@@ -50,11 +51,29 @@ def test_strings_hash_stably_and_plain_integers_stay_integers():
     assert (ids[:-1] >= 0).all() and (ids[:-1] < DYNAMIC_NULL).all()
 
 
-def test_the_spec_mirrors_the_policy_keys_of_dynamic():
-    """Preprocessing runs without torch, so the spec keeps its own copy of Dynamic's keys."""
-    assert {"min_count", *POLICY_KEYS} == {f.name for f in dataclasses.fields(Dynamic)}
-    assert POLICY_KEYS["admit"][1] == DYNAMIC_ADMIT and POLICY_KEYS["evict"][1] == DYNAMIC_EVICT
-    assert POLICY_KEYS["unknown"][1] == DYNAMIC_UNKNOWN and DEFAULT_BUCKETS == Dynamic().buckets
+def test_the_spec_the_config_and_the_library_check_policies_with_one_dynamic():
+    """Preprocessing runs without torch, so the policy's one home is torch-free
+    (hybridrec.dynamic_policy): the spec's policy keys are its fields (but min_count, the
+    feature's own key), and a value it refuses is refused by the spec and the config alike,
+    each naming the key in its own terms."""
+    assert Dynamic is dynamic_policy.Dynamic  # hybridrec.types re-exports it
+    assert {"min_count", *SPEC_POLICY_KEYS} == {f.name for f in dataclasses.fields(Dynamic)}
+    assert (DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN) == (
+        dynamic_policy.DYNAMIC_ADMIT,
+        dynamic_policy.DYNAMIC_EVICT,
+        dynamic_policy.DYNAMIC_UNKNOWN,
+    )
+    d = json.loads(json.dumps(SPEC))
+    d["sparse"][0]["policy"] = {"halflife": True}
+    with pytest.raises(
+        ValueError, match=r"^spec: sparse\[0\] \(user\)\.policy\.halflife must be int"
+    ):
+        parse_spec(d)
+    with pytest.raises(
+        dynamic_policy.PolicyError, match="^dynamic table: halflife must be int"
+    ) as e:
+        Dynamic(halflife=True)
+    assert e.value.key == "halflife"
 
 
 def test_integers_pass_through_and_negative_ones_are_refused():
@@ -152,7 +171,7 @@ def test_model_dynamic_comes_from_the_spec_and_config_keys_override_it(dynamic_d
     raw = compose(base)
     for policy, message in (
         ({"user": {"evcit": "lru"}}, r"model\.dynamic\.user\.evcit is not a policy key; keys: adm"),
-        ({"user": {"evict": "fifo"}}, r"model\.dynamic\.user\.evict: evict must be one of"),
+        ({"user": {"evict": "fifo"}}, r"model\.dynamic\.user\.evict='fifo' is not one of"),
         ({"user": {"min_count": "2"}}, r"model\.dynamic\.user\.min_count must be int, got '2'"),
         ({"item": {"buckets": 5}}, r"model\.dynamic\.item: the table's 128 rows .* buckets=5"),
         ({"x": {"evict": "lru"}}, r"model\.dynamic\.x: 'x' is not a table in the dataset"),

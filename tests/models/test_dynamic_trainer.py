@@ -10,7 +10,7 @@ import json
 import torch
 
 from hybridrec.distributed import init_distributed
-from hybridrec.model.inference import load_export
+from hybridrec.inference import load_export
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config

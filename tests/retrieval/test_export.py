@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybridrec.distributed import init_distributed
+from hybridrec.inference import RetrievalExport
 from hybridrec.model import load_export
-from hybridrec.model.inference import RetrievalExport
 from hybridrec.train.export_cli import main as export_main
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config

@@ -24,6 +24,8 @@ def _imports(path: Path) -> set[str]:
     "sub",
     [
         "model",
+        "scoring.py",
+        "inference.py",
         "planner",
         "sparse/costs.py",
         "kernels",
@@ -45,7 +47,10 @@ def test_never_imports_torch_distributed(sub):
 @pytest.mark.parametrize(
     "sub,forbidden,allowed",
     [
-        ("types.py", ("hybridrec.",), ()),
+        # the dynamic-table policy's one home: the library, the spec (read without torch) and
+        # the config checks all validate a policy with it
+        ("dynamic_policy.py", ("hybridrec.", "torch", "numpy", "pyarrow"), ()),
+        ("types.py", ("hybridrec.",), ("hybridrec.dynamic_policy",)),
         # what every loader uses to read files as data only stands on torch alone
         ("safeload.py", ("hybridrec.",), ()),
         # the planner sizes what the runtime allocates from the runtime's own byte sizes, and
@@ -66,6 +71,8 @@ def test_never_imports_torch_distributed(sub):
             "sparse",
             (
                 "hybridrec.model",
+                "hybridrec.scoring",
+                "hybridrec.inference",
                 "hybridrec.optim",
                 "hybridrec.train",
                 "hybridrec.builder",
@@ -73,18 +80,39 @@ def test_never_imports_torch_distributed(sub):
             ),
             (),
         ),
-        # a model declares its tables; hybridrec.shard gives them rows, sharded or not
+        # a model declares its tables; hybridrec.shard gives them rows, sharded or not, and
+        # hybridrec.scoring the trainer's storage for scoring (hybridrec.inference): no lookup
+        # of its own (not even the dynamic tables' hashes and probes of hybridrec.kernels)
         (
             "model",
             (
                 "hybridrec.distributed",
+                "hybridrec.kernels",
                 "hybridrec.sparse",
                 "hybridrec.train",
                 "hybridrec.builder",
                 "hybridrec.shard",
+                "hybridrec.scoring",
+                "hybridrec.inference",
             ),
             (),
         ),
+        # scoring an export: the model and its storage, in one process, under the trainer
+        *[
+            (
+                sub,
+                (
+                    "hybridrec.distributed",
+                    "hybridrec.train",
+                    "hybridrec.builder",
+                    "hybridrec.shard",
+                    "hybridrec.configure",
+                    "hybridrec.main",
+                ),
+                (),
+            )
+            for sub in ("scoring.py", "inference.py")
+        ],
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow
         (
@@ -98,7 +126,7 @@ def test_never_imports_torch_distributed(sub):
             ("torch", "hybridrec.model", "hybridrec.sparse", "hybridrec.train"),
             (),
         ),
-        ("data/spec.py", ("torch", "hybridrec."), ()),
+        ("data/spec.py", ("torch", "hybridrec."), ("hybridrec.dynamic_policy",)),
         # the host cache's policy: tensor functions, no cache object, copies or threads
         (
             "sparse/host/policy.py",
@@ -114,6 +142,7 @@ def test_never_imports_torch_distributed(sub):
             ("hybridrec.",),
             (
                 "hybridrec.types",
+                "hybridrec.dynamic_policy",
                 "hybridrec.config.schema",
                 "hybridrec.config.checks",
                 "hybridrec.config.cli",
@@ -138,6 +167,29 @@ def test_dependencies_point_one_way(sub, forbidden, allowed):
             if m in allowed:
                 continue
             assert not m.startswith(forbidden), f"{f.relative_to(PKG)} imports {m}"
+
+
+def test_the_model_package_names_the_scoring_api_without_importing_the_storage():
+    """hybridrec.model offers load_export, InferenceModel and PredictInputError as it always
+    did, but they live in hybridrec.inference (above the storage, which the model layer never
+    imports): named by string in the package's `_ABOVE`, resolved on first use. Importing the
+    model package loads no storage module; asking for the names gives hybridrec.inference's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import hybridrec.model as m\n"
+        "loaded = sorted(k for k in sys.modules if k.startswith(('hybridrec.sparse', "
+        "'hybridrec.inference', 'hybridrec.scoring')))\n"
+        "assert not loaded, loaded\n"
+        "import hybridrec.inference as i\n"
+        "assert set(m._ABOVE) == {'load_export', 'InferenceModel', 'PredictInputError'}\n"
+        "assert all(getattr(m, n) is getattr(i, n) for n in m._ABOVE)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_every_package_file_is_linted():

@@ -8,6 +8,7 @@
  * load, never saved. Legend: N ids in a step, U distinct, M missed, A to admit, R shard slots,
  * S slots per bucket (Sw of them for ids), nb buckets of the shard.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,22 +162,54 @@ static int by_key(const void *a, const void *b) {
 
 static int by_key_desc(const void *a, const void *b) { return by_key(b, a); }
 
-typedef struct { /* a shard's map: per-slot arrays [R], free lists [nb, Sw], the index */
-    int64_t *slot_id, *last, *admits, *evicts, *free_pos, *n_free;
-    entry_t *h;
-    float *score;
-    int8_t *busy;
-    uint64_t mask;
-    int64_t evicted;
-} map_t;
+/* hr_dyn_admit's one argument, declared once here through the field list below (the struct,
+ * its field names and offsets for hr_dyn_admit_layout) and mirrored field for field by
+ * kernels/native_map.py's AdmitArgs (tests/unit/test_native_map_layout.py compares the two). */
+#define HR_DYN_ADMIT_FIELDS(X)                                                                    \
+    /* the step: the ids to admit [A] (ascending), their uniq entries and this step's counts */  \
+    X(const int64_t *, want) X(const int64_t *, want_u) X(const int64_t *, want_count)          \
+    X(int64_t, a)                                                                                \
+    X(int64_t *, uslot) X(int64_t, u) /* the step's distinct ids' slots [U], -1 missed */        \
+    /* the shard's map, written in place: per-slot arrays [R], free lists [nb, sw], n_free  */   \
+    /* [nb], busy marks [R], the index h[cap] */                                                 \
+    X(int64_t *, slot_id) X(float *, score) X(int64_t *, last) X(int64_t *, admits)              \
+    X(int64_t *, evicts) X(int64_t *, free_pos) X(int64_t *, n_free) X(int8_t *, busy)           \
+    X(entry_t *, h) X(int64_t, cap)                                                              \
+    /* geometry (S slots per bucket, sw for ids, nb buckets from b0, of `buckets`) and policy */ \
+    X(int64_t, S) X(int64_t, sw) X(int64_t, nb) X(int64_t, b0) X(int64_t, buckets)               \
+    X(int64_t, evict) X(int64_t, t) X(int64_t, ttl_steps) X(int64_t, bulk)                       \
+    /* out: new_slot[K], new_id[K], left[A], counts[2] */                                        \
+    X(int64_t *, new_slot) X(int64_t *, new_id) X(int8_t *, left) X(int64_t *, counts)
 
-static void evict_slot(map_t *mp, int64_t s) { /* idmap._evict: an eviction's extra victim */
-    index_del(mp->h, mp->mask, mp->slot_id[s]);
-    mp->slot_id[s] = -1;
-    mp->score[s] = 0.0f;
-    mp->last[s] = 0;
-    mp->evicts[s] += 1;
-    mp->evicted++;
+#define AS_MEMBER(type, name) type name;
+typedef struct {
+    HR_DYN_ADMIT_FIELDS(AS_MEMBER)
+} hr_dyn_admit_args;
+
+#define AS_OFFSET(type, name) (int64_t) offsetof(hr_dyn_admit_args, name),
+#define AS_NAME(type, name) #name " "
+
+/* The struct's layout for ctypes' check: out[0] = sizeof, out[1 + i] = field i's offset (at
+ * most n values written); returns how many there are. */
+int64_t hr_dyn_admit_layout(int64_t *out, int64_t n) {
+    const int64_t layout[] = {(int64_t)sizeof(hr_dyn_admit_args),
+                              HR_DYN_ADMIT_FIELDS(AS_OFFSET)};
+    const int64_t count = (int64_t)(sizeof(layout) / sizeof(layout[0]));
+    for (int64_t i = 0; i < count && i < n; i++) out[i] = layout[i];
+    return count;
+}
+
+/* The fields' names, in order, each followed by a space. */
+const char *hr_dyn_admit_fields(void) { return HR_DYN_ADMIT_FIELDS(AS_NAME); }
+
+static void evict_slot(const hr_dyn_admit_args *x, int64_t s, int64_t *evicted) {
+    /* idmap._evict: an eviction's extra victim */
+    index_del(x->h, (uint64_t)x->cap - 1, x->slot_id[s]);
+    x->slot_id[s] = -1;
+    x->score[s] = 0.0f;
+    x->last[s] = 0;
+    x->evicts[s] += 1;
+    (*evicted)++;
 }
 
 /* The ids to admit want[A] (ascending; their uniq entries want_u[A], this step's counts
@@ -189,16 +222,10 @@ static void evict_slot(map_t *mp, int64_t s) { /* idmap._evict: an eviction's ex
  * Out: new_slot[K], new_id[K] in want order; left[A] = 1 where an id got no slot;
  * counts[0..1] = (admitted K, evicted). Finally busy is cleared for every uslot. Returns K, or
  * -1 (no scratch memory), -2 (an id of another shard's buckets). */
-int64_t hr_dyn_admit(const int64_t *want, const int64_t *want_u, const int64_t *want_count,
-                     int64_t a, int64_t *uslot, int64_t u, int64_t *slot_id, float *score,
-                     int64_t *last, int64_t *admits, int64_t *evicts, int64_t *free_pos,
-                     int64_t *n_free, int8_t *busy, entry_t *h, int64_t cap,
-                     int64_t S, int64_t sw, int64_t nb, int64_t b0, int64_t buckets,
-                     int64_t evict, int64_t t, int64_t ttl_steps, int64_t bulk, int64_t *new_slot,
-                     int64_t *new_id, int8_t *left, int64_t *counts) {
-    map_t mp = {slot_id, last, admits, evicts, free_pos, n_free, h, score, busy,
-                (uint64_t)cap - 1, 0};
-    int64_t k_new = 0, rc = 0;
+int64_t hr_dyn_admit(const hr_dyn_admit_args *x) {
+    const int64_t a = x->a, nb = x->nb, sw = x->sw, S = x->S;
+    const uint64_t mask = (uint64_t)x->cap - 1;
+    int64_t k_new = 0, rc = 0, evicted = 0;
     int64_t *lb = malloc(sizeof(int64_t) * (size_t)(a > 0 ? a : 1));
     int64_t *j = malloc(sizeof(int64_t) * (size_t)(a > 0 ? a : 1));
     int64_t *order = malloc(sizeof(int64_t) * (size_t)(a > 0 ? a : 1));
@@ -209,7 +236,7 @@ int64_t hr_dyn_admit(const int64_t *want, const int64_t *want_u, const int64_t *
         goto done;
     }
     for (int64_t i = 0; i < a; i++) {
-        lb[i] = bucket_of(want[i], buckets) - b0;
+        lb[i] = bucket_of(x->want[i], x->buckets) - x->b0;
         if (lb[i] < 0 || lb[i] >= nb) {
             rc = -2;
             goto done;
@@ -222,29 +249,29 @@ int64_t hr_dyn_admit(const int64_t *want, const int64_t *want_u, const int64_t *
     for (int64_t b = nb; b > 0; b--) start[b] = start[b - 1];
     start[0] = 0;
     for (int64_t b = 0; b < nb; b++) {
-        const int64_t need = start[b + 1] - start[b], nf = n_free[b];
+        const int64_t need = start[b + 1] - start[b], nf = x->n_free[b];
         if (need == 0) continue;
-        int64_t *fl = free_pos + b * sw;
+        int64_t *fl = x->free_pos + b * sw;
         for (int64_t r = 0; r < need && r < nf; r++) j[order[start[b] + r]] = fl[nf - 1 - r];
         const int64_t shortfall = need - nf;
         if (shortfall <= 0) {
-            n_free[b] = nf - need;
+            x->n_free[b] = nf - need;
             continue;
         }
-        int64_t want_k = shortfall > bulk ? shortfall : bulk;
+        int64_t want_k = shortfall > x->bulk ? shortfall : x->bulk;
         if (want_k > sw) want_k = sw;
         int64_t nc = 0;
         for (int64_t p = 0; p < sw; p++) {
             const int64_t s = b * S + p;
-            if (slot_id[s] < 0 || busy[s]) continue;
-            if (evict == 2 && t - last[s] <= ttl_steps) continue;
+            if (x->slot_id[s] < 0 || x->busy[s]) continue;
+            if (x->evict == 2 && x->t - x->last[s] <= x->ttl_steps) continue;
             int64_t level;
-            if (evict == 0) {
+            if (x->evict == 0) {
                 int32_t bits;
-                memcpy(&bits, &score[s], sizeof(bits));
+                memcpy(&bits, &x->score[s], sizeof(bits));
                 level = bits;
             } else {
-                level = last[s];
+                level = x->last[s];
             }
             prio[nc++] = (int64_t)((uint64_t)level << 32) | p;
         }
@@ -254,36 +281,37 @@ int64_t hr_dyn_admit(const int64_t *want, const int64_t *want_u, const int64_t *
         for (int64_t q = 0; q < taken; q++) j[order[start[b] + nf + q]] = prio[q] & 0xFFFFFFFF;
         /* the extra victims: evicted now, then the free list, positions descending */
         const int64_t n_extra = avail - taken;
-        for (int64_t q = taken; q < avail; q++) evict_slot(&mp, b * S + (prio[q] & 0xFFFFFFFF));
+        for (int64_t q = taken; q < avail; q++)
+            evict_slot(x, b * S + (prio[q] & 0xFFFFFFFF), &evicted);
         for (int64_t e = 0; e < n_extra; e++) fl[e] = prio[taken + e] & 0xFFFFFFFF;
         qsort(fl, (size_t)n_extra, sizeof(int64_t), by_key_desc); /* positions descending */
-        n_free[b] = n_extra;
+        x->n_free[b] = n_extra;
     }
     for (int64_t i = 0; i < a; i++) {
-        left[i] = j[i] < 0;
+        x->left[i] = j[i] < 0;
         if (j[i] < 0) continue;
         const int64_t s = lb[i] * S + j[i];
-        if (slot_id[s] >= 0) {
-            index_del(h, mp.mask, slot_id[s]);
-            evicts[s] += 1;
-            mp.evicted++;
+        if (x->slot_id[s] >= 0) {
+            index_del(x->h, mask, x->slot_id[s]);
+            x->evicts[s] += 1;
+            evicted++;
         }
-        admits[s] += 1;
-        slot_id[s] = want[i];
-        score[s] = (float)want_count[i];
-        last[s] = t;
-        index_put(h, mp.mask, want[i], s);
-        uslot[want_u[i]] = s;
-        new_slot[k_new] = s;
-        new_id[k_new] = want[i];
+        x->admits[s] += 1;
+        x->slot_id[s] = x->want[i];
+        x->score[s] = (float)x->want_count[i];
+        x->last[s] = x->t;
+        index_put(x->h, mask, x->want[i], s);
+        x->uslot[x->want_u[i]] = s;
+        x->new_slot[k_new] = s;
+        x->new_id[k_new] = x->want[i];
         k_new++;
     }
     rc = k_new;
 done:
-    for (int64_t k = 0; k < u; k++)
-        if (uslot[k] >= 0) busy[uslot[k]] = 0;
-    counts[0] = k_new;
-    counts[1] = mp.evicted;
+    for (int64_t k = 0; k < x->u; k++)
+        if (x->uslot[k] >= 0) x->busy[x->uslot[k]] = 0;
+    x->counts[0] = k_new;
+    x->counts[1] = evicted;
     free(lb);
     free(j);
     free(order);

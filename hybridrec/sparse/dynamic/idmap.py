@@ -100,7 +100,7 @@ class DynamicMap(nn.Module):
                 "table must own whole buckets (plan it with hybridrec's planner)"
             )
         self.b0, self.nb = shard.row_start // self.S, shard.num_rows // self.S
-        self.ids_per_bucket = self.S - (1 if pol.unknown == "row" else 0)
+        self.ids_per_bucket = self.S - pol.reserved_rows
         self.bulk = max(1, int(self.ids_per_bucket * EVICT_SHARE))  # an eviction's least victims
         self.col_start, self.col_end = shard.col_start, shard.col_end
         # counters and ratios count a table once: its first column shard
@@ -358,7 +358,7 @@ class DynamicMap(nn.Module):
         kept = the positions of the ids with a slot)."""
         missing = slots < 0
         if self.policy.unknown == "row":
-            unknown_row = self.bucket_local(ids) * self.S + (self.S - 1)
+            unknown_row = self.policy.unknown_row(self.bucket_local(ids), self.S)
             return torch.where(missing, unknown_row, slots), None
         kept = (~missing).nonzero().squeeze(1)
         if kept.numel() == slots.numel():

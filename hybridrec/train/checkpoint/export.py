@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridrec.model.inference import MODEL_CONFIG_KEY, model_config
+from hybridrec.inference import MODEL_CONFIG_KEY, model_config
 from hybridrec.model.registry import check_model_config
 from hybridrec.safeload import UnsafeFileError, load_tensors
+from hybridrec.scoring import load_rows
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
     dense_state,
     load_dense_state,
-    shard_views,
     write_file,
 )
 from hybridrec.train.checkpoint.load import ShardFiles, load_dense, read_manifest
@@ -155,10 +155,5 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             diffs.append(f"dense.{k}: file {list(saved[k].shape)}, model {list(v.shape)}")
     if diffs:
         raise CheckpointError(f"{file} does not fit this model:\n  " + "\n  ".join(diffs))
-    for spec, weight, st in shard_views(embedding_modules(model)):
-        src = state[f"embeddings.{spec.table}.weight"]
-        weight.copy_(src[spec.row_start : spec.row_end, spec.col_start : spec.col_end])
-        slot_id = state.get(f"embeddings.{spec.table}.slot_id")
-        if "dyn_slot_id" in st and slot_id is not None:  # a dynamic table keeps its ids' rows
-            st["dyn_slot_id"].copy_(slot_id[spec.row_start : spec.row_end])
+    load_rows(state, embedding_modules(model))  # a dynamic table keeps its ids' rows
     load_dense_state(model, {k: saved[k] for k in mine})

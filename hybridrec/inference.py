@@ -8,15 +8,20 @@
 A retrieval model loads as a RetrievalExport: `topk(dense, ids, k, exclude)` ranks the
 catalogue the file holds (hybridrec-export --retrieval) for each row's user.
 
-The model class the config names, its tables as plain `nn.EmbeddingBag`s (each feature pooled by
-sum or mean, as trained: hybridrec.model.local): the function the trainer computes, without its
-sharding, fused groups or optimizer. Inputs as everywhere in hybridrec: dense [B,
-num_dense_features] float (log-transformed as the data pipeline does), ids [B, H] int64, H = the
-sum of the features' hotness, each feature's ids in its columns (a list feature's padded with -1
-past its length). Move it with `.to(device)`; it is an ordinary module. `predict` checks its
-inputs first (shapes, dtypes, finite dense values, each table's id range) and raises
+The model class the config names, its tables given the trainer's own storage on one process
+(hybridrec.scoring: the single-process EmbeddingCollection with no optimizer, in evaluation
+mode): the trainer's lookup, code path for code path (pooling, jagged bags, shared tables,
+dynamic tables' maps), not a re-implementation of it. Inputs as everywhere in hybridrec: dense
+[B, num_dense_features] float (log-transformed as the data pipeline does), ids [B, H] int64, H
+= the sum of the features' hotness, each feature's ids in its columns (a list feature's padded
+with -1 past its length). Move it with `.to(device)`; it is an ordinary module. `predict`
+checks its inputs first (shapes, dtypes, finite dense values, each table's id range) and raises
 PredictInputError, one line naming the table or feature, the value and its row; `forward` does
-not check (it stays traceable).
+not check (it stays traceable: torch.export, torch.jit.trace).
+
+`hybridrec.model.load_export` (and InferenceModel, PredictInputError) name this module's: it
+lives above hybridrec.sparse, since the model layer never imports the storage
+(docs/architecture.md, Layering).
 
 Loading reads data only: the file's tensors, and its model config as settings (the fields
 of ModelConfig, an architecture hybridrec builds). Nothing the file names is imported or
@@ -35,11 +40,12 @@ import torch
 from torch import nn
 
 from hybridrec.config import ARCHS, ModelConfig
-from hybridrec.model.local import LocalTables, attach_local
 from hybridrec.model.registry import MODELS, import_class, make_model
 from hybridrec.model.retrieval import NO_ITEM, decode_keys, order_keys, top_keys
 from hybridrec.model.task import task_of, task_outputs
 from hybridrec.safeload import load_tensors
+from hybridrec.scoring import attach_scoring, export_views, load_rows
+from hybridrec.sparse.api import EmbeddingModule
 from hybridrec.types import TASKS, KeyedIds, hot_offsets
 
 MODEL_CONFIG_KEY = "model_config"  # JSON of the model config, in an exported file
@@ -127,26 +133,31 @@ class Scorer(nn.Module):
 
 class InferenceModel(Scorer):
     """The config's model (any model.arch, or model._target_) for scoring: the class built
-    from the config, its EmbeddingTables given plain EmbeddingBags (hybridrec.model.local).
-    `net` is the module; `weights` its tables by qualified name."""
+    from the config, its EmbeddingTables given the trainer's storage on one process
+    (hybridrec.scoring.attach_scoring). `net` is the module; `storages` its embedding modules
+    (ScoringCollections), in module order."""
 
     def __init__(self, cfg: ModelConfig, cls: type[nn.Module]) -> None:
         super().__init__(cfg)
         self.net = make_model(cfg, cls)
-        self.weights = attach_local(self.net)  # qualified name -> the bag's weight
+        attach_scoring(self.net)
         self.names = tuple(t.name for t in self.tables)
         self.hotness = tuple(t.hotness for t in self.tables)
 
+    @property
+    def storages(self) -> list[EmbeddingModule]:
+        return [m for m in self.net.modules() if isinstance(m, EmbeddingModule)]
+
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return task_outputs(self.net(dense, KeyedIds(ids, self.names, self.hotness)))
+        keyed = KeyedIds(ids.long(), self.names, self.hotness)  # (int32 ids: the lookups' int64)
+        return task_outputs(self.net(dense, keyed))
 
     def expected(self) -> dict[str, torch.Tensor]:
-        """The export's keys this model reads, to the tensors they load into."""
-        out = {  # a dynamic table's map: embeddings.<table>.slot_id
-            f"embeddings.{name}" if name.endswith(".slot_id") else f"embeddings.{name}.weight": w
-            for name, w in self.weights.items()
-        }
-        skip = tuple(f"{n}." for n, m in self.net.named_modules() if isinstance(m, LocalTables))
+        """The export's keys this model reads, to the tensors they load into: each table's
+        rows (`embeddings.<table>.weight`), a dynamic table's map (`embeddings.<table>.slot_id`)
+        and the dense state (`dense.<module path>`)."""
+        out = export_views(self.storages)
+        skip = tuple(f"{n}." for n, m in self.net.named_modules() if isinstance(m, EmbeddingModule))
         for k, v in self.net.state_dict(keep_vars=True).items():
             if not k.startswith(skip):
                 out[f"dense.{k}"] = v
@@ -171,7 +182,7 @@ class RetrievalExport(InferenceModel):
         self.item_feature = self.net.item_feature
 
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        keyed = KeyedIds(ids, self.names, self.hotness)
+        keyed = KeyedIds(ids.long(), self.names, self.hotness)
         items = keyed.select([self.item_feature], [1]).view(-1)
         return (self.net.query(dense, keyed) * self.net.candidates(items)).sum(1).float()
 
@@ -181,14 +192,15 @@ class RetrievalExport(InferenceModel):
         user tower's features are read, the others may hold any valid id)."""
         self.check_inputs(dense, ids)
         self.eval()
-        return self.net.query(dense, KeyedIds(ids, self.names, self.hotness)).float()
+        return self.net.query(dense, KeyedIds(ids.long(), self.names, self.hotness)).float()
 
     @torch.no_grad()
     def candidates(self, item_ids: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
         """Item vectors [n, D] of item ids [n] (the item tower), in chunks of `chunk`."""
         self.eval()
         parts = [
-            self.net.candidates(item_ids[a : a + chunk]) for a in range(0, len(item_ids), chunk)
+            self.net.candidates(item_ids[a : a + chunk].long())
+            for a in range(0, len(item_ids), chunk)
         ]
         return torch.cat(parts).float() if parts else torch.empty(0)
 
@@ -293,7 +305,9 @@ def load_export(
         raise ValueError(f"{path} does not fit model {cfg.name}: unexpected {unexpected}")
     with torch.no_grad():
         for k, v in params.items():
-            v.copy_(weights[k])
+            if k.startswith("dense."):
+                v.copy_(weights[k])
+    load_rows(weights, model.storages)  # every shard of the storage from the file's tables
     if isinstance(model, RetrievalExport) and ITEM_IDS in state:
         model.item_ids = state[ITEM_IDS].long()
         model.item_vectors = state[ITEM_VECTORS].float()
