@@ -9,6 +9,8 @@ for bit. The class registers itself; each test removes it again.
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from hybridrec.planner import OptimizerFootprint
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.local import full_shard
 from hybridrec.types import SPARSE_OPTIMIZER_STATE, StateKind, TableConfig
+from tests.rows import same_bits
 
 
 @device_function
@@ -37,7 +40,8 @@ def momentum(monkeypatch):
         name = "momentum"
         triton = _momentum_maths
 
-        def __init__(self, lr: float, mu: float = 0.9) -> None:
+        def __init__(self, lr: float, mu: float = 0.9, **decay: Unpack[sparse.Decay]) -> None:
+            super().__init__(**decay)  # the weight decay's arguments: the base class's
             self.lr, self.mu = lr, mu
 
         def scalars(self, step):  # noqa: ANN001, ANN201
@@ -49,11 +53,6 @@ def momentum(monkeypatch):
 
     yield SparseMomentum
     sparse._CLASSES.pop("momentum")
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -78,8 +77,8 @@ def test_a_new_optimizer_runs_on_every_backend_bit_for_bit(momentum, monkeypatch
         opt.update(w, st, rows, grads, step)
         sparse.reference_update(opt, *runs["r"], rows, grads, step)
     for k in ("k", "r"):
-        _same(runs[k][0], runs["t"][0])
-        _same(runs[k][1]["momentum"], runs["t"][1]["momentum"])
+        same_bits(runs[k][0], runs["t"][0])
+        same_bits(runs[k][1]["momentum"], runs["t"][1]["momentum"])
     assert not torch.equal(runs["t"][0], weight)
 
 
@@ -102,9 +101,33 @@ def test_a_new_optimizer_trains_a_group_and_is_sized_and_built(momentum):
 
     class Cfg:  # optim.sparse's keys; the class takes the ones its constructor names
         name, lr, mu, eps = "momentum", 0.3, 0.5, 1e-8
+        weight_decay, weight_decay_mode, table_weight_decay = 0.0, "l2", None
 
     built = sparse.build_sparse_optimizer(Cfg)
     assert isinstance(built, momentum) and (built.lr, built.mu) == (0.3, 0.5)
+
+
+def test_a_new_optimizer_takes_weight_decay_from_the_base_class(momentum):
+    """Decay is the base class's: the new class's **decay reaches it, checked and applied by
+    every backend around the class's maths (decoupled: w * (1 - lr * wd), then the step)."""
+    with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0"):
+        momentum(0.1, weight_decay=-1.0)
+    decay = {
+        "weight_decay": 0.2,
+        "weight_decay_mode": "decoupled",
+        "table_weight_decay": {"a.t": 0},
+    }
+    opt = momentum(0.1, 0.5, **decay)
+    assert opt.weight_decay_for("a.t") == 0.0 and opt.weight_decay_for("b.t") == 0.2
+    assert "weight_decay_mode='decoupled'" in repr(opt)
+    weight, rows, grads = torch.ones(6, 3), torch.tensor([1, 4]), torch.full((2, 3), 0.5)
+    state = {"momentum": torch.zeros(6, 3)}
+    with native.disabled():
+        opt.update(weight, state, rows, grads, 1)
+    want = torch.ones(6, 3)
+    want[rows] = 1.0 * (1 - 0.1 * 0.2) - 0.1 * 0.5
+    torch.testing.assert_close(weight, want)
+    assert torch.equal(state["momentum"][rows], grads)
 
 
 def test_a_class_without_declared_state_is_refused():
