@@ -1,12 +1,18 @@
 """What the row-kernel tests share (test_cpu_rows, test_native_rows, test_new_optimizer,
-test_weight_decay): a batch of ids in bags with its pooled gradient, a bit-for-bit comparison,
-and the optimizers they run. A plain module, so that test modules never import each other."""
+test_weight_decay): a batch of ids in bags with its pooled gradient, an optimizer's random
+state, a bit-for-bit comparison, and the optimizers they run. A plain module, so that test modules never import each other."""
 
 from __future__ import annotations
 
 import torch
 
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
+from hybridrec.optim.sparse import (
+    RowWiseAdagrad,
+    SparseAdagrad,
+    SparseAdam,
+    SparseOptimizer,
+    SparseSGD,
+)
 
 OPTIMIZERS = {
     "sgd": lambda: SparseSGD(0.05),
@@ -25,6 +31,12 @@ def bag_batch(n: int, rows: int, bags: int, width: int, seed: int, hot: int = 0)
         ids = torch.where(torch.rand(n, generator=g) < 0.8, ids % hot, ids)
     bag = torch.randint(0, bags, (n,), generator=g).sort().values
     return ids, bag, torch.randn(bags, width, generator=g)
+
+
+def random_state(opt: SparseOptimizer, rows: int, width: int) -> dict[str, torch.Tensor]:
+    """`opt`'s state for `rows` rows of `width`, uniform in [0, 1): row-wise state [rows],
+    element-wise [rows, width] (also at width 1), as its declaration says."""
+    return {k: torch.rand(kind.shape(rows, width)) for k, kind in opt.state_spec().items()}
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:

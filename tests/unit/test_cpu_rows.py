@@ -18,7 +18,7 @@ from hybridrec.kernels.cpu_rows import (
 from hybridrec.optim.sparse import reference_update
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.types import ShardSpec, TableConfig
-from tests.rows import OPTIMIZERS, bag_batch, same_bits
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits
 
 
 @pytest.fixture(autouse=True)
@@ -117,20 +117,6 @@ def test_rows_of_a_column_slice_fall_back_to_index_ops():
     same_bits(gather_rows(view, torch.tensor([5, 0])), torch.tensor([[1.0] * 4, [0.0] * 4]))
 
 
-# each optimizer's state: row-wise [R] or element-wise [R, D] (also at D = 1)
-STATE = {
-    "sgd": {},
-    "adagrad": {"sum": "element"},
-    "rowwise_adagrad": {"sum": "row"},
-    "adam": {"exp_avg": "element", "exp_avg_sq": "element"},
-}
-
-
-def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
-    shape = {"row": (rows,), "element": (rows, width)}
-    return {n: torch.rand(shape[kind]) for n, kind in STATE[opt.name].items()}
-
-
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("width", [1, 3, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -138,7 +124,7 @@ def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
 def test_update_equals_the_reference_bit_for_bit(name, width, dtype, row_stat):
     opt = OPTIMIZERS[name]()
     weight = torch.randn(300, width).to(dtype)
-    state = _state(opt, 300, width)
+    state = random_state(opt, 300, width)
     w_ref, s_ref = weight.clone(), {k: v.clone() for k, v in state.items()}
     g = torch.Generator().manual_seed(width)
     for step in (1, 2, 3):

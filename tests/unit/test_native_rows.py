@@ -17,7 +17,7 @@ from hybridrec.kernels import cpu_rows, native
 from hybridrec.kernels.segment import dedupe_any_order
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.types import ShardSpec, TableConfig
-from tests.rows import OPTIMIZERS, bag_batch, same_bits
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits
 
 pytestmark = pytest.mark.skipif(native.lib() is None, reason="no C compiler: torch path only")
 
@@ -60,7 +60,7 @@ def test_hashed_dedupe_of_nothing_large_ids_and_bf16_gradients():
 def test_update_equals_the_torch_path(name, width, row_stat, exact_sqrt):
     opt = OPTIMIZERS[name]()
     weight = torch.randn(300, width)
-    state = {k: torch.rand(v.shape(300, width)) for k, v in opt.state_spec().items()}
+    state = random_state(opt, 300, width)
     w_ref, s_ref = weight.clone(), {k: v.clone() for k, v in state.items()}
     g = torch.Generator().manual_seed(width)
     for step in (1, 2, 3):

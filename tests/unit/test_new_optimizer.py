@@ -9,6 +9,8 @@ for bit. The class registers itself; each test removes it again.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Unpack
 
 import pytest
@@ -23,6 +25,8 @@ from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.local import full_shard
 from hybridrec.types import SPARSE_OPTIMIZER_STATE, StateKind, TableConfig
 from tests.rows import same_bits
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @device_function
@@ -135,3 +139,23 @@ def test_a_class_without_declared_state_is_refused():
 
         class Lamb(sparse.SparseOptimizer):
             name = "lamb"
+
+
+def test_the_architecture_recipe_names_every_file_that_lists_the_optimizers():
+    """docs/architecture.md's "A sparse optimizer" recipe stays true: each file it names
+    exists, and each test module that names every optimizer (by name or by class: a list of
+    them) is one it names, so that a new optimizer following it runs in every suite."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    recipe = text[text.index("**A sparse optimizer**") : text.index("**A sharding mode**")]
+    named = set(re.findall(r"`((?:hybridrec|tests|docs|conf)/[\w/.]+\.\w+)`", recipe))
+    assert len(named) > 20 and not [p for p in named if not (ROOT / p).is_file()]
+    names = [f'"{n}"' for n in SPARSE_OPTIMIZER_STATE]
+    classes = [f"{cls.__name__}(" for cls in sparse._CLASSES.values()]
+    # its optimizers are the benchmark's (SPARSE_OPTIMIZERS), which it reads back by name
+    reads_a_report = {"tests/train/test_benchmarks_smoke.py"}
+    lists = {
+        str(f.relative_to(ROOT))
+        for f in (ROOT / "tests").rglob("*.py")
+        if all(n in f.read_text() for n in names) or all(c in f.read_text() for c in classes)
+    }
+    assert lists - reads_a_report <= named, sorted(lists - reads_a_report - named)
