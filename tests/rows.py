@@ -1,8 +1,11 @@
 """What the row-kernel tests share (test_cpu_rows, test_native_rows, test_new_optimizer,
 test_weight_decay): a batch of ids in bags with its pooled gradient, an optimizer's random
-state, a bit-for-bit comparison, and the optimizers they run. A plain module, so that test modules never import each other."""
+state, two equal fused groups, a bit-for-bit comparison, and the optimizers they run. A plain
+module, so that test modules never import each other."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -13,6 +16,8 @@ from hybridrec.optim.sparse import (
     SparseOptimizer,
     SparseSGD,
 )
+from hybridrec.sparse.fused import FusedEmbedding
+from hybridrec.types import ShardSpec, TableConfig
 
 OPTIMIZERS = {
     "sgd": lambda: SparseSGD(0.05),
@@ -37,6 +42,14 @@ def random_state(opt: SparseOptimizer, rows: int, width: int) -> dict[str, torch
     """`opt`'s state for `rows` rows of `width`, uniform in [0, 1): row-wise state [rows],
     element-wise [rows, width] (also at width 1), as its declaration says."""
     return {k: torch.rand(kind.shape(rows, width)) for k, kind in opt.state_spec().items()}
+
+
+def two_table_groups(make: Callable[[], SparseOptimizer]) -> tuple[FusedEmbedding, FusedEmbedding]:
+    """Two equal fused groups (one to test, one the reference) of two tables of width 8, 50 and
+    400 rows, each with its own optimizer `make()`."""
+    tables = [TableConfig(f"t{i}", n, 8) for i, n in enumerate((50, 400))]
+    shards = [(t, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 8)) for i, t in enumerate(tables)]
+    return FusedEmbedding(shards, make()), FusedEmbedding(shards, make())
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:

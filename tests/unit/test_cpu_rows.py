@@ -16,9 +16,7 @@ from hybridrec.kernels.cpu_rows import (
     gather_rows,
 )
 from hybridrec.optim.sparse import reference_update
-from hybridrec.sparse.fused import FusedEmbedding
-from hybridrec.types import ShardSpec, TableConfig
-from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits, two_table_groups
 
 
 @pytest.fixture(autouse=True)
@@ -143,10 +141,7 @@ def test_update_equals_the_reference_bit_for_bit(name, width, dtype, row_stat):
 def test_group_backward_equals_the_reference_path(name):
     """FusedEmbedding's backward + update on two tables (repeated ids, mean pooling) equals the
     former dedupe followed by the former update, over several steps."""
-    tables = [TableConfig(f"t{i}", n, 8) for i, n in enumerate((50, 400))]
-    shards = [(t, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 8)) for i, t in enumerate(tables)]
-    group = FusedEmbedding(shards, OPTIMIZERS[name]())
-    ref = FusedEmbedding(shards, OPTIMIZERS[name]())
+    group, ref = two_table_groups(OPTIMIZERS[name])
     for step in (1, 2, 3):
         rows, bags, grad = bag_batch(900, 450, 200, 8, seed=step, hot=4)
         scale = torch.full((900,), 0.5)

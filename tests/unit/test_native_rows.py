@@ -15,9 +15,7 @@ import torch
 
 from hybridrec.kernels import cpu_rows, native
 from hybridrec.kernels.segment import dedupe_any_order
-from hybridrec.sparse.fused import FusedEmbedding
-from hybridrec.types import ShardSpec, TableConfig
-from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits, two_table_groups
 
 pytestmark = pytest.mark.skipif(native.lib() is None, reason="no C compiler: torch path only")
 
@@ -79,10 +77,7 @@ def test_update_equals_the_torch_path(name, width, row_stat, exact_sqrt):
 def test_group_backward_equals_the_torch_path(name, exact_sqrt):
     """FusedEmbedding's backward (hashed dedupe, native update) on two tables with repeated
     ids and mean pooling equals the torch path's (sorted dedupe, torch ops) over 3 steps."""
-    tables = [TableConfig(f"t{i}", n, 8) for i, n in enumerate((50, 400))]
-    shards = [(t, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 8)) for i, t in enumerate(tables)]
-    group = FusedEmbedding(shards, OPTIMIZERS[name]())
-    ref = FusedEmbedding(shards, OPTIMIZERS[name]())
+    group, ref = two_table_groups(OPTIMIZERS[name])
     for step in (1, 2, 3):
         rows, bags, grad = bag_batch(9000, 450, 2000, 8, seed=step, hot=4)
         scale = torch.full((9000,), 0.5)
