@@ -3,11 +3,15 @@ train: two EmbeddingTables, a user side (a user table that a user id and a jagge
 friends share, mean-pooled, and an age table) and an item side (item ids, a genre list) of
 another width, scored by a dot product of two small towers plus a dense input; its batches;
 `train`, its own training loop at any world size; `full_tables`, every table reassembled from
-the ranks' shards. A plain module, so that test modules never import each other."""
+the ranks' shards. Its building blocks (`parallelized`, `rank_slice`, `step_mean_loss`,
+`shard_copies`, `assemble_tables`) serve the dynamic-table model too
+(tests/distributed/dynamic_model.py). A plain module, so that test modules never import each
+other."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -82,10 +86,13 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     return out
 
 
-def train(group, sharding: str, pins, sparse: str) -> dict:
-    torch.manual_seed(0)  # the same dense initialisation on every rank and in the reference
-    model = hybridrec.parallelize(
-        TwoSided(),
+def parallelized(make: Callable[[], nn.Module], group, sharding: str, pins, sparse: str):  # noqa: ANN001, ANN201
+    """The model `make()` builds, through hybridrec.parallelize as the library suites train it
+    (batch B, OPTIMIZERS[sparse], host caches of 5% of the rows, seed 11). torch is seeded
+    first: the same dense initialisation on every rank and in the reference."""
+    torch.manual_seed(0)
+    return hybridrec.parallelize(
+        make(),
         batch_size=B,
         sparse_optimizer=OPTIMIZERS[sparse](),
         group=group,
@@ -94,25 +101,41 @@ def train(group, sharding: str, pins, sparse: str) -> dict:
         cache=CachePolicy(fraction=0.05),
         seed=11,
     )
+
+
+def rank_slice(group) -> slice:  # noqa: ANN001
+    """This rank's samples of a global batch of B (ranks hold equal slices in rank order)."""
     world = dist.get_world_size(group) if group is not None else 1
     rank = dist.get_rank(group) if group is not None else 0
+    return slice(rank * B // world, (rank + 1) * B // world)
+
+
+def shard_copies(model: nn.Module) -> list:
+    """Copies of this rank's shards, (spec, weight, optimizer state), after writing host
+    caches' rows back into host memory; `model` unwrapped."""
+    modules = embedding_modules(model)
+    for m in modules:
+        for g in m.host_groups():
+            g.flush()
+    return [
+        (spec, w.clone(), {k: v.clone() for k, v in st.items()})
+        for m in modules
+        for spec, w, st in m.shard_views()
+    ]
+
+
+def train(group, sharding: str, pins, sparse: str) -> dict:  # noqa: ANN001
+    model = parallelized(TwoSided, group, sharding, pins, sparse)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    part = slice(rank * B // world, (rank + 1) * B // world)
+    part = rank_slice(group)
     losses = [
         step_mean_loss(model, opt, group, dense[part], ids[part], labels[part], FEATURES)
         for dense, ids, labels in batches()
     ]
     inner = unwrap(model)
-    for m in embedding_modules(inner):
-        for g in m.host_groups():
-            g.flush()  # host tables: cached rows back into host memory
     return {
         "losses": losses,
-        "shards": [
-            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-            for m in embedding_modules(inner)
-            for spec, w, st in m.shard_views()
-        ],
+        "shards": shard_copies(inner),
         "dense": {k: v.detach().clone() for k, v in inner.named_parameters()},
     }
 

@@ -48,7 +48,7 @@ import inspect
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack
 
 import torch
 
@@ -65,24 +65,34 @@ State = dict[str, torch.Tensor]
 _CLASSES: dict[str, type[SparseOptimizer]] = {}
 
 
+class Decay(TypedDict, total=False):
+    """The weight decay's constructor arguments, the same for every sparse optimizer:
+    `SparseOptimizer.__init__` takes and checks them, a subclass passes them on (`**decay`)."""
+
+    weight_decay: float
+    weight_decay_mode: str
+    table_weight_decay: Mapping[str, float] | None
+
+
 class SparseOptimizer:
     """A row optimizer (hybridrec.sparse.fused.RowOptimizer; hybridrec.kernels.maths.RowMaths).
 
     A subclass sets `name` (a key of SPARSE_OPTIMIZER_STATE: its state), `triton`, `native`
     and, if its maths reads each row's mean of g^2 over the full width, `needs_full_row_stat`;
-    it defines `__init__` (its hyperparameters, named as optim.sparse's config keys),
-    `scalars` and `torch_maths`. Defining the class registers it for `build_sparse_optimizer`.
-    Weight decay needs nothing of a subclass (the backends apply it around the maths); its
-    `__init__` passes its decay arguments to `set_weight_decay` (none: no decay).
+    it defines `__init__(self, <its hyperparameters, named as optim.sparse's keys>, **decay)`
+    calling `super().__init__(**decay)`, `scalars` and `torch_maths`. Defining the class
+    registers it for `build_sparse_optimizer`. Weight decay is this class's alone: its
+    arguments and their checks are here (`__init__`), and the backends apply it around the
+    maths (hybridrec.kernels.decay).
     """
 
     name: ClassVar[str]
     needs_full_row_stat: ClassVar[bool] = False  # column shards then share mean(g^2)
     triton: ClassVar[Any]  # (w, g, s0, s1, stat, h0, h1, h2, h3) -> (w, s0, s1)
     native: ClassVar[str | None] = None  # its update in native/sparse_rows.c
-    weight_decay: float = 0.0  # every table's, unless table_weight_decay names it
-    weight_decay_mode: str = "l2"  # one of WEIGHT_DECAY_MODES
-    table_weight_decay: Mapping[str, float] = MappingProxyType({})
+    weight_decay: float  # every table's, unless table_weight_decay names it
+    weight_decay_mode: str  # one of WEIGHT_DECAY_MODES
+    table_weight_decay: Mapping[str, float]  # {qualified storage table name: its decay}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -93,7 +103,7 @@ class SparseOptimizer:
             )
         _CLASSES[cls.name] = cls
 
-    def set_weight_decay(
+    def __init__(
         self,
         weight_decay: float = 0.0,
         weight_decay_mode: str = "l2",
@@ -117,6 +127,16 @@ class SparseOptimizer:
         self.weight_decay = float(weight_decay)
         self.weight_decay_mode = weight_decay_mode
         self.table_weight_decay = MappingProxyType({k: float(v) for k, v in named.items()})
+
+    @classmethod
+    def parameters(cls) -> tuple[str, ...]:
+        """The constructor's parameter names (the optim.sparse keys it takes): the class's
+        own, then, when it takes `**decay`, the weight decay's (`Decay`)."""
+        own = inspect.signature(cls).parameters.values()
+        names = [p.name for p in own if p.kind is not p.VAR_KEYWORD]
+        if any(p.kind is p.VAR_KEYWORD for p in own):
+            names += list(Decay.__annotations__)
+        return tuple(names)
 
     def weight_decay_for(self, table: str) -> float:
         """The decay of storage table `table` (its qualified name)."""
@@ -152,8 +172,7 @@ class SparseOptimizer:
         update_rows(self, weight, state, rows, grads, step, row_sq_mean, count, weight_decay)
 
     def __repr__(self) -> str:
-        params = inspect.signature(type(self)).parameters
-        values = {p: getattr(self, p) for p in params}
+        values = {p: getattr(self, p) for p in self.parameters()}
         shown = {p: dict(v) if isinstance(v, Mapping) else v for p, v in values.items()}
         return f"{type(self).__name__}({', '.join(f'{p}={v!r}' for p, v in shown.items())})"
 
@@ -171,12 +190,10 @@ class SparseSGD(SparseOptimizer):
     def __init__(
         self,
         lr: float,
-        weight_decay: float = 0.0,
-        weight_decay_mode: str = "l2",
-        table_weight_decay: Mapping[str, float] | None = None,
+        **decay: Unpack[Decay],
     ) -> None:
+        super().__init__(**decay)
         self.lr = lr
-        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr,)
@@ -200,12 +217,10 @@ class SparseAdagrad(SparseOptimizer):
         self,
         lr: float,
         eps: float = 1e-10,  # torch.optim.Adagrad's
-        weight_decay: float = 0.0,
-        weight_decay_mode: str = "l2",
-        table_weight_decay: Mapping[str, float] | None = None,
+        **decay: Unpack[Decay],
     ) -> None:
+        super().__init__(**decay)
         self.lr, self.eps = lr, eps
-        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr, self.eps)
@@ -231,12 +246,10 @@ class RowWiseAdagrad(SparseOptimizer):
         self,
         lr: float,
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        weight_decay_mode: str = "l2",
-        table_weight_decay: Mapping[str, float] | None = None,
+        **decay: Unpack[Decay],
     ) -> None:
+        super().__init__(**decay)
         self.lr, self.eps = lr, eps
-        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def scalars(self, step: int) -> tuple[float, ...]:
         return (self.lr, self.eps)
@@ -264,16 +277,14 @@ class SparseAdam(SparseOptimizer):
         beta1: float = 0.9,
         beta2: float = 0.999,
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        weight_decay_mode: str = "l2",
-        table_weight_decay: Mapping[str, float] | None = None,
         eps_form: str = "sparse_adam",
+        **decay: Unpack[Decay],
     ) -> None:
+        super().__init__(**decay)
         if eps_form not in ADAM_EPS_FORMS:
             raise ValueError(f"eps_form must be one of {ADAM_EPS_FORMS}, not {eps_form!r}")
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
         self.eps_form = eps_form
-        self.set_weight_decay(weight_decay, weight_decay_mode, table_weight_decay)
 
     def step_size(self, step: int) -> float:
         """lr with Adam's bias corrections at step `step` (the group's global count)."""
@@ -315,6 +326,6 @@ def build_sparse_optimizer(cfg: SparseOptimConfig) -> SparseOptimizer:
         )
     cls = _CLASSES[cfg.name]
     try:
-        return cls(**{p: getattr(cfg, p) for p in inspect.signature(cls).parameters})
+        return cls(**{p: getattr(cfg, p) for p in cls.parameters()})
     except ValueError as e:  # the decay's arguments, named as the config's keys
         raise ValueError(f"optim.sparse.{e}") from None

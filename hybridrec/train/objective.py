@@ -110,7 +110,10 @@ class Objective:
     def stage_ids(self, tables: EmbeddingTables, keyed: KeyedIds, step: int) -> torch.Tensor:
         """The ids the model's lookup of `tables` reads at training step `step`: the
         declared features' columns, and for the item feature's own tables with negatives,
-        those appended (the one lookup hybridrec.model.retrieval prescribes)."""
+        those appended (the one lookup hybridrec.model.retrieval prescribes). The pipeline
+        stages a batch before the step that trains it (`step` is hybridrec.train.pipeline
+        .staged_step of the step staging it, LOOK_AHEAD later): step `step`'s negatives are
+        drawn from `step` alone, so they are the same then as in that step's forward."""
         negatives = self.forward_kwargs(step).get("negatives")
         if negatives is not None and tables.feature_names == (self.item_feature,):
             return candidate_ids(keyed, self.item_feature, negatives)

@@ -9,6 +9,7 @@ staged for it (`EmbeddingModule.use_staged`): a value (hybridrec.sparse.sharded.
 holding the checked ids, their lookup inputs and what each host cache's prefetch admitted,
 which the lookup of those rows takes (a mismatch is an error there). Without such modules it
 reads no batch ahead beyond the device copy in flight (hybridrec.data.device.DevicePrefetcher).
+How far ahead it stages is `LOOK_AHEAD`, defined here alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,25 @@ from hybridrec.sparse.api import EmbeddingModule, IdCounts
 from hybridrec.types import Batch
 
 log = logging.getLogger("hybridrec")
+
+LOOK_AHEAD = 1
+"""How many steps ahead of the one training the pipeline stages a batch: the batch staged
+during step n (between its forward and its backward) trains at step n + LOOK_AHEAD
+(`staged_step`). One, because the backward of one step is the time there is to hide the
+staging in (ids checked and exchanged, host rows on their way to the device caches), and one
+staged batch fills it; a deeper look-ahead would keep several staged values alive and make
+every host cache hold the rows of LOOK_AHEAD + 1 batches at once. Those that depend on it:
+the trainer stages no batch past the last step and tells the objective which step a staged
+batch trains at (retrieval's negatives are drawn per step: hybridrec.train.objective
+.stage_ids); the planner's floor of a host cache, CachePolicy.min_batches = 2 (one step's rows
+and the staged ones), is LOOK_AHEAD + 1 (the planner imports no train module: a test ties
+the two)."""
+
+
+def staged_step(step: int) -> int:
+    """The training step (counted from 1) at which the batch staged during step `step`
+    trains (LOOK_AHEAD)."""
+    return step + LOOK_AHEAD
 
 
 class TrainPipeline:

@@ -15,15 +15,19 @@ again"), not 0: a Kubernetes Job or a SLURM requeue reads 0 as finished and woul
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 PREEMPTED_EXIT = 75  # the exit code of a run that saved and stopped on a signal
 SECOND_INTERRUPT_S = 2.0
+
+log = logging.getLogger("hybridrec")
 
 
 class PreemptionGuard:
@@ -43,6 +47,20 @@ class PreemptionGuard:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now, without saving
             self._interrupted_at = self._interrupted_at or now
         self.received = self.received or signal.Signals(signum).name
+
+    def agreed(self, any_rank: Callable[[bool], bool], step: int) -> bool:
+        """Whether any rank received a stop signal; `any_rank(flag)` asks them all (a
+        collective: every rank calls this at the same step, a logging step). A yes is logged:
+        the run saves a checkpoint at `step` and stops."""
+        if not any_rank(self.received is not None):
+            return False
+        log.warning(
+            "%s received: saving a checkpoint at step %d and stopping; run the same command "
+            "again to resume",
+            self.received or "a stop signal (on another rank)",
+            step,
+        )
+        return True
 
     def __enter__(self) -> PreemptionGuard:
         if self.enabled:

@@ -3,14 +3,14 @@
 A step (`train_step`) reads: learning-rate schedule, forward (embeddings, then the dense part,
 under bf16 autocast on GPU), loss, the pipeline's look-ahead (hybridrec.train.pipeline),
 backward (which also updates the embedding rows: hybridrec.sparse.fused) and the dense
-optimizer step. `fit` runs steps and, on their schedule, logs (rank 0: global mean loss,
-samples/s, phase timings, memory, cache rates), evaluates (hybridrec.train.evaluator), saves
-and resumes (hybridrec.train.resume), and stops on request (hybridrec.train.preemption) or at
-`eval.target_auc` / `eval.target_rmse`; with `eval.final_split` it then scores that whole
-split once (its own metrics row, the last). The loss is model.task's, or the model's own
-(hybridrec.train.objective); model.task=retrieval evaluates top-K lists over the whole
-catalogue (hybridrec.train.topk). The trainer reaches embedding modules only through
-hybridrec.sparse.api.
+optimizer step. `fit` runs steps and after each, when due (hybridrec.train.cadence), logs
+(rank 0: global mean loss, samples/s, phase timings, memory, cache rates), saves and resumes
+(hybridrec.train.resume), evaluates (hybridrec.train.evaluator), and stops on request
+(hybridrec.train.preemption) or at `eval.target_auc` / `eval.target_rmse`; with
+`eval.final_split` it then scores that whole split once (its own metrics row, the last).
+The loss is model.task's, or the model's own (hybridrec.train.objective); model.task=retrieval
+evaluates top-K lists over the whole catalogue (hybridrec.train.topk). The trainer reaches
+embedding modules only through hybridrec.sparse.api.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from hybridrec.shard import declarations
 from hybridrec.sparse.api import EmbeddingModule, IdCounts, embedding_modules
 from hybridrec.timing import PhaseTimer
 from hybridrec.train import console
+from hybridrec.train.cadence import Cadence, Window
 from hybridrec.train.checkpoint import CheckpointError, check_writable, checkpoint_step
 from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_names
 from hybridrec.train.evaluator import evaluate
@@ -49,7 +50,7 @@ from hybridrec.train.health import NonFiniteWatch
 from hybridrec.train.loggers import NullLogger, truncate_metrics
 from hybridrec.train.metrics import reached_target
 from hybridrec.train.objective import Objective
-from hybridrec.train.pipeline import TrainPipeline, warm_start
+from hybridrec.train.pipeline import TrainPipeline, staged_step, warm_start
 from hybridrec.train.preemption import PreemptionGuard, fault_injection
 from hybridrec.train.profile import STEP, StepProfiler
 from hybridrec.train.resume import Checkpointer, check_resume
@@ -177,7 +178,7 @@ class Trainer:
         pipe = self.pipeline(iter(batches)) if look_ahead else None
         losses = []
         for s, batch in enumerate(batches):
-            more = pipe is not None and s + 1 < len(batches)
+            more = pipe is not None and staged_step(s + 1) <= len(batches)
             losses.append(self.train_step(pipe.next() if pipe else batch, pipe if more else None))
         if pipe is not None:
             pipe.close()
@@ -202,7 +203,7 @@ class Trainer:
                 outputs = self.model(dense, keyed, **extra)
             loss = self.objective.loss(outputs, batch, keyed, extra)
             if pipeline is not None:
-                self._stage_step = self.step + 2  # the next batch trains at the step after
+                self._stage_step = staged_step(self.step + 1)  # this step is self.step + 1
                 pipeline.prefetch_next()
             self.dense_opt.zero_grad(set_to_none=True)
             if self.cfg.train.nonfinite == "skip" and not self.nonfinite.all_finite(loss):
@@ -422,17 +423,15 @@ class Trainer:
         profiler: StepProfiler | None,
         guard: PreemptionGuard,
     ) -> dict[str, Any]:
-        """fit()'s loop: steps, logging, evaluation, checkpoints, early and requested stops."""
-        cfg, env = self.cfg, self.env
-        steps, every, ck_every = cfg.train.steps, cfg.eval.every, cfg.checkpoint.every
+        """fit()'s loop: a training step, then what is due after it (hybridrec.train.cadence:
+        log, save, evaluate, stop); after the last step, eval.final_split's evaluation."""
+        cfg, env, steps = self.cfg, self.env, self.cfg.train.steps
+        cadence, window = Cadence.of(cfg), Window(self.step)
         fault = fault_injection(env.rank)
-        t_last, n_last = time.perf_counter(), self.step
-        last_train: dict[str, Any] = {}
-        final_eval: dict[str, float] = {}
+        result: dict[str, Any] = {"train": {}, "eval": {}, "preempted": False}
         self.timer.report(1)  # drop anything timed before the loop
-        preempted = False
         while self.step < steps:
-            more = self.step + 1 < steps  # the last step reads no batch ahead
+            more = staged_step(self.step + 1) <= steps  # no batch staged past the last step
             loss = self.train_step(pipeline.next(), pipeline if more else None)
             step = self.step
             if profiler is not None:
@@ -440,57 +439,52 @@ class Trainer:
             if fault is not None and step == fault:
                 log.warning("rank %d: fault injection at step %d (HYBRIDREC_FAULT)", env.rank, step)
                 os.kill(os.getpid(), signal.SIGKILL)
-            log_now = step % cfg.train.log_every == 0 or step == steps
-            if log_now:
-                if env.device.type == "cuda":
-                    torch.cuda.synchronize(env.device)
-                last_train = self._log_train(loss, step - n_last, time.perf_counter() - t_last)
-                self._record(last_train)
-                # every rate in a row covers the steps since the previous row: the phase timer
-                # and cache counters reset when read, so the step count and clock restart too
-                t_last, n_last = time.perf_counter(), step
-                console.show_train(last_train, steps, bar)
-            stop = False
-            if log_now and cfg.checkpoint.dir:  # the guard is on: ask every rank
-                preempted = self._any_rank(guard.received is not None)
-                if preempted:
-                    log.warning(
-                        "%s received: saving a checkpoint at step %d and stopping; run the "
-                        "same command again to resume",
-                        guard.received or "a stop signal (on another rank)",
-                        step,
-                    )
-                    stop = True
-            saved = False
-            if (ck_every and step % ck_every == 0) or step == steps or preempted:
+            due = cadence.after(step, steps)
+            if due.log:
+                result["train"] = self._log_row(loss, window, bar)
+                if cfg.checkpoint.dir and guard.agreed(self._any_rank, step):
+                    due, result["preempted"] = due.on_stop_signal(), True
+            if due.save:
                 self.save()  # before evaluating: an error there cannot cost the training
-                saved = True
-            if not preempted and ((every and step % every == 0) or step == steps):
-                final_eval = self.evaluate()
-                if final_eval:
-                    self._record({"step": step, "split": "eval", **final_eval})
-                    console.show_eval(step, final_eval, cfg.data.eval_split)
-                    reached = reached_target(cfg.eval, final_eval)
-                    if reached:
-                        log.info("reached %s at step %d: stopping", reached, step)
-                        stop = True
-            if stop and not saved:
-                self.save()
-            if (every and step % every == 0) or step == steps or stop:
+            if due.evaluate:
+                result["eval"] = self._eval_row(step)
+                reached = reached_target(cfg.eval, result["eval"])
+                if reached:
+                    log.info("reached %s at step %d: stopping", reached, step)
+                    if not due.save:
+                        self.save()
+                    due = due.on_target()
+            if due.restarts_window:
                 self.timer.report(1)
-                t_last, n_last = time.perf_counter(), step  # eval/save time is not throughput
+                window.restart(step)  # eval/save time is not throughput
             if bar is not None:
                 bar.update(1)
-            if stop:
+            if due.stop:
                 break
-        result = {"train": last_train, "eval": final_eval, "preempted": preempted}
         split = cfg.eval.final_split
-        if split is not None and not preempted:  # the whole split, once, as the last row
+        if split is not None and not result["preempted"]:  # the whole split, once, as the last row
             if "eval" in self.dense_checks:  # a NaN feature names its row in this split
                 locate = dataset_locator(self.source, cfg.eval.batch_size, split)
                 self.dense_checks["eval"].locate = locate
-            result["final"] = self.evaluate(split, whole=True)
-            if result["final"]:
-                self._record({"step": self.step, "split": split, **result["final"]})
-                console.show_eval(self.step, result["final"], split)
+            result["final"] = self._eval_row(self.step, split)
         return result
+
+    def _log_row(self, loss: torch.Tensor, window: Window, bar: tqdm | None) -> dict[str, Any]:
+        """Log (and show) the train row of this step: rates over `window`, then restarted."""
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize(self.env.device)
+        row = self._log_train(loss, *window.span(self.step))
+        self._record(row)
+        # every rate in a row covers the steps since the previous row: the phase timer and
+        # cache counters reset when read, so the step count and clock restart too
+        window.restart(self.step)
+        console.show_train(row, self.cfg.train.steps, bar)
+        return row
+
+    def _eval_row(self, step: int, split: str | None = None) -> dict[str, float]:
+        """Evaluate (eval.batches of the eval split, or the whole `split`) and log its row."""
+        metrics = self.evaluate() if split is None else self.evaluate(split, whole=True)
+        if metrics:
+            self._record({"step": step, "split": split or "eval", **metrics})
+            console.show_eval(step, metrics, split or self.cfg.data.eval_split)
+        return metrics

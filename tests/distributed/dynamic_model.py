@@ -6,16 +6,21 @@ with skew from pools far larger than the tables, drifting from step to step."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-import hybridrec
 from hybridrec import Dynamic, EmbeddingTables, Feature, KeyedIds, Table
-from hybridrec.planner import CachePolicy
 from hybridrec.sparse.api import EmbeddingCounters, embedding_modules
-from tests.libmodel import OPTIMIZERS, assemble_tables, step_mean_loss, unwrap
+from tests.libmodel import (
+    B,
+    assemble_tables,
+    parallelized,
+    rank_slice,
+    shard_copies,
+    step_mean_loss,
+    unwrap,
+)
 
-B, STEPS = 24, 6
+STEPS = 6  # batches of B (tests.libmodel's, as its parallelized and rank_slice take)
 FEATURES = [("user_id", 1), ("friends", 4), ("age", 1), ("item_id", 1)]
 ROWS = {"users.user": 64, "users.age": 7, "items.item": 48}
 DIMS = {"users.user": 8, "users.age": 8, "items.item": 8}
@@ -92,31 +97,15 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     return [batch(s, g) for s in range(STEPS + 1)]  # the last one is scored in evaluation
 
 
-def build(group, sharding: str, pins, sparse: str, policies: str):  # noqa: ANN201
+def build(group, sharding: str, pins, sparse: str, policies: str):  # noqa: ANN001, ANN201
     """(the parallelized model, its dense optimizer)."""
-    torch.manual_seed(0)
-    model = hybridrec.parallelize(
-        TwoSided(policies),
-        batch_size=B,
-        sparse_optimizer=OPTIMIZERS[sparse](),
-        group=group,
-        sharding=sharding,
-        pins=pins,
-        cache=CachePolicy(fraction=0.05),
-        seed=11,
-    )
+    model = parallelized(lambda: TwoSided(policies), group, sharding, pins, sparse)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _part(group) -> slice:  # noqa: ANN001
-    world = dist.get_world_size(group) if group is not None else 1
-    rank = dist.get_rank(group) if group is not None else 0
-    return slice(rank * B // world, (rank + 1) * B // world)
 
 
 def run_steps(model, opt, group, steps: range) -> list[float]:  # noqa: ANN001
     """Train on global batches `steps` (this rank's slice of each); the global mean losses."""
-    part, data = _part(group), batches()
+    part, data = rank_slice(group), batches()
     return [
         step_mean_loss(model, opt, group, *(x[part] for x in data[step]), FEATURES)
         for step in steps
@@ -128,15 +117,13 @@ def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
     this rank's metrics, shards (rows, optimizer state and map arrays) and maps."""
     names, hotness = zip(*FEATURES, strict=True)
     dense, ids, _ = batches()[STEPS]
-    part = _part(group)
+    part = rank_slice(group)
     model.eval()
     with torch.no_grad():
         scores = model(dense[part], KeyedIds(ids[part], names, hotness))
     model.train()
     modules = embedding_modules(unwrap(model))
-    for m in modules:
-        for g in m.host_groups():
-            g.flush()
+    shards = shard_copies(unwrap(model))
     metrics = EmbeddingCounters()
     for m in modules:
         metrics.add(m.take_metrics())
@@ -144,11 +131,7 @@ def collect(model, group, losses: list[float]) -> dict:  # noqa: ANN001
         "losses": losses,
         "scores": scores,
         "metrics": metrics,
-        "shards": [
-            (spec, w.clone(), {k: v.clone() for k, v in st.items()})
-            for m in modules
-            for spec, w, st in m.shard_views()
-        ],
+        "shards": shards,
         "maps": [
             (
                 d.table.name,

@@ -16,40 +16,10 @@ from hybridrec.distributed.env import DistEnv
 from hybridrec.model import load_export
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
+from tests.fixtures.format_v1.make import COMMON, MODELS, inputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "format_v1"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
-COMMON = [
-    "model.num_embeddings_per_feature=[40,30,20,10]",
-    "model.bottom_mlp=[8,4]",
-    "model.top_mlp=[8,1]",
-    "train.batch_size=32",
-    "eval.batches=2",
-    "eval.batch_size=32",
-    "optim.sparse.name=adam",
-    "optim.sparse.lr=0.05",
-    "device=cpu",
-    "seed=7",
-]
-MODELS = {
-    "dlrm": ["model.embedding_dim=4"],
-    "dcnv2": ["model.arch=dcnv2", "model.embedding_dims=[4,2,4,2]", "model.dcn_rank=3"],
-    "two_tower": [
-        "model.arch=two_tower",
-        "model.embedding_dim=4",
-        "+model.args.user_features=[cat_0,cat_1]",
-        "+model.args.item_features=[cat_2,cat_3]",
-        "+model.args.tower_mlp=[6]",
-    ],
-}
-
-
-def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
-    """make.py's fixed inputs."""
-    g = torch.Generator().manual_seed(0)
-    dense = torch.rand(5, 13, generator=g)
-    ids = torch.stack([torch.randint(0, n, (5,), generator=g) for n in (40, 30, 20, 10)], 1)
-    return dense, ids
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -79,5 +49,5 @@ def test_an_old_checkpoint_evaluates_and_resumes(tmp_path, name, caplog):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_an_old_export_predicts_what_it_did(name):
     model = load_export(FIXTURES / name / "model.pt")
-    got = model.predict(*_inputs())
+    got = model.predict(*inputs())
     torch.testing.assert_close(got, torch.tensor(EXPECTED[name]["predict"]), rtol=1e-6, atol=1e-7)

@@ -15,22 +15,8 @@ from hybridrec.kernels.cpu_rows import (
     dedupe_sorted,
     gather_rows,
 )
-from hybridrec.optim.sparse import (
-    RowWiseAdagrad,
-    SparseAdagrad,
-    SparseAdam,
-    SparseSGD,
-    reference_update,
-)
-from hybridrec.sparse.fused import FusedEmbedding
-from hybridrec.types import ShardSpec, TableConfig
-
-OPTIMIZERS = {
-    "sgd": lambda: SparseSGD(0.05),
-    "adagrad": lambda: SparseAdagrad(0.05),
-    "rowwise_adagrad": lambda: RowWiseAdagrad(0.05),
-    "adam": lambda: SparseAdam(0.01),
-}
+from hybridrec.optim.sparse import reference_update
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits, two_table_groups
 
 
 @pytest.fixture(autouse=True)
@@ -40,56 +26,40 @@ def _torch_path():
         yield
 
 
-def _batch(n: int, rows: int, bags: int, width: int, seed: int, hot: int = 0):
-    """n ids in [0, rows) (with `hot` > 0: most ids among the first `hot` rows, many repeats),
-    their bags in [0, bags) non-decreasing, and a pooled gradient [bags, width]."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rows, (n,), generator=g)
-    if hot:
-        ids = torch.where(torch.rand(n, generator=g) < 0.8, ids % hot, ids)
-    bag = torch.randint(0, bags, (n,), generator=g).sort().values
-    return ids, bag, torch.randn(bags, width, generator=g)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
-
-
 @pytest.mark.parametrize("width", [1, 3, 32, 40])
 @pytest.mark.parametrize("scale", ["none", "float", "tensor"])
 @pytest.mark.parametrize("hot", [0, 3])
 def test_dedupe_equals_the_reference_bit_for_bit(width, scale, hot):
-    rows, bags, grad = _batch(3000, 500, 700, width, seed=width + hot, hot=hot)
+    rows, bags, grad = bag_batch(3000, 500, 700, width, seed=width + hot, hot=hot)
     s = {"none": None, "float": 0.25, "tensor": torch.rand(rows.numel()) + 0.1}[scale]
     u, g = dedupe_sorted(rows, bags, s, grad)
     u_ref, g_ref = dedupe_reference(rows, bags, s, grad)
-    _same(u, u_ref)
-    _same(g, g_ref)
+    same_bits(u, u_ref)
+    same_bits(g, g_ref)
 
 
 def test_dedupe_sums_each_row_in_id_order_from_zero():
     """The order is the contract (the same bits on every CPU): each row's sum is 0 + g_1 +
     g_2 + ... over its ids in input order, one fp32 add at a time, as a plain loop adds."""
-    rows, bags, grad = _batch(600, 40, 150, 5, seed=11, hot=3)
+    rows, bags, grad = bag_batch(600, 40, 150, 5, seed=11, hot=3)
     scale = torch.rand(600) + 0.5
     u, g = dedupe_sorted(rows, bags, scale, grad)
     for k, row in enumerate(u.tolist()):
         acc = torch.zeros(5)
         for i in (rows == row).nonzero().squeeze(1).tolist():
             acc = acc + grad[bags[i]] * scale[i]
-        _same(g[k], acc)
+        same_bits(g[k], acc)
 
 
 def test_dedupe_of_low_precision_gradients_and_of_nothing():
-    rows, bags, grad = _batch(500, 50, 80, 16, seed=1, hot=2)
+    rows, bags, grad = bag_batch(500, 50, 80, 16, seed=1, hot=2)
     for dtype in (torch.float16, torch.bfloat16):
         for got, want in zip(
             dedupe_sorted(rows, bags, None, grad.to(dtype)),
             dedupe_reference(rows, bags, None, grad.to(dtype)),
             strict=True,
         ):
-            _same(got, want)
+            same_bits(got, want)
     empty = torch.zeros(0, dtype=torch.int64)
     u, g = dedupe_sorted(empty, empty, None, torch.zeros(0, 8))
     assert u.shape == (0,) and g.shape == (0, 8) and g.dtype == torch.float32
@@ -101,11 +71,11 @@ def test_dedupe_takes_ids_beyond_int32():
     grad = torch.randn(5, 4)
     u, g = dedupe_sorted(rows, bags, None, grad)
     assert u.tolist() == [0, 7, 2**33 + 5]
-    _same(g, dedupe_reference(rows, bags, None, grad)[1])
+    same_bits(g, dedupe_reference(rows, bags, None, grad)[1])
 
 
 def test_dedupe_is_deterministic_across_thread_counts():
-    rows, bags, grad = _batch(20000, 3000, 4000, 32, seed=5, hot=5)
+    rows, bags, grad = bag_batch(20000, 3000, 4000, 32, seed=5, hot=5)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -114,7 +84,7 @@ def test_dedupe_is_deterministic_across_thread_counts():
         two = dedupe_sorted(rows, bags, None, grad)[1]
     finally:
         torch.set_num_threads(threads)
-    _same(one, two)
+    same_bits(one, two)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -127,14 +97,14 @@ def test_copy_rows_and_apply_delta_write_the_rows_given(dtype, width):
     want = weight.clone()
     want[rows] = src
     copy_rows(weight, rows, src)
-    _same(weight, want)
-    _same(gather_rows(weight, rows), src)
+    same_bits(weight, want)
+    same_bits(gather_rows(weight, rows), src)
     delta = torch.randn(4, width)
     # the contract: index_add_ with alpha=-scale in fp32 (torch's add kernel, which may fuse
     # the multiply-add on CPUs with FMA), rounded once to the weight's dtype
     want = weight.float().index_add_(0, rows, delta, alpha=-0.3).to(dtype)
     apply_delta(weight, rows, delta, 0.3)
-    _same(weight, want)
+    same_bits(weight, want)
 
 
 def test_rows_of_a_column_slice_fall_back_to_index_ops():
@@ -142,21 +112,7 @@ def test_rows_of_a_column_slice_fall_back_to_index_ops():
     view = weight[:, 4:8]  # rows 48 bytes apart, not 16-byte words
     copy_rows(view, torch.tensor([1, 5]), torch.ones(2, 4))
     assert weight.sum() == 8 and weight[1, 4:8].eq(1).all() and weight[1, :4].eq(0).all()
-    _same(gather_rows(view, torch.tensor([5, 0])), torch.tensor([[1.0] * 4, [0.0] * 4]))
-
-
-# each optimizer's state: row-wise [R] or element-wise [R, D] (also at D = 1)
-STATE = {
-    "sgd": {},
-    "adagrad": {"sum": "element"},
-    "rowwise_adagrad": {"sum": "row"},
-    "adam": {"exp_avg": "element", "exp_avg_sq": "element"},
-}
-
-
-def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
-    shape = {"row": (rows,), "element": (rows, width)}
-    return {n: torch.rand(shape[kind]) for n, kind in STATE[opt.name].items()}
+    same_bits(gather_rows(view, torch.tensor([5, 0])), torch.tensor([[1.0] * 4, [0.0] * 4]))
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -166,7 +122,7 @@ def _state(opt, rows: int, width: int) -> dict[str, torch.Tensor]:
 def test_update_equals_the_reference_bit_for_bit(name, width, dtype, row_stat):
     opt = OPTIMIZERS[name]()
     weight = torch.randn(300, width).to(dtype)
-    state = _state(opt, 300, width)
+    state = random_state(opt, 300, width)
     w_ref, s_ref = weight.clone(), {k: v.clone() for k, v in state.items()}
     g = torch.Generator().manual_seed(width)
     for step in (1, 2, 3):
@@ -176,25 +132,22 @@ def test_update_equals_the_reference_bit_for_bit(name, width, dtype, row_stat):
         stat = torch.rand(120, generator=g) if row_stat else None
         opt.update(weight, state, rows, grads, step, stat)
         reference_update(opt, w_ref, s_ref, rows, grads, step, stat)
-        _same(weight, w_ref)
+        same_bits(weight, w_ref)
         for k in state:
-            _same(state[k], s_ref[k])
+            same_bits(state[k], s_ref[k])
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_group_backward_equals_the_reference_path(name):
     """FusedEmbedding's backward + update on two tables (repeated ids, mean pooling) equals the
     former dedupe followed by the former update, over several steps."""
-    tables = [TableConfig(f"t{i}", n, 8) for i, n in enumerate((50, 400))]
-    shards = [(t, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 8)) for i, t in enumerate(tables)]
-    group = FusedEmbedding(shards, OPTIMIZERS[name]())
-    ref = FusedEmbedding(shards, OPTIMIZERS[name]())
+    group, ref = two_table_groups(OPTIMIZERS[name])
     for step in (1, 2, 3):
-        rows, bags, grad = _batch(900, 450, 200, 8, seed=step, hot=4)
+        rows, bags, grad = bag_batch(900, 450, 200, 8, seed=step, hot=4)
         scale = torch.full((900,), 0.5)
         group.apply_gradient(rows, bags, scale, grad)
         u, g = dedupe_reference(rows, bags, scale, grad)
         reference_update(ref.optimizer, ref.weight, ref.state(), u, g, step)
-        _same(group.weight, ref.weight)
+        same_bits(group.weight, ref.weight)
         for k, v in group.state().items():
-            _same(v, ref.state()[k])
+            same_bits(v, ref.state()[k])

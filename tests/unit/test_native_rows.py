@@ -15,53 +15,24 @@ import torch
 
 from hybridrec.kernels import cpu_rows, native
 from hybridrec.kernels.segment import dedupe_any_order
-from hybridrec.optim.sparse import RowWiseAdagrad, SparseAdagrad, SparseAdam, SparseSGD
-from hybridrec.sparse.fused import FusedEmbedding
-from hybridrec.types import ShardSpec, TableConfig
+from tests.rows import OPTIMIZERS, bag_batch, random_state, same_bits, two_table_groups
 
 pytestmark = pytest.mark.skipif(native.lib() is None, reason="no C compiler: torch path only")
-
-OPTIMIZERS = {
-    "sgd": lambda: SparseSGD(0.05),
-    "adagrad": lambda: SparseAdagrad(0.05),
-    "rowwise_adagrad": lambda: RowWiseAdagrad(0.05),
-    "adam": lambda: SparseAdam(0.01),
-}
-
-
-@pytest.fixture
-def exact_sqrt(monkeypatch):
-    """torch's Tensor.sqrt, correctly rounded (fp32 via fp64: exact for sqrt)."""
-    monkeypatch.setattr(torch.Tensor, "sqrt", lambda t: torch.sqrt(t.double()).to(t.dtype))
-
-
-def _batch(n: int, rows: int, bags: int, width: int, seed: int, hot: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rows, (n,), generator=g)
-    if hot:
-        ids = torch.where(torch.rand(n, generator=g) < 0.8, ids % hot, ids)
-    bag = torch.randint(0, bags, (n,), generator=g).sort().values
-    return ids, bag, torch.randn(bags, width, generator=g)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 @pytest.mark.parametrize("width", [1, 3, 32, 40])
 @pytest.mark.parametrize("scale", ["none", "float", "tensor"])
 @pytest.mark.parametrize("hot", [0, 3])
 def test_hashed_dedupe_sums_each_row_as_the_sorted_one(width, scale, hot):
-    rows, bags, grad = _batch(5000, 3000, 700, width, seed=width + hot, hot=hot)
+    rows, bags, grad = bag_batch(5000, 3000, 700, width, seed=width + hot, hot=hot)
     s = {"none": None, "float": 0.25, "tensor": torch.rand(5000)}[scale]
     got_rows, got = native.dedupe_hashed(rows, bags, s, grad)
     want_rows, want = cpu_rows.dedupe_sorted(rows, bags, s, grad)
     # rows in first-occurrence order, every distinct row once
     assert got_rows.tolist() == list(dict.fromkeys(rows.tolist()))
     order = torch.argsort(got_rows)
-    _same(got_rows[order], want_rows)
-    _same(got[order], want)
+    same_bits(got_rows[order], want_rows)
+    same_bits(got[order], want)
 
 
 def test_hashed_dedupe_of_nothing_large_ids_and_bf16_gradients():
@@ -77,8 +48,8 @@ def test_hashed_dedupe_of_nothing_large_ids_and_bf16_gradients():
     grad = torch.randn(2, 8).bfloat16()
     got_rows, got = native.dedupe_hashed(big, bags, None, grad)
     assert got_rows.tolist() == [2**40, 5, 2**33]
-    _same(got[0], grad[0].float() + grad[1].float())
-    _same(got[2], grad[1].float())
+    same_bits(got[0], grad[0].float() + grad[1].float())
+    same_bits(got[2], grad[1].float())
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -87,7 +58,7 @@ def test_hashed_dedupe_of_nothing_large_ids_and_bf16_gradients():
 def test_update_equals_the_torch_path(name, width, row_stat, exact_sqrt):
     opt = OPTIMIZERS[name]()
     weight = torch.randn(300, width)
-    state = {k: torch.rand(v.shape(300, width)) for k, v in opt.state_spec().items()}
+    state = random_state(opt, 300, width)
     w_ref, s_ref = weight.clone(), {k: v.clone() for k, v in state.items()}
     g = torch.Generator().manual_seed(width)
     for step in (1, 2, 3):
@@ -97,28 +68,25 @@ def test_update_equals_the_torch_path(name, width, row_stat, exact_sqrt):
         opt.update(weight, state, rows, grads, step, stat)
         with native.disabled():
             opt.update(w_ref, s_ref, rows, grads, step, stat)
-        _same(weight, w_ref)
+        same_bits(weight, w_ref)
         for k in state:
-            _same(state[k], s_ref[k])
+            same_bits(state[k], s_ref[k])
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_group_backward_equals_the_torch_path(name, exact_sqrt):
     """FusedEmbedding's backward (hashed dedupe, native update) on two tables with repeated
     ids and mean pooling equals the torch path's (sorted dedupe, torch ops) over 3 steps."""
-    tables = [TableConfig(f"t{i}", n, 8) for i, n in enumerate((50, 400))]
-    shards = [(t, i, ShardSpec(t.name, 0, 0, t.num_rows, 0, 8)) for i, t in enumerate(tables)]
-    group = FusedEmbedding(shards, OPTIMIZERS[name]())
-    ref = FusedEmbedding(shards, OPTIMIZERS[name]())
+    group, ref = two_table_groups(OPTIMIZERS[name])
     for step in (1, 2, 3):
-        rows, bags, grad = _batch(9000, 450, 2000, 8, seed=step, hot=4)
+        rows, bags, grad = bag_batch(9000, 450, 2000, 8, seed=step, hot=4)
         scale = torch.full((9000,), 0.5)
         group.apply_gradient(rows, bags, scale, grad)
         with native.disabled():
             ref.apply_gradient(rows, bags, scale, grad)
-        _same(group.weight, ref.weight)
+        same_bits(group.weight, ref.weight)
         for k, v in group.state().items():
-            _same(v, ref.state()[k])
+            same_bits(v, ref.state()[k])
 
 
 def test_low_precision_tables_and_non_cpu_inputs_take_the_torch_path():

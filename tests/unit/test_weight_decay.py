@@ -38,6 +38,7 @@ from hybridrec.optim.sparse import (
 )
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.types import ShardSpec, TableConfig
+from tests.rows import bag_batch, same_bits
 
 LR = {"sgd": 0.3, "adagrad": 0.1, "rowwise_adagrad": 0.1, "adam": 0.05}
 MAKE = {
@@ -48,18 +49,6 @@ MAKE = {
 }
 MODES = ["l2", "decoupled"]
 ROWS, U = 60, 25
-
-
-@pytest.fixture
-def exact_sqrt(monkeypatch):
-    """torch's Tensor.sqrt, correctly rounded (fp32 via fp64: exact for sqrt)."""
-    monkeypatch.setattr(torch.Tensor, "sqrt", lambda t: torch.sqrt(t.double()).to(t.dtype))
-
-
-def _same(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
-    assert a.dtype == b.dtype and a.shape == b.shape, what
-    same = a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
-    assert same, f"{what}: {(a.float() - b.float()).abs().max().item()} apart"
 
 
 def formula_step(opt, weight, state, rows, grads, step, wd, row_sq=None) -> None:
@@ -149,9 +138,9 @@ def _compare(name, mode, dtype, per_row, path, given_stat=False, width=19):
         _run(opt, w, st, steps, p, row_sq)
         runs[p] = (w, st)
     (w_ref, st_ref), (w, st) = runs["formula"], runs[path]
-    _same(w, w_ref, f"{path} {name} {mode} weight")
+    same_bits(w, w_ref, f"{path} {name} {mode} weight")
     for k in st:
-        _same(st[k], st_ref[k], f"{path} {name} {mode} {k}")
+        same_bits(st[k], st_ref[k], f"{path} {name} {mode} {k}")
     assert not torch.equal(w, weight), "nothing moved"
 
 
@@ -221,9 +210,9 @@ def test_untouched_rows_do_not_decay(name):
         )
         untouched = torch.ones(ROWS, dtype=torch.bool)
         untouched[rows] = False
-        _same(w[untouched], weight[untouched], mode)
+        same_bits(w[untouched], weight[untouched], mode)
         for k in st:
-            _same(st[k][untouched], state[k][untouched], f"{mode} {k}")
+            same_bits(st[k][untouched], state[k][untouched], f"{mode} {k}")
         moved = w[rows] - weight[rows]
         assert (moved * weight[rows] < 0).all(), f"{name} {mode}: touched rows move toward 0"
         if name == "sgd" or mode == "decoupled":
@@ -244,7 +233,7 @@ def test_zero_decay_is_the_undecayed_update():
             assert decay_of(opt).kind == 0
             opt.update(w, st, rows, grads, 1, weight_decay=opt.weight_decay_for("t"))
             runs.append((w, st))
-        _same(runs[0][0], runs[1][0], name)
+        same_bits(runs[0][0], runs[1][0], name)
 
 
 @pytest.mark.parametrize(
@@ -286,13 +275,6 @@ def _group(opt, sizes=(30, 50)):
     return FusedEmbedding(shards, opt)
 
 
-def _batch(seed: int, rows: int, n: int = 400, bags: int = 90):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rows, (n,), generator=g)
-    bag = torch.randint(0, bags, (n,), generator=g).sort().values
-    return ids, bag, torch.randn(bags, 8, generator=g)
-
-
 @pytest.mark.parametrize("name", sorted(MAKE))
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kernels", ["torch", "native", "triton"])
@@ -309,7 +291,7 @@ def test_a_group_of_tables_with_their_own_decays(name, mode, kernels, monkeypatc
     ref = _group(MAKE[name](weight_decay_mode=mode))
     with native.disabled() if kernels == "torch" else dispatch.use_kernels("auto"):
         for step in (1, 2, 3):
-            ids, bags, grad = _batch(step, 80)
+            ids, bags, grad = bag_batch(400, 80, 90, 8, seed=step)
             group.apply_gradient(ids, bags, None, grad)
             # the reference: the same rows and gradients, each table's slice with its decay
             rows, grads = dedupe(ids, bags, None, grad)
@@ -320,9 +302,9 @@ def test_a_group_of_tables_with_their_own_decays(name, mode, kernels, monkeypatc
                     ref.weight, ref.state(), rows[mine], grads[mine], ref.step_count,
                     weight_decay=decays[spec.table],
                 )  # fmt: skip
-            _same(group.weight, ref.weight, f"{kernels} step {step}")
+            same_bits(group.weight, ref.weight, f"{kernels} step {step}")
             for k, v in group.state().items():
-                _same(v, ref.state()[k], f"{kernels} step {step} {k}")
+                same_bits(v, ref.state()[k], f"{kernels} step {step} {k}")
     assert isinstance(group.row_decay(torch.arange(80)), torch.Tensor)
     assert _group(MAKE[name](weight_decay=0.1)).row_decay(torch.arange(80)) == 0.1
 
