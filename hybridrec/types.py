@@ -124,7 +124,6 @@ def sharding_types() -> tuple[str, ...]:
     return ("none", *MODE_TRAITS, "auto", "host")
 
 
-
 class Pooling(str, Enum):
     """How the ids of one bag (one sample, one table) become one vector."""
 
