@@ -23,6 +23,7 @@ from hybridrec import Dynamic
 from hybridrec.distributed import DistEnv
 from hybridrec.sparse.api import embedding_modules
 from hybridrec.train.checkpoint import CheckpointError, CorruptCheckpointError
+from hybridrec.train.checkpoint.export import export_checkpoint, init_from_export
 from hybridrec.train.checkpoint.format import TrainState, model_signature, write_file
 from hybridrec.train.checkpoint.load import load_checkpoint
 from hybridrec.train.checkpoint.save import save_checkpoint
@@ -41,9 +42,12 @@ def _model(monkeypatch, users: Dynamic | None = USERS, items: Dynamic | None = I
     return build(None, "none", None, "adagrad", "load")
 
 
+def _tables(model) -> list:  # noqa: ANN001
+    return [t for m in embedding_modules(unwrap(model)) for t in m.tables]
+
+
 def _signature(model) -> dict:  # noqa: ANN001
-    tables = [t for m in embedding_modules(unwrap(model)) for t in m.tables]
-    return model_signature(tables, unwrap(model), "adagrad", "sgd")
+    return model_signature(_tables(model), unwrap(model), "adagrad", "sgd")
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +287,40 @@ def test_a_saved_map_that_breaks_an_invariant_is_refused_in_one_line(
     tail = "; hybridrec never writes that (an edited file?): resume from another checkpoint"
     assert text.endswith(tail), text
     assert re.match(message, text[len(head) : -len(tail)]), text
+
+
+# -- a warm start from an export carries the maps' slot ids: checked the same way ----------------
+@pytest.fixture(scope="module")
+def exported(saved, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dyn_export") / "model.pt"
+    export_checkpoint(saved, out)
+    return out
+
+
+def test_a_warm_start_under_other_buckets_is_refused(exported, monkeypatch, tmp_path):
+    model, _ = _model(monkeypatch)
+    init_from_export(exported, unwrap(model), _tables(model))  # the same policy: loads
+    model, _ = _model(monkeypatch, users=Dynamic(**{**vars(USERS), "buckets": 4}))
+    with pytest.raises(CheckpointError) as e:
+        init_from_export(exported, unwrap(model), _tables(model))
+    assert re.fullmatch(
+        rf"model\.init_from='{re.escape(str(exported))}': embeddings\.users\.user: row \d+ "
+        r"\(slot_id\) holds id \d+, whose bucket is \d of 4, not the row's bucket \d \(a map of "
+        r"other buckets, or moved ids\); warm start from an export of a table with this policy, "
+        r"or train the table anew",
+        str(e.value),
+    ), e.value
+    state = torch.load(exported, weights_only=True)
+    ids = state["embeddings.users.user.slot_id"]
+    state["embeddings.users.user.slot_id"] = ids.float()  # 40-bit ids: rounded
+    state["embeddings.items.item.weight"][3, 1] = float("nan")
+    torch.save(state, tmp_path / "bad.pt")
+    model, _ = _model(monkeypatch)
+    with pytest.raises(CheckpointError, match=r"embeddings\.users\.user: slot_id is float32, not"):
+        init_from_export(tmp_path / "bad.pt", unwrap(model), _tables(model))
+    state["embeddings.users.user.slot_id"] = ids
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(
+        CheckpointError, match=r"embeddings\.items\.item: row 3 of its weight is no"
+    ):
+        init_from_export(tmp_path / "bad.pt", unwrap(model), _tables(model))

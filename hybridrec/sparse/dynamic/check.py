@@ -90,13 +90,18 @@ def map_problem(
 
 
 def slot_id_problem(
-    slot_id: torch.Tensor, policy: Dynamic, table_rows: int, row_start: int, n: int
+    slot_id: torch.Tensor,
+    policy: Dynamic,
+    table_rows: int,
+    row_start: int,
+    n: int,
+    name: str = "dyn_slot_id",
 ) -> str | None:
     """What is wrong with the slot ids [n] of rows [row_start, row_start + n) of a dynamic
     table (module doc: int64, 1-D, whole buckets, ids in range, in their rows' buckets, once
-    each, none in an unknown row), None when nothing is. An export's `slot_id` is checked
-    with this alone (it carries no other map array)."""
-    problem = _array_problem("dyn_slot_id", slot_id, torch.int64, n)
+    each, none in an unknown row), None when nothing is; `name`: the array's, in the words.
+    An export's `slot_id` is checked with this alone (it carries no other map array)."""
+    problem = _array_problem(name, slot_id, torch.int64, n)
     if problem:
         return problem
     S = table_rows // policy.buckets
@@ -106,7 +111,7 @@ def slot_id_problem(
             f"(buckets={policy.buckets})"
         )
     rows = torch.arange(row_start, row_start + n)
-    problem = _ids_problem("dyn_slot_id", slot_id, rows, S, policy)
+    problem = _ids_problem(name, slot_id, rows, S, policy)
     if problem or not policy.reserved_rows:
         return problem
     r = _first((rows % S == S - 1) & (slot_id >= 0))
