@@ -85,7 +85,7 @@ class IdChecker:
     def check_dtype(self, ids: torch.Tensor) -> None:
         """IdDtypeError naming the first feature (a dynamic table's, if any) when ids [B, H]
         are not of an integer dtype: every feature's ids share the tensor's dtype."""
-        if ids.dtype in ID_DTYPES:
+        if ids.dtype in ID_DTYPES or not self.tables:
             return
         first = next((i for i, t in enumerate(self.tables) if t.dynamic is not None), 0)
         t = self.tables[first]

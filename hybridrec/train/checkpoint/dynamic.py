@@ -91,7 +91,7 @@ def policy_refusal(
         if now is None:
             continue
         changed = [("capacity", old["num_rows"], cur["num_rows"])] if "dynamic" in old else []
-        changed += [(k, old["dynamic"][k], now[k]) for k in LAYOUT_KEYS if "dynamic" in old]
+        changed += [(k, old["dynamic"].get(k), now[k]) for k in LAYOUT_KEYS if "dynamic" in old]
         for key, then, value in changed:
             if then != value:
                 return (
