@@ -23,13 +23,14 @@ from hybridrec.model.registry import check_model_config
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.scoring import load_rows
 from hybridrec.sparse.api import embedding_modules
+from hybridrec.sparse.dynamic.check import slot_id_problem
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
     dense_state,
     load_dense_state,
     write_file,
 )
-from hybridrec.train.checkpoint.load import ShardFiles, load_dense, read_manifest
+from hybridrec.train.checkpoint.load import ShardFiles, load_dense, nonfinite_row, read_manifest
 from hybridrec.types import TableConfig, storage_tables
 
 
@@ -111,6 +112,21 @@ def checked_model_config(mf: Path, model_cfg: Any) -> str:
     return text
 
 
+def _rows_problem(state: dict[str, Any], t: TableConfig) -> str | None:
+    """What is wrong with an export's rows of table `t` (its weight's shape is right): a
+    non-finite row, or a dynamic table's slot ids that do not fit its policy (ids outside
+    their rows' buckets, twice, in unknown rows, not int64 [rows]: sparse.dynamic.check)."""
+    row = nonfinite_row(state[f"embeddings.{t.name}.weight"])
+    if row is not None:
+        return f"row {row} of its weight is not finite (NaN or inf)"
+    slot_id = state.get(f"embeddings.{t.name}.slot_id")
+    if t.dynamic is None or slot_id is None:
+        return None
+    if not isinstance(slot_id, torch.Tensor):
+        return f"slot_id is a {type(slot_id).__name__}, not a tensor"
+    return slot_id_problem(slot_id, t.dynamic, t.num_rows, 0, t.num_rows, "slot_id")
+
+
 def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) -> None:
     """Warm start: copy an exported state dict's weights into this rank's shards and dense
     part (optimizer state starts fresh). Shapes must match; differences are listed."""
@@ -146,6 +162,13 @@ def init_from_export(file: Path, model: nn.Module, tables: list[TableConfig]) ->
             diffs.append(
                 f"embeddings.{t.name}.weight: file {list(w.shape)}, model {[t.num_rows, t.dim]}"
             )
+        else:
+            problem = _rows_problem(state, t)
+            if problem:
+                raise CheckpointError(
+                    f"model.init_from={str(file)!r}: embeddings.{t.name}: {problem}; warm start "
+                    "from an export of a table with this policy, or train the table anew"
+                )
     saved = {k.removeprefix("dense."): v for k, v in state.items() if k.startswith("dense.")}
     mine = dense_state(model)
     for k, v in mine.items():
