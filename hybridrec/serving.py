@@ -154,19 +154,16 @@ def record_dataset(
     """The export entries recording dataset `path` for a model of `features` (the model
     config's, in order) and `num_dense` dense inputs (module docstring). ValueError (one
     line naming `path`) when the dataset is not one the model was trained on: other
-    features, list lengths, more ids than a table's rows, other dense columns."""
+    features, more ids than a table's rows, other dense columns. A feature whose ids per
+    sample differ from the dataset's (data.multi_hot=synthetic expands one-hot ids into
+    bags while loading) gets no record of its trained rows: they are not the dataset's."""
     m = Manifest.load(path)
     names = [str(f["name"]) for f in m.features] if m.features else [t.name for t in m.tables]
     mine = [f.name for f in features]
     where = f"dataset {path} is not the one the model was trained on"
     if names != mine:
         raise ValueError(f"{where}: its features are {names}, the model's {mine}")
-    for f, hot, t in zip(features, m.hotness, m.tables, strict=True):
-        if hot != f.hotness:
-            raise ValueError(
-                f"{where}: feature {f.name!r} has {hot} ids per sample there, {f.hotness} in "
-                "the model"
-            )
+    for f, t in zip(features, m.tables, strict=True):
         if f.dynamic is None and t.num_embeddings > f.num_rows:
             raise ValueError(
                 f"{where}: feature {f.name!r} has ids up to {t.num_embeddings - 1} there, the "
@@ -180,9 +177,9 @@ def record_dataset(
                 f"{where}: it has {len(dense.kinds)} dense columns, the model {num_dense}"
             )
         out[TRANSFORMS_KEY] = dense.to_json()
-    for i, (f, t) in enumerate(zip(features, m.tables, strict=True)):
+    for i, (f, t, hot) in enumerate(zip(features, m.tables, m.hotness, strict=True)):
         dynamic = f.dynamic is not None or (m.features and m.features[i].get("dynamic"))
-        counts = None if dynamic else _train_counts(Path(path), t.counts_file)
+        counts = None if dynamic or hot != f.hotness else _train_counts(Path(path), t.counts_file)
         if counts is not None:
             ids, n = counts
             mask = torch.zeros(f.num_rows, dtype=torch.bool)
