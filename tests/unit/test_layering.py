@@ -26,6 +26,7 @@ def _imports(path: Path) -> set[str]:
         "model",
         "scoring.py",
         "inference.py",
+        "serving.py",
         "planner",
         "sparse/costs.py",
         "kernels",
@@ -111,7 +112,7 @@ def test_never_imports_torch_distributed(sub):
                 ),
                 (),
             )
-            for sub in ("scoring.py", "inference.py")
+            for sub in ("scoring.py", "inference.py", "serving.py")
         ],
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow

@@ -11,6 +11,7 @@ manifest may list only the checkpoint's own file names.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ from hybridrec.train.checkpoint.format import (
 )
 from hybridrec.types import Dynamic, TableConfig
 
+# what torch.load raises for a file it cannot parse (truncated, damaged, not torch.save's)
+UNREADABLE = (RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
+
 
 def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
     """The manifest of checkpoint `path`, after checking every file's size (and checksum)."""
@@ -56,6 +60,8 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
         raise CheckpointError(
             f"{mf}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
         )
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("shards"), list):
+        raise CorruptCheckpointError(f"{mf} is corrupt: it lacks its files or shards")
     for name in [*manifest["files"], *(s["file"] for s in manifest["shards"])]:
         if not isinstance(name, str) or not FILE_NAME.match(name) or name not in manifest["files"]:
             raise CheckpointError(
@@ -97,7 +103,7 @@ def intact_before(path: Path) -> list[Path]:
                 for name in manifest["files"]:
                     load_tensors(older / name, mmap=True)  # data only (a planted file is not)
                 intact.append(older)
-        except (CheckpointError, UnsafeFileError):
+        except (CheckpointError, UnsafeFileError, *UNREADABLE):
             continue
     return intact
 
@@ -318,11 +324,23 @@ def load_checkpoint(
 
 def load_file(path: Path, mmap: bool = False) -> Any:
     """A checkpoint file as data only; a file holding anything else is refused with one
-    line (`refusal`)."""
+    line (`refusal`), and one torch cannot read (truncated or damaged after its checksum
+    was taken, or under --no-verify) is a CorruptCheckpointError naming it."""
     try:
         return load_tensors(path, mmap=mmap)
     except UnsafeFileError as e:
         raise CheckpointError(refusal(e, Path(path).parent)) from None
+    except UNREADABLE as e:
+        raise CorruptCheckpointError(
+            f"checkpoint file {path} cannot be read as a torch.save file (truncated or "
+            f"damaged): {type(e).__name__}: {first_sentence(e)}"
+        ) from None
+
+
+def first_sentence(e: BaseException) -> str:
+    """The first sentence of an error's message (torch's run to a paragraph), one line."""
+    text = " ".join(str(e).split())
+    return text.split(". ")[0].rstrip(".")
 
 
 def refusal(e: UnsafeFileError, step_dir: Path) -> str:
@@ -334,6 +352,8 @@ def refusal(e: UnsafeFileError, step_dir: Path) -> str:
             f"It holds numpy data, as an older writer left it: convert it once with {CONVERT} "
             f"{step_dir} (which builds numpy data only, never code)"
         )
+    elif not e.globals:  # not a torch.save file at all (a plain pickle)
+        fix = "It was not written by hybridrec (a foreign file): neither load nor convert it"
     else:
         fix = (
             "That is code, not data hybridrec writes (a planted or foreign file): neither load "
