@@ -61,8 +61,9 @@ def dynamic_cases() -> list[Case]:
         if "data" not in state:
             from hybridrec.data.spec import parse_spec
             from hybridrec.data.tabular import preprocess_table
+            from tests.data.tables import DYNAMIC_SPEC as SPEC
+            from tests.data.tables import dynamic_columns as _cols
             from tests.data.tables import write_parquet
-            from tests.data.test_dynamic_spec import SPEC, _cols
 
             data = work / "pq"
             preprocess_table(parse_spec(SPEC), [write_parquet(work / "t.parquet", _cols())], data)

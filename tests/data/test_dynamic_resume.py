@@ -17,8 +17,9 @@ from hybridrec.distributed import init_distributed
 from hybridrec.train.checkpoint import CheckpointError
 from hybridrec.train.trainer import Trainer
 from tests.configs import make_config
+from tests.data.tables import DYNAMIC_SPEC as SPEC
+from tests.data.tables import dynamic_columns as _cols
 from tests.data.tables import write_parquet
-from tests.data.test_dynamic_spec import SPEC, _cols
 
 
 @pytest.fixture(scope="module")
