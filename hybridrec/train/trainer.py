@@ -277,6 +277,8 @@ class Trainer:
             # dynamic tables: the share of this evaluation's ids that had no row
             taken = [m.take_eval_unknown() for m in self.embeddings]
             unknown = console.summed_counters(taken, self.env)
+            if not metrics:  # an empty split: no row (the source warned), with or without them
+                return {}
             return {**metrics, **console.unknown_rates(unknown.dynamic)}
 
     def evaluate_topk(
