@@ -367,6 +367,7 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _choice("train.count_from", c.train.count_from, ("start", "resume"))
     _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
     _choice("train.kernels", c.train.kernels, choices["train.kernels"])
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)

@@ -25,6 +25,7 @@ from hybridrec.train.checkpoint import (
     CorruptCheckpointError,
     TrainState,
     check_matches,
+    checkpoint_step,
     init_from_export,
     intact_before,
     load_checkpoint,
@@ -80,6 +81,23 @@ class Checkpointer:
         self.signature = model_signature(
             self.tables, model, cfg.optim.sparse.name, cfg.optim.dense.name
         )
+        # the step this run's length and training data count from (train.count_from)
+        self.start = self._count_start() if cfg.train.count_from == "resume" else 0
+
+    def _count_start(self) -> int:
+        """train.count_from=resume: 0 without a checkpoint, else the resumed step; but a
+        checkpoint saved by a run on this training stream before its last step (a crash, a
+        stop signal) continues that run: the step it counted from, so it ends where it would
+        have (a day's run resumed after a crash still trains that day's pass once)."""
+        if self.resume_from is None:
+            return 0
+        extra = self.saved_extra()
+        step = checkpoint_step(self.resume_from)
+        run = extra.get("run")
+        same = extra.get("stream") == stream(self.cfg)
+        if same and isinstance(run, dict) and run.get("to", 0) > step >= run.get("from", step):
+            return int(run["from"])
+        return step
 
     def saved_extra(self) -> dict[str, Any]:
         """The `extra` of the checkpoint a resume will load ({} when none)."""
@@ -107,6 +125,17 @@ class Checkpointer:
                 f"checkpoint.resume={older[0]} (or move {path} away)"
             ) from None
         log.info("resumed from %s at step %d", path, state.step)
+        if self.cfg.train.count_from == "resume" and self.env.is_main and not self.cfg.eval.only:
+            log.info(
+                "train.count_from=resume: steps %d..%d, the training data from its batch %d "
+                "(counted from step %d)",
+                state.step + 1,
+                self.cfg.train.steps,
+                state.step - self.start,
+                self.start,
+            )
+            self._check_eps_form(state.extra)  # another stream is this key's purpose: no warning
+            return state.step, int(state.extra.get("skipped", 0))
         saved = state.extra.get("stream")
         changed = [
             f"{k} {saved[k]!r} -> {v!r}"
@@ -153,6 +182,7 @@ class Checkpointer:
             "skipped": skipped,
             "stream": stream(self.cfg),
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
+            "run": {"from": self.start, "to": self.cfg.train.steps},  # train.count_from
         }
         if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
             extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
