@@ -19,6 +19,7 @@ from torch import nn
 
 from hybridrec.builder import model_features
 from hybridrec.config import Config
+from hybridrec.data.dense_stats import differences, read_dense_stats
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model.tables import declared_features
 from hybridrec.train.checkpoint import (
@@ -83,6 +84,9 @@ class Checkpointer:
         )
         # the step this run's length and training data count from (train.count_from)
         self.start = self._count_start() if cfg.train.count_from == "resume" else 0
+        # what standardize applied to the training data: saved, and compared on resume
+        table = cfg.data.name == "table" and cfg.data.path
+        self.dense_stats = read_dense_stats(cfg.data.path) if table else None
 
     def _count_start(self) -> int:
         """train.count_from=resume: 0 without a checkpoint, else the resumed step; but a
@@ -125,6 +129,7 @@ class Checkpointer:
                 f"checkpoint.resume={older[0]} (or move {path} away)"
             ) from None
         log.info("resumed from %s at step %d", path, state.step)
+        self._check_dense_stats(state.extra)
         if self.cfg.train.count_from == "resume" and self.env.is_main and not self.cfg.eval.only:
             log.info(
                 "train.count_from=resume: steps %d..%d, the training data from its batch %d "
@@ -152,6 +157,25 @@ class Checkpointer:
             )
         self._check_eps_form(state.extra)
         return state.step, int(state.extra.get("skipped", 0))
+
+    def _check_dense_stats(self, extra: dict[str, Any]) -> None:
+        """Warn when this data's dense columns are standardized with other statistics than
+        the checkpoint's training data (each day's own, say): the same raw value then reaches
+        the model as another input."""
+        saved = extra.get("dense_stats")
+        if saved is None or self.dense_stats is None or not self.env.is_main:
+            return
+        diffs = differences(saved, self.dense_stats)
+        if diffs:
+            was = (extra.get("stream") or {}).get("data.path") or "the checkpoint's dataset"
+            log.warning(
+                "%s is standardized with other statistics than the checkpoint's training data "
+                "(%s): the model sees other inputs for the same raw values; preprocess it with "
+                "--stats-from %s (docs/dynamic.md, Day by day)",
+                self.cfg.data.path,
+                "; ".join(diffs),
+                was,
+            )
 
     def _check_eps_form(self, extra: dict[str, Any]) -> None:
         """Warn when sparse Adam resumes under another eps form than it was saved with. The
@@ -184,6 +208,8 @@ class Checkpointer:
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
             "run": {"from": self.start, "to": self.cfg.train.steps},  # train.count_from
         }
+        if self.dense_stats is not None:  # hybridrec.data.dense_stats
+            extra["dense_stats"] = self.dense_stats
         if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
             extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
         if wandb_run_id:
