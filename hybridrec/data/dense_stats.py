@@ -7,6 +7,9 @@ DIR`), so that one spec gives one input for one raw value day after day. Checkpo
 their training data's statistics (hybridrec.train.resume), and a resume on data standardized
 with others is warned about, naming the columns: `differences`.
 
+`dataset_fingerprint` tells one dataset from another at the same path (a checkpoint's run
+continues only on its own data: hybridrec.train.resume, train.count_from).
+
 Torch-free; reads manifests only.
 """
 
@@ -41,6 +44,15 @@ def read_dense_stats(path: str | Path) -> list[dict[str, Any]] | None:
     missing dataset is reported by whoever opens it)."""
     try:
         return dense_stats(Manifest.load(path))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def dataset_fingerprint(path: str | Path) -> str | None:
+    """The fingerprint of the dataset directory `path` (its inputs, spec and options: a new
+    day's data preprocessed into the same path has another); None when it has no manifest."""
+    try:
+        return Manifest.load(path).fingerprint
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from hybridrec.builder import model_features
 from hybridrec.config import Config
-from hybridrec.data.dense_stats import differences, read_dense_stats
+from hybridrec.data.dense_stats import dataset_fingerprint, differences, read_dense_stats
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model.tables import declared_features
 from hybridrec.train.checkpoint import (
@@ -82,25 +82,29 @@ class Checkpointer:
         self.signature = model_signature(
             self.tables, model, cfg.optim.sparse.name, cfg.optim.dense.name
         )
+        # the training data: its fingerprint (which run a checkpoint continues) and what
+        # standardize applied to it (saved, and compared on resume)
+        table = cfg.data.name == "table" and cfg.data.path
+        self.data_id = dataset_fingerprint(cfg.data.path) if cfg.data.path else None
+        self.dense_stats = read_dense_stats(cfg.data.path) if table else None
         # the step this run's length and training data count from (train.count_from)
         self.start = self._count_start() if cfg.train.count_from == "resume" else 0
-        # what standardize applied to the training data: saved, and compared on resume
-        table = cfg.data.name == "table" and cfg.data.path
-        self.dense_stats = read_dense_stats(cfg.data.path) if table else None
 
     def _count_start(self) -> int:
         """train.count_from=resume: 0 without a checkpoint, else the resumed step; but a
-        checkpoint saved by a run on this training stream before its last step (a crash, a
-        stop signal) continues that run: the step it counted from, so it ends where it would
-        have (a day's run resumed after a crash still trains that day's pass once)."""
+        checkpoint saved by a run on this very training stream and dataset (its fingerprint:
+        a new day's data at the same path is another) continues that run: the step it
+        counted from, so it ends where it would have (after a crash or a stop, the day's pass
+        still trains once; after it finished, the same command trains nothing more)."""
         if self.resume_from is None:
             return 0
         extra = self.saved_extra()
         step = checkpoint_step(self.resume_from)
         run = extra.get("run")
         same = extra.get("stream") == stream(self.cfg)
-        if same and isinstance(run, dict) and run.get("to", 0) > step >= run.get("from", step):
-            return int(run["from"])
+        if same and isinstance(run, dict) and run.get("data") == self.data_id:
+            if run.get("from", step + 1) <= step <= run.get("to", -1):
+                return int(run["from"])
         return step
 
     def saved_extra(self) -> dict[str, Any]:
@@ -206,7 +210,8 @@ class Checkpointer:
             "skipped": skipped,
             "stream": stream(self.cfg),
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
-            "run": {"from": self.start, "to": self.cfg.train.steps},  # train.count_from
+            # train.count_from: where this run counted from and ends, on which data
+            "run": {"from": self.start, "to": self.cfg.train.steps, "data": self.data_id},
         }
         if self.dense_stats is not None:  # hybridrec.data.dense_stats
             extra["dense_stats"] = self.dense_stats

@@ -170,11 +170,12 @@ def _prepare(work: Path, *days_: int, stats_from: bool = True) -> None:
         assert preprocess_main(argv) == 0
 
 
-def test_count_from_resume_survives_a_crash_and_ends_where_it_would_have(days, tmp_path):
+def test_count_from_resume_survives_a_crash_and_reruns(days, tmp_path):
     """Day 2 counted from the resumed step N, interrupted by N+4 (its later checkpoints
     removed, as a crash leaves them) and run again with the same command: it resumes at its
     last checkpoint k, ends at N+M (not k+M), and its losses are the uninterrupted run's, bit
-    for bit."""
+    for bit. Run again once finished it trains nothing; on new data (even at the same path)
+    one more pass."""
     work = _work(days, tmp_path)
     _prepare(work, 1, 2)
     day1 = ("train.epochs=1", f"checkpoint.dir={work / 'ck'}")
@@ -198,6 +199,15 @@ def test_count_from_resume_survives_a_crash_and_ends_where_it_would_have(days, t
     resumed = {r["step"]: r["loss"] for r in _rows(work / "r3") if r["split"] == "train"}
     assert sorted(resumed) == list(range(k + 1, n + m + 1))
     assert all(resumed[s] == whole[s] for s in resumed)  # bitwise: the same batches, in order
+    # run again once it finished: the same data, nothing more; new data at the same path
+    # (day 1's files preprocessed into day_2_bin): one more pass
+    done, _ = _train(work / "day_2_bin", work / "r5", *day2, f"checkpoint.dir={work / 'ck'}")
+    assert done.first == n and done.step == n + m
+    argv = ["--spec", str(work / "spec.yaml"), "--input", str(work / "day_1"), "--output",
+            str(work / "day_2_bin"), "--overwrite"]  # fmt: skip
+    assert preprocess_main(argv) == 0
+    more, _ = _train(work / "day_2_bin", work / "r6", *day2, f"checkpoint.dir={work / 'ck'}")
+    assert more.first == n + m and more.step == n + m + _steps_per_epoch(work / "day_2_bin")
     # without the key, day 2's train.epochs=1 counts from step 0: nothing left to train
     plain, _ = _train(work / "day_2_bin", work / "r4", "train.epochs=1",
                       f"checkpoint.dir={work / 'ck_copy'}")  # fmt: skip
