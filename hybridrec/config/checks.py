@@ -15,7 +15,9 @@ dataset's model, and checks a model class, before and after the checks here).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 
@@ -70,6 +72,28 @@ def _choice(key: str, value: object, allowed: Sequence[str]) -> None:
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _check_finite(node: object, prefix: str = "") -> None:
+    """Every number of the config is finite: a NaN passes every comparison (`_positive`'s
+    `value < 0` is False for it) and an infinity is no setting, so neither reaches a run. Walks
+    the schema's dataclasses and their lists and mappings (model.args, a model class's own
+    keyword arguments, are its class's to check)."""
+    items: Sequence[tuple[str, object]]
+    if dataclasses.is_dataclass(node):
+        items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, Mapping):
+        items = [(str(k), v) for k, v in node.items()]
+    else:  # a list
+        items = [(f"[{i}]", v) for i, v in enumerate(node)]  # type: ignore[arg-type]
+    for name, value in items:
+        key = f"{prefix}{name}" if name.startswith("[") or not prefix else f"{prefix}.{name}"
+        if key == "model.args":
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value}")
+        if dataclasses.is_dataclass(value) or isinstance(value, (Mapping, list, tuple)):
+            _check_finite(value, key)
 
 
 def _check_pins(c: Config) -> None:
@@ -327,6 +351,7 @@ def _check_retrieval(c: Config) -> None:
 
 def _check(c: Config, world_size: int, choices: Choices) -> None:
     m = c.model
+    _check_finite(c)
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
     _choice("model.init", m.init, choices["model.init"])
@@ -342,6 +367,7 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _choice("train.count_from", c.train.count_from, ("start", "resume"))
     _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
     _choice("train.kernels", c.train.kernels, choices["train.kernels"])
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
