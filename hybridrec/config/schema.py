@@ -107,7 +107,7 @@ class ModelConfig:
     feature_names: list[str] | None = None  # one per feature; null = the table names
     embedding_dims: list[int] | None = None  # one width per table (dcnv2); null = embedding_dim
     hotness: Any = 1  # ids per sample per table (jagged: at most this many)
-    pooling: Any = "sum"  # sum | mean (over a table's ids in one sample)
+    pooling: Any = "sum"  # sum | mean (over a table's ids in one sample) | none (a sequence)
     jagged: Any = False  # bags hold 0..hotness ids, padded with -1 (list features)
     # average ids per bag of each table (list features; data=table fills it): the planner's
     # estimates; null = hotness
