@@ -105,9 +105,9 @@ class RankMetrics:
         return {f"{self.prefix}{k}": v for k, v in out.items() if not k.startswith("recall")}
 
 
-def history_codes(split: EvalSplit, seqs: Sequences, rows: slice) -> torch.Tensor:
+def history_codes(split: EvalSplit, seqs: Sequences, rows: np.ndarray) -> torch.Tensor:
     """Sorted int64 codes q * num_items + item of the input items of `split`'s users at
-    `rows` (q from 0 within them): what a full-catalogue ranking excludes."""
+    positions `rows` [Q] (q from 0 within them): what a full-catalogue ranking excludes."""
     users = split.users[rows]
     starts, ends = seqs.offsets[users], split.history_ends[rows]
     counts = ends - starts
@@ -161,9 +161,14 @@ def evaluate_next_item(
     sampled = RankMetrics(sampled_ks, "sampled_") if negatives is not None else None
     device = item_vectors.device
     vectors = item_vectors.float()
-    for a in range(0, len(split.users), batch):
-        rows = slice(a, a + batch)
-        inputs = torch.from_numpy(split.inputs[rows]).to(device)
+    # users by input length, each batch as wide as its longest input: trailing PAD changes
+    # no encoder output, so this only skips work
+    lengths = (split.inputs >= 0).sum(1)
+    order = np.argsort(lengths, kind="stable")
+    for a in range(0, len(order), batch):
+        rows = order[a : a + batch]
+        width = max(int(lengths[rows].max()), 1)
+        inputs = torch.from_numpy(split.inputs[rows, :width]).to(device)
         targets = torch.from_numpy(split.targets[rows]).to(device)
         states = user_states(inputs).float()
         if not bool(torch.isfinite(states).all()):
