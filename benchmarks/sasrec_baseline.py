@@ -43,13 +43,13 @@ import torch
 from torch import nn
 
 from benchmarks.common import command_line, git_state, hardware
+from hybridrec.config.schema import RetrievalConfig
 from hybridrec.data.sequences import LeaveOneOut, Sequences, read_user_item
 from hybridrec.model.next_item import last_states, sampled_bce_loss
 from hybridrec.model.sasrec import SASRec
-from hybridrec.config.schema import RetrievalConfig
 from hybridrec.train.next_item import next_item_objective, next_item_softmax_loss
-from hybridrec.train.retrieval import RetrievalObjective
 from hybridrec.train.next_item_eval import evaluate_next_item, sample_negatives
+from hybridrec.train.retrieval import RetrievalObjective
 
 DEFAULT_DATA = Path("../shared/data/amazon_games.txt")  # from the repository root
 SELECT = ("sampled_ndcg@10", "sampled_hr@10", "ndcg@10", "hr@10")
@@ -253,7 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="write every figure here (JSON)")
     args = p.parse_args(argv)
     if not args.select.startswith("sampled_") and not args.full_val:
-        p.error(f"--select {args.select} ranks the full catalogue at every evaluation: add --full-val")
+        p.error(
+            f"--select {args.select} ranks the full catalogue at every evaluation: add --full-val"
+        )
     if args.negatives is None:
         args.negatives = 1 if args.loss == "bce" else 256
     return args
@@ -304,10 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 waited += 1
             shown = ", ".join(f"{k} {v:.4f}" for k, v in val.items() if "@" in k)
-            print(
-                f"epoch {epoch}: loss {loss:.4f}, val {shown} ({time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
+            took = time.perf_counter() - start
+            print(f"epoch {epoch}: loss {loss:.4f}, val {shown} ({took:.0f} s)", flush=True)
         history.append(row)
         if waited >= args.patience:
             break

@@ -81,9 +81,7 @@ def read_user_item(path: str | Path, num_items: int | None = None) -> Sequences:
             try:
                 user, item = int(fields[0]), int(fields[1])
             except ValueError:
-                raise _parse_error(
-                    path, line_no, text, "user and item must be integers"
-                ) from None
+                raise _parse_error(path, line_no, text, "user and item must be integers") from None
             if user < 1 or item < 1:
                 raise _parse_error(path, line_no, text, "ids start at 1 in this format")
             if not users or user != users[-1]:

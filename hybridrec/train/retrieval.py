@@ -96,7 +96,9 @@ def retrieval_loss(
             return nn.functional.cross_entropy(logits, target)
         rows = torch.ones(b, dtype=torch.bool, device=device) if valid is None else valid
         if valid is not None:  # padded rows' items are no one's candidate
-            padded = torch.cat([gathered[:, -1] == 0, torch.zeros_like(item_ids[b:], dtype=torch.bool)])
+            padded = torch.cat(
+                [gathered[:, -1] == 0, torch.zeros_like(item_ids[b:], dtype=torch.bool)]
+            )
             logits = logits.masked_fill(padded.unsqueeze(0), float("-inf"))
         total = nn.functional.cross_entropy(logits[rows], target[rows], reduction="sum")
         return total / (rows.sum().clamp(min=1) if denominator is None else denominator)

@@ -174,6 +174,7 @@ class CatalogueEval:
     def rank(self, queries: torch.Tensor, users: torch.Tensor, vectors: torch.Tensor, k: int):  # noqa: ANN201
         """The merged top-k keys [Q, k] of queries [Q, D] of users [Q] (identical on every
         rank: a collective)."""
+
         def excluded(a: int, b: int) -> torch.Tensor:
             return self._seen_mask(users.cpu(), a, b).to(queries.device) | ~self.part_real[a:b]
 
