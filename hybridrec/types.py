@@ -173,9 +173,11 @@ ADAM_EPS_FORMS = ("adam", "sparse_adam")
 
 
 # What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE),
-# regression (MSE; RMSE, MAE) or retrieval (every row a positive (user, item) pair: softmax
-# over the global batch's items; HR@K, Recall@K, NDCG@K over the whole catalogue)
-TASKS = ("binary", "regression", "retrieval")
+# regression (MSE; RMSE, MAE), retrieval (every row a positive (user, item) pair: softmax
+# over the global batch's items; HR@K, Recall@K, NDCG@K over the whole catalogue) or
+# next_item (every row a user's sequence: the next item at every position; HR@K, NDCG@K of
+# the held-out next item, over the whole catalogue and against 100 sampled items)
+TASKS = ("binary", "regression", "retrieval", "next_item")
 
 # The id that fills a jagged feature's bag past its length: "no id" (TableConfig.jagged)
 PAD_ID = -1

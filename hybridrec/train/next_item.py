@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.config.schema import RetrievalConfig
-from hybridrec.distributed.comm import all_gather_rows, world_size
+from hybridrec.distributed.comm import all_gather_rows, all_reduce_sum, world_size
+from hybridrec.model.next_item import sampled_bce_loss
 from hybridrec.train.retrieval import RetrievalObjective, retrieval_loss
 
 
@@ -106,3 +107,52 @@ def next_item_objective(
         seed,
         device,
     )
+
+
+class NextItemTraining:
+    """model.task=next_item's loss in the trainer (train.next_item.loss): `bce`, SASRec's
+    sampled binary cross-entropy against the data's per-position negatives (the model's
+    NextItemOutputs.negatives [B, L, N, D]); or `softmax`, over every rank's target items and
+    train.retrieval.negatives uniform ones, logQ-corrected (next_item_softmax_loss). Either is
+    a mean over every training position of the global batch, so the ranks' mean loss is one
+    process's (the positions are counted over the ranks: one small all-reduce per step)."""
+
+    def __init__(
+        self,
+        loss: str,
+        cfg: RetrievalConfig,
+        group: dist.ProcessGroup | None,
+        windows: np.ndarray,
+        num_items: int,
+        batch: int,
+        seed: int,
+        device: torch.device,
+    ) -> None:
+        self.loss, self.cfg, self.group = loss, cfg, group
+        self.retrieval = None
+        if loss == "softmax":
+            self.retrieval = next_item_objective(
+                cfg, group, windows, num_items, batch, seed, device
+            )
+
+    def negatives(self, step: int) -> torch.Tensor | None:
+        """Training step `step`'s uniform negatives [M] (softmax; the same on every rank)."""
+        return self.retrieval.negatives(step) if self.retrieval is not None else None
+
+    def __call__(self, out) -> torch.Tensor:  # noqa: ANN001 - hybridrec.model.sequential.NextItemOutputs
+        if self.retrieval is not None:
+            return next_item_softmax_loss(
+                out.hidden, out.positives, out.target_ids, out.mask, out.negatives,
+                out.negative_ids, group=self.group, temperature=self.cfg.temperature,
+                log_q=self.retrieval.log_q,
+                remove_accidental_hits=self.cfg.remove_accidental_hits,
+            )  # fmt: skip
+        if out.negatives is None or out.negatives.dim() != 4:
+            raise ValueError(
+                "train.next_item.loss=bce needs the model's per-position negatives [B, L, N, D] "
+                "(data=sequences gives the `neg` feature when train.next_item.negatives > 0)"
+            )
+        count = out.mask.sum().to(torch.float64).view(1)
+        all_reduce_sum(count, self.group, name="next_item_positions")
+        denominator = float(count) / world_size(self.group)
+        return sampled_bce_loss(out.hidden, out.positives, out.negatives, out.mask, denominator)
