@@ -23,10 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrec.config.dynamic import check_dynamic
+from hybridrec.config.next_item import check_next_item
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
-    SEQUENCE_ARCHS,
     TABLE_DTYPES,
     Config,
     ModelConfig,
@@ -302,43 +302,7 @@ def _check_task(c: Config) -> None:
         )
     if task == "retrieval":
         _check_retrieval(c)
-    _check_next_item(c)
-
-
-def _check_next_item(c: Config) -> None:
-    """model.task=next_item: a sequence model over data=sequences, and back."""
-    m, n = c.model, c.train.next_item
-    seq_arch = m._target_ is None and m.arch in SEQUENCE_ARCHS
-    if m.task == "next_item" and c.data.name != "sequences":
-        raise ValueError(
-            "model.task=next_item learns from users' item sequences: it needs data=sequences "
-            f"(data.path a `user item` file or an interaction table), not data.name={c.data.name}"
-        )
-    if m.task == "next_item" and m._target_ is None and not seq_arch:
-        raise ValueError(
-            f"model.task=next_item needs a sequence model: model.arch=sasrec or hstu, or your "
-            f"own model._target_ (docs/library.md, Sequences), not model.arch={m.arch}"
-        )
-    if seq_arch and m.task != "next_item":
-        raise ValueError(
-            f"model.arch={m.arch} predicts the next item of a sequence: it needs "
-            f"model.task=next_item and data=sequences, not model.task={m.task}"
-        )
-    if c.data.name == "sequences" and m.task != "next_item":
-        raise ValueError(
-            f"data=sequences holds users' item sequences: train them with model.task=next_item "
-            f"(model=sasrec or hstu), not model.task={m.task}"
-        )
-    sequences = [f.name for f in m.tables() if f.sequence] if m.task != "next_item" else []
-    if sequences and m._target_ is None:
-        raise ValueError(
-            f"model.arch={m.arch} pools every feature: its feature {sequences[0]!r} has "
-            "model.pooling=none (a sequence); pool it (sum or mean), or use your own model "
-            "(model._target_) that reads sequences"
-        )
-    _choice("train.next_item.loss", n.loss, ("bce", "softmax"))
-    _positive("train.next_item.negatives", n.negatives, allow_zero=n.loss == "softmax")
-    _positive("data.sequence.max_len", c.data.sequence.max_len)
+    check_next_item(c)
 
 
 def _check_retrieval(c: Config) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.config.schema import SEQUENCE_ARCHS
 from hybridrec.data.loader import BatchSource
 from hybridrec.data.sequences import LeaveOneOut, Sequences, read_interaction_table, read_user_item
 from hybridrec.types import Batch
@@ -98,6 +99,13 @@ def fill_model(raw: DictConfig) -> DictConfig:
     negatives = int(nxt.get("negatives", 1)) if nxt.get("loss", "bce") == "bce" else 0
     keys = sequence_model_keys(read_sequences(data), int(seq.get("max_len", 50)), negatives)
     model = raw.get("model") or OmegaConf.create({})
+    arch = model.get("arch", "dlrm")
+    if model.get("_target_") is None and arch not in SEQUENCE_ARCHS:
+        raise ValueError(
+            f"data=sequences holds users' item sequences: train them with model=sasrec or "
+            f"model=hstu (model.task=next_item), or your own model._target_, not "
+            f"model.arch={arch}"
+        )
     if model.get("task") is None:
         model["task"] = "next_item"
     for key, want in keys.items():
