@@ -95,3 +95,16 @@ def test_next_item_needs_sequences():
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"data.path=.*nope.txt: no such file"):
         cfg_for(tmp_path / "nope.txt")
+
+
+def test_a_group_files_model_argument_is_overridden_without_a_plus():
+    """model=sasrec sets model.args.dropout: `model.args.dropout=0.3` overrides it (a plus
+    would be refused by Hydra); a model argument no group sets still needs the plus."""
+    from hybridrec.config.cli import check_override_keys
+
+    check_override_keys(["model=sasrec", "model.args.dropout=0.3"])
+    check_override_keys(["data=sequences", "data.path=x", "model.args.blocks=3"])
+    with pytest.raises(
+        ValueError, match=r"model.args.depth: model arguments are added with a plus"
+    ):
+        check_override_keys(["model=sasrec", "model.args.depth=3"])
