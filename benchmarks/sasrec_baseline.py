@@ -25,9 +25,10 @@ retrieval task's loss): at each position a softmax over the batch's target items
 Every `--eval-every` epochs the val split is evaluated (hybridrec.train.next_item_eval: 100
 sampled negatives per user with a fixed seed, and with `--full-val` the full catalogue with
 the user's input items excluded); the parameters of the best val `--select` are kept,
-training stops after `--patience` evaluations without improvement (or at `--epochs`), and
-val and test are evaluated with the kept parameters under both protocols. `--out` writes
-every figure as JSON.
+training stops after `--patience` evaluations without improvement (or at `--epochs`,
+`--max-minutes`, or a SIGUSR1: each ends after the current epoch, evaluating val there),
+and val and test are evaluated with the kept parameters under both protocols. `--out`
+writes every figure as JSON.
 
 Speed on the CPU, without changing what is computed: a batch's rows run through the encoder
 in `--groups` groups of similar lengths, each as wide as its longest sequence (most users
@@ -41,6 +42,7 @@ import argparse
 import copy
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -241,6 +243,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--patience", type=int, default=6, help="val evaluations without improvement (6)"
     )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="end training after the first epoch past this wall time, evaluating val\n"
+        "there (kill -USR1 the process does the same at once)",
+    )
     p.add_argument("--select", choices=SELECT, default="sampled_ndcg@10", help="val metric")
     p.add_argument(
         "--full-val", action="store_true", help="rank the full catalogue at every val evaluation"
@@ -303,12 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     negatives: dict = {}
     history, best, best_state, best_epoch, waited, step = [], -math.inf, None, 0, 0, 0
+    stop: list[str] = []  # why training ended early, if it did
+    signal.signal(signal.SIGUSR1, lambda *_: stop.append("SIGUSR1"))
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
         loss, steps = train_epoch(model, opt, split, windows, users, args, rng, softmax, step)
         step += steps
         row = {"epoch": epoch, "loss": loss, "train_s": time.perf_counter() - t0}
-        if epoch % args.eval_every == 0 or epoch == args.epochs:
+        if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
+            stop.append(f"--max-minutes {args.max_minutes}")
+        if epoch % args.eval_every == 0 or epoch == args.epochs or stop:
             val = evaluate(model, split, "val", args, negatives, args.full_val)
             row.update({f"val_{k}": v for k, v in val.items()})
             if val[args.select] > best:
@@ -320,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             took = time.perf_counter() - start
             print(f"epoch {epoch}: loss {loss:.4f}, val {shown} ({took:.0f} s)", flush=True)
         history.append(row)
-        if waited >= args.patience:
+        if waited >= args.patience or stop:
             break
     assert best_state is not None
     model.load_state_dict(best_state)
@@ -334,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "best_epoch": best_epoch,
+        "stopped_by": stop[0] if stop else ("patience" if waited >= args.patience else "epochs"),
         "epochs_run": history[-1]["epoch"],
         "seconds": time.perf_counter() - start,
         "val": val,
