@@ -22,6 +22,7 @@ from hybridrec.config.checks import check_config, composed
 from hybridrec.data.build import SOURCES
 from hybridrec.data.loader import LOADERS
 from hybridrec.data.readers import READERS
+from hybridrec.data.sequence_source import fill_model as fill_sequence_model
 from hybridrec.data.table_model import fill_model
 from hybridrec.kernels.dispatch import KERNEL_MODES
 from hybridrec.model.mlp import MODEL_INITS
@@ -55,8 +56,11 @@ def validate(cfg: DictConfig | dict | Config, world_size: int = 1) -> Config:
     `model._target_`) must import, take `model.args` and declare its tables.
     """
     raw = composed(cfg)
-    if (raw.get("data") or {}).get("name") == "table":  # the model's tables come from the data
+    source = (raw.get("data") or {}).get("name")
+    if source == "table":  # the model's tables come from the data
         raw = fill_model(raw)
+    elif source == "sequences":
+        raw = fill_sequence_model(raw)
     c = check_config(raw, CHOICES, world_size)
     if c.model.built_by_class():  # imports the user's class
         check_model_config(c.model)

@@ -125,10 +125,12 @@ def sharding_types() -> tuple[str, ...]:
 
 
 class Pooling(str, Enum):
-    """How the ids of one bag (one sample, one table) become one vector."""
+    """How the ids of one bag (one sample, one table) become one vector, or (NONE) stay a
+    sequence: one row per id, in order (a feature's `hotness` is then its longest sequence)."""
 
     SUM = "sum"
     MEAN = "mean"
+    NONE = "none"
 
 
 class StateKind(str, Enum):
@@ -171,9 +173,11 @@ ADAM_EPS_FORMS = ("adam", "sparse_adam")
 
 
 # What a model learns from its labels (model.task): binary (BCE; AUC, log loss, NE),
-# regression (MSE; RMSE, MAE) or retrieval (every row a positive (user, item) pair: softmax
-# over the global batch's items; HR@K, Recall@K, NDCG@K over the whole catalogue)
-TASKS = ("binary", "regression", "retrieval")
+# regression (MSE; RMSE, MAE), retrieval (every row a positive (user, item) pair: softmax
+# over the global batch's items; HR@K, Recall@K, NDCG@K over the whole catalogue) or
+# next_item (every row a user's sequence: the next item at every position; HR@K, NDCG@K of
+# the held-out next item, over the whole catalogue and against 100 sampled items)
+TASKS = ("binary", "regression", "retrieval", "next_item")
 
 # The id that fills a jagged feature's bag past its length: "no id" (TableConfig.jagged)
 PAD_ID = -1
@@ -186,6 +190,8 @@ class TableConfig:
     `jagged`: a sample's bag holds 0..hotness ids (a list feature, `hotness` = its max length),
     its columns padded with PAD_ID past its length; mean pooling divides by the ids present,
     and an empty bag pools to zeros. Not jagged: every bag holds exactly `hotness` ids.
+    `pooling=NONE`: a sequence feature (always jagged): its lookup gives one row per column,
+    [hotness, dim] per sample, a PAD_ID column's row zeros (`slots` output rows, not 1).
     `mean_ids`: a jagged table's average ids per bag, when known (the planner's estimates of
     exchanged bytes and lookups; memory is planned for `hotness`).
 
@@ -214,6 +220,8 @@ class TableConfig:
         if self.hotness < 1:
             raise ValueError(f"table {self.name!r}: hotness must be >= 1, got {self.hotness}")
         object.__setattr__(self, "pooling", Pooling(self.pooling))
+        if self.pooling is Pooling.NONE:
+            object.__setattr__(self, "jagged", True)  # a sequence may be shorter than hotness
         if self.mean_ids is not None and not 0 <= self.mean_ids <= self.hotness:
             raise ValueError(
                 f"table {self.name!r}: mean_ids must be in [0, hotness={self.hotness}], "
@@ -227,6 +235,16 @@ class TableConfig:
                 f"of buckets={d.buckets} with >= {need} rows per bucket"
                 f"{' (one is its unknown row)' if need == 2 else ''}; change rows or buckets"
             )
+
+    @property
+    def sequence(self) -> bool:
+        """A sequence feature: rows per id, not pooled (Pooling.NONE)."""
+        return self.pooling is Pooling.NONE
+
+    @property
+    def slots(self) -> int:
+        """Output rows per sample: `hotness` for a sequence, else 1 (one pooled row)."""
+        return self.hotness if self.sequence else 1
 
     @property
     def expected_ids(self) -> float:
@@ -303,6 +321,15 @@ def hot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int
     offsets = [0]
     for t in tables:
         offsets.append(offsets[-1] + t.hotness)
+    return offsets
+
+
+def slot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[int]:
+    """Where each feature's output rows start in a collection's output [B, S, D] (len T + 1):
+    one row per pooled feature, `hotness` rows per sequence feature (TableConfig.slots)."""
+    offsets = [0]
+    for t in tables:
+        offsets.append(offsets[-1] + t.slots)
     return offsets
 
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrec.config.dynamic import check_dynamic
+from hybridrec.config.next_item import check_next_item
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
@@ -325,6 +326,7 @@ def _check_task(c: Config) -> None:
         )
     if task == "retrieval":
         _check_retrieval(c)
+    check_next_item(c)
 
 
 def _check_retrieval(c: Config) -> None:

@@ -18,7 +18,8 @@ from hybridrec.types import CACHE_HALFLIFE, Dynamic, Pooling, TableConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
-ARCHS = ("dlrm", "dcnv2", "two_tower", "wide_deep")
+ARCHS = ("dlrm", "dcnv2", "two_tower", "wide_deep", "sasrec", "hstu")
+SEQUENCE_ARCHS = ("sasrec", "hstu")  # next-item models over a user's item sequence
 DOT_ARCHS = ("dlrm", "dcnv2")  # the config-shaped DLRMs (bottom/top MLPs, interaction)
 TABLE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEVICES = ("auto", "cpu", "cuda")
@@ -75,6 +76,7 @@ DATA_KEYS = {
         "eval_split",
         "verify",
     ),
+    "sequences": ("name", "path", "loader", "prefetch", "shuffle", "eval_split", "sequence"),
 }
 
 
@@ -85,7 +87,9 @@ class ModelConfig:
 
     name: str = "dlrm_tiny"  # the model's name (conf/model/<name>.yaml)
     # dlrm (dot interaction) | dcnv2 (low-rank cross network) | two_tower (user and item
-    # towers, dot product + biases) | wide_deep (width-1 tables + linear, and an MLP)
+    # towers, dot product + biases) | wide_deep (width-1 tables + linear, and an MLP) |
+    # sasrec (causal self-attention over a user's items) | hstu (HSTU's pointwise attention):
+    # the last two read data=sequences, model.task=next_item
     arch: str = "dlrm"
     # your own model by import path (pkg.module.Class), instead of `arch`; its keyword
     # arguments go in model.args (docs/library.md, "Models by config")
@@ -93,7 +97,8 @@ class ModelConfig:
     # keyword arguments of the model class (two_tower, wide_deep or _target_): +model.args.k=v
     args: dict[str, Any] = field(default_factory=dict)
     # binary (BCE; AUC, log loss) | regression (MSE; RMSE, MAE) | retrieval (rows are positive
-    # (user, item) pairs: softmax over the batch's items; HR@K, NDCG@K: train.retrieval)
+    # (user, item) pairs: softmax over the batch's items; HR@K, NDCG@K: train.retrieval) |
+    # next_item (rows are users' sequences: the next item at every position; train.next_item)
     task: str = "binary"
     num_dense_features: int = 13  # dense (continuous) inputs per sample
     embedding_dim: int = 16  # width of every table (unless embedding_dims is set)
@@ -107,7 +112,7 @@ class ModelConfig:
     feature_names: list[str] | None = None  # one per feature; null = the table names
     embedding_dims: list[int] | None = None  # one width per table (dcnv2); null = embedding_dim
     hotness: Any = 1  # ids per sample per table (jagged: at most this many)
-    pooling: Any = "sum"  # sum | mean (over a table's ids in one sample)
+    pooling: Any = "sum"  # sum | mean (over a table's ids in one sample) | none (a sequence)
     jagged: Any = False  # bags hold 0..hotness ids, padded with -1 (list features)
     # average ids per bag of each table (list features; data=table fills it): the planner's
     # estimates; null = hotness
@@ -203,12 +208,27 @@ class PreprocessConfig:
 
 
 @dataclass
+class SequenceDataConfig:
+    """data=sequences: users' item sequences (hybridrec.data.sequence_source)."""
+
+    max_len: int = 50  # events a model reads: the most recent (longer histories are cut)
+    # auto (by suffix: .txt = user_item, .parquet/.csv = table) | user_item (`user item`
+    # lines, 1-based ids, a user's lines contiguous and oldest first) | table (one row per
+    # event: the columns below)
+    format: str = "auto"
+    user: str = "user"  # table: the user column
+    item: str = "item"  # table: the item column (integers: row = item - item_base)
+    time: str = "timestamp"  # table: the time column (a user's events in time order)
+    item_base: int = 0  # table: the item column's first id (1 for 1-based ids)
+
+
+@dataclass
 class DataConfig:
     """Where batches come from. `synthetic`: an endless, seeded Criteo-shaped stream;
     `criteo`: a directory made by hybridrec-preprocess; `criteo_sample`: the 200 real rows;
     `table`: your own table, made by hybridrec-preprocess --spec (the model follows it)."""
 
-    name: str = "synthetic"  # synthetic | criteo | criteo_sample | table
+    name: str = "synthetic"  # synthetic | criteo | criteo_sample | table | sequences
     zipf_exponent: float = 1.05  # id popularity ~ 1 / rank^s; larger = more skewed
     teacher_scale: float = 1.5  # spread of the hidden teacher's logits; larger = easier task
     label_noise: float = 0.0  # probability that a label is flipped after sampling
@@ -227,6 +247,7 @@ class DataConfig:
     verify: str = "read"  # size | read (checksum each block once when read) | full (at start)
     multi_hot: str = "none"  # none | synthetic: one-hot ids -> bags of model.hotness ids
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    sequence: SequenceDataConfig = field(default_factory=SequenceDataConfig)
 
 
 @dataclass
@@ -319,6 +340,18 @@ class RetrievalConfig:
 
 
 @dataclass
+class NextItemConfig:
+    """model.task=next_item: the objective at every position of a sequence
+    (hybridrec.train.next_item)."""
+
+    # bce: sampled binary cross-entropy against `negatives` uniform items per position
+    # (SASRec's, one) | softmax: over every rank's target items plus train.retrieval.negatives
+    # uniform ones, logQ-corrected (train.retrieval's temperature, logq and hits apply)
+    loss: str = "bce"
+    negatives: int = 1  # bce: sampled items per position, never in the user's history
+
+
+@dataclass
 class TrainLoopConfig:
     steps: int = 3000  # optimizer steps (global batches)
     epochs: float | None = None  # passes over the train split (file data): sets `steps`
@@ -340,6 +373,7 @@ class TrainLoopConfig:
     profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
     profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    next_item: NextItemConfig = field(default_factory=NextItemConfig)
 
 
 @dataclass

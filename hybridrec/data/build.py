@@ -4,7 +4,9 @@
   hybridrec-preprocess, data.path), `criteo_sample` (200 real rows, the file data.path or
   $HYBRIDREC_CRITEO_SAMPLE names, preprocessed into a cache on first use), `table` (a
   directory made by hybridrec-preprocess --spec from your own table, data.path; the model's
-  tables follow it, hybridrec.data.table_model); see hybridrec.data.source.
+  tables follow it, hybridrec.data.table_model); see hybridrec.data.source. `sequences`
+  (users' item sequences for next-item models, data.path a `user item` file or an
+  interaction table: hybridrec.data.sequence_source).
 - data.loader: `per_rank` (every rank reads its own slice) or `broadcast` (rank 0 reads,
   broadcasts, every rank keeps its slice); both read `data.prefetch` batches ahead.
 """
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybridrec")
 
 # data.name: the sources build_source makes
-SOURCES = ("synthetic", "criteo", "criteo_sample", "table")
+SOURCES = ("synthetic", "criteo", "criteo_sample", "table", "sequences")
 
 
 def build_source(cfg: Config) -> BatchSource:
@@ -51,6 +53,12 @@ def build_source(cfg: Config) -> BatchSource:
         from hybridrec.data.source import open_source
 
         return open_source(cfg)
+    if d.name == "sequences":
+        from hybridrec.data.sequence_source import SequenceSource, read_sequences
+
+        nxt = cfg.train.next_item
+        negatives = nxt.negatives if nxt.loss == "bce" else 0
+        return SequenceSource(read_sequences(d), d.sequence.max_len, negatives, cfg.seed)
     raise ValueError(f"data.name={d.name!r} is not one of: {', '.join(SOURCES)}")
 
 

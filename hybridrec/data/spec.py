@@ -42,7 +42,7 @@ ENCODINGS = ("vocabulary", "hashing", "identity", "dynamic")
 # preprocessing needs) but min_count, the feature's own key; keys left out take Dynamic's
 # defaults when the trainer builds the table
 SPEC_POLICY_KEYS = tuple(k for k in POLICY_KEYS if k != "min_count")
-POOLINGS = ("sum", "mean")
+POOLINGS = ("sum", "mean", "none")  # none: a list read as a sequence, a row per id, in order
 RULE_OPS = ("==", "!=", ">", ">=", "<", "<=")
 SPLITS_BY = ("column", "rows", "fraction")
 INPUT_FORMATS = ("csv", "tsv")
@@ -76,8 +76,10 @@ class SparseSpec:
     capacity: int | None = None
     policy: dict[str, Any] | None = None
     table: str = ""  # default: the feature's name
-    pooling: str = "sum"
-    max_len: int | None = None  # list: longer lists are truncated; None = longest in train
+    pooling: str = "sum"  # list: sum, mean, or none (a sequence: its ids' rows in order)
+    # list: longer lists are truncated (a sequence keeps its last, most recent ids; a bag its
+    # first); None = the longest in train
+    max_len: int | None = None
     delimiter: str = "|"  # list columns read from CSV: the separator inside the string
 
 
@@ -230,6 +232,8 @@ def _sparse(where: str, i: int, d: Any) -> SparseSpec:
         max_len=r.get("max_len", int, None),
         delimiter=r.get("delimiter", str, "|"),
     )
+    if s.pooling == "none" and kind != "list":
+        raise r.fail("pooling", "none (a sequence) needs kind: list (a single id is pooled)")
     needs = {"hashing": "cap", "identity": "rows", "dynamic": "capacity"}.get(encoding)
     if needs and getattr(s, needs) is None:
         raise r.fail(needs, f"is required with encoding: {encoding}")

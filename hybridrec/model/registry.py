@@ -40,6 +40,7 @@ from torch import nn
 from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DLRM
 from hybridrec.model.retrieval import check_retrieval_model
+from hybridrec.model.sequential import HSTUModel, SASRecModel
 from hybridrec.model.tables import declared_tables
 from hybridrec.model.zoo import TwoTower, WideDeep
 from hybridrec.types import TASKS, TableConfig
@@ -49,6 +50,8 @@ MODELS: dict[str, type[nn.Module]] = {
     "dcnv2": DLRM,  # the same class: model.arch picks the interaction
     "two_tower": TwoTower,
     "wide_deep": WideDeep,
+    "sasrec": SASRecModel,
+    "hstu": HSTUModel,
 }
 # filled in by name, not from model.args
 PROVIDED = ("features", "num_dense_features", "task", "config")

@@ -11,6 +11,13 @@
             ...
         def forward(self, dense, ids):              # ids: KeyedIds (every feature of a batch)
             u = self.users(ids)                      # Pooled: u["user_id"] [B, 32]
+
+A sequence feature (`pooling="none"`: a user's history, read in order) is looked up, not
+pooled: `Feature("history", table="item", hotness=50, pooling="none")` gives
+`out["history"]` [B, 50, D], row j the id in column j (oldest first, as the data lays them
+out), a row of zeros where the column holds -1 (past the sequence's end); `out.mask(name)`
+[B, 50] says which rows are real. Its rows are sharded, exchanged and updated like any other
+table's (one row per id crosses the all-to-all, not a pooled sum).
             ...
 
 An `EmbeddingTables` declares tables (name, rows, width) and the features that look them up
@@ -58,7 +65,8 @@ class Table:
 @dataclass(frozen=True)
 class Feature:
     """One input feature looking up `table`: `hotness` ids per sample (a list feature with
-    `jagged`: 0..hotness of them, padded with -1), pooled by `pooling` (sum or mean).
+    `jagged`: 0..hotness of them, padded with -1), pooled by `pooling` (sum or mean), or
+    "none": a sequence of at most `hotness` ids, a row each (always padded with -1).
     `mean_ids`: a list's average length, when known (the planner's traffic estimate)."""
 
     name: str
@@ -70,28 +78,48 @@ class Feature:
 
 
 class Pooled(Mapping[str, torch.Tensor]):
-    """A collection's pooled embeddings, by feature: `pooled[name]` is [B, D_f] (a view).
-    `tensor` is the whole output: [B, F, D] when every width is one D, else [B, sum D_f]."""
+    """A collection's embeddings, by feature: `pooled[name]` is [B, D_f] for a pooled
+    feature, [B, L_f, D_f] for a sequence (views). `tensor` is the whole output: [B, S, D]
+    when every width is one D (S rows per sample: one per pooled feature, L_f per sequence),
+    else [B, sum_f S_f * D_f]. `ids` (the looked-up columns, [B, H]) give sequences' masks."""
 
-    def __init__(self, tensor: torch.Tensor, names: Sequence[str], dims: Sequence[int]) -> None:
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        features: Sequence[TableConfig],
+        ids: torch.Tensor | None = None,
+    ) -> None:
         self.tensor = tensor
-        self._names = list(names)
-        self._where: dict[str, int | tuple[int, int]] = {}
-        if tensor.dim() == 3:
-            self._where = {n: i for i, n in enumerate(names)}
-        else:
-            a = 0
-            for n, d in zip(names, dims, strict=True):
-                self._where[n] = (a, a + d)
-                a += d
+        self._names = [f.name for f in features]
+        self._features = {f.name: f for f in features}
+        self._ids = ids
+        self._where: dict[str, tuple[int, int]] = {}  # rows [a, b), or columns when flat
+        self._cols: dict[str, tuple[int, int]] = {}  # the feature's id columns
+        a = c = 0
+        for f in features:
+            size = f.slots if tensor.dim() == 3 else f.slots * f.dim
+            self._where[f.name] = (a, a + size)
+            self._cols[f.name] = (c, c + f.hotness)
+            a, c = a + size, c + f.hotness
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._where:
-            raise KeyError(f"no feature {name!r} in these tables; they pool {self._names}")
-        where = self._where[name]
-        if isinstance(where, int):
-            return self.tensor[:, where]
-        return self.tensor[:, where[0] : where[1]]
+            raise KeyError(f"no feature {name!r} in these tables; they look up {self._names}")
+        f, (a, b) = self._features[name], self._where[name]
+        if self.tensor.dim() == 3:
+            return self.tensor[:, a:b] if f.sequence else self.tensor[:, a]
+        out = self.tensor[:, a:b]
+        return out.view(-1, f.slots, f.dim) if f.sequence else out
+
+    def mask(self, name: str) -> torch.Tensor:
+        """[B, L] bool: which positions of sequence feature `name` hold an id."""
+        f = self._features.get(name)
+        if f is None or not f.sequence:
+            raise KeyError(f"{name!r} is not a sequence feature of these tables")
+        if self._ids is None:
+            raise ValueError("these embeddings were made without their ids: no mask")
+        a, b = self._cols[name]
+        return self._ids[:, a:b] >= 0
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -142,7 +170,8 @@ class EmbeddingTables(nn.Module):
             t = by_name[f.table]
             if f.pooling not in {p.value for p in Pooling}:
                 raise ValueError(
-                    f"feature {f.name!r}: pooling must be sum or mean, not {f.pooling!r}"
+                    f"feature {f.name!r}: pooling must be sum, mean or none (a sequence), "
+                    f"not {f.pooling!r}"
                 )
             configs.append(
                 TableConfig(
@@ -250,7 +279,7 @@ class EmbeddingTables(nn.Module):
         if cols.dtype in NARROW_IDS:  # the storage's exchanges count and route in int64
             cols = cols.long()
         pooled = (self._lookup or self.storage)(cols)
-        return Pooled(pooled, self.feature_names, [f.dim for f in self.features])
+        return Pooled(pooled, self.features, cols)
 
 
 def qualify(namespace: str, name: str) -> str:

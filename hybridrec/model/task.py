@@ -78,6 +78,13 @@ def _needs_the_group(outputs: Any, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _next_item_loss(outputs: Any, labels: torch.Tensor) -> torch.Tensor:
+    raise TypeError(
+        "model.task=next_item's loss reads every position of the sequences (and with the "
+        "softmax, every rank's items): hybridrec.train.next_item's objective computes it"
+    )
+
+
 @dataclass(frozen=True)
 class Task:
     """A task's loss (outputs [B], labels [B] -> mean over B) and prediction (outputs -> [B]).
@@ -92,6 +99,7 @@ _TASKS = {
     "binary": Task("binary", bce_loss, torch.sigmoid),
     "regression": Task("regression", mse_loss, _identity),
     "retrieval": Task("retrieval", _needs_the_group, _identity),
+    "next_item": Task("next_item", _next_item_loss, _identity),
 }
 assert tuple(_TASKS) == TASKS, "every model.task choice has a Task"
 

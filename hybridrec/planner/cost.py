@@ -5,7 +5,8 @@ runtime's own byte sizes (`hybridrec.sparse.costs`); a distributed test compares
 to what the all-to-alls really send. Per rank and forward step: ids into the input dist
 (row-wise shards: their expected share, ids assumed uniform over the rows), rows gathered by
 the lookup, pooled embeddings out of the output dist (row-wise shards: only the bags with
-an id in the shard, 1 - (1 - share)^ids of them); backward mirrors it, plus the
+an id in the shard, 1 - (1 - share)^ids of them; a sequence feature: a row per id, its
+expected ids, a row-wise shard's share of them); backward mirrors it, plus the
 replicated tables' gradient sync (`replica_sync`, the runtime's choice). A rank never counts
 what it sends to itself. Times are lower bounds from bandwidths alone (no latency, no
 overlap): max(sent, received) / bw per exchange (the slower of the same-node and other-node
@@ -146,13 +147,15 @@ def _unit_traffic(
     if traits.partial_sums:
         share = s.num_rows / t.num_rows
         ids.to[s.rank] += b_local * id_bytes + b_local * t.expected_ids * share * id_bytes
-        # compact partial sums: only the bags with an id in the shard come back
-        nonempty = 1.0 - (1.0 - share) ** t.expected_ids
-        emb.frm[s.rank] += b_local * nonempty * s.width * comm_bytes
+        # compact partial sums: only the bags with an id in the shard come back (a
+        # sequence's: a row per id in the shard)
+        back = t.expected_ids * share if t.sequence else 1.0 - (1.0 - share) ** t.expected_ids
+        emb.frm[s.rank] += b_local * back * s.width * comm_bytes
         return b_local * t.expected_ids * share
     counts = b_local * id_bytes if t.jagged else 0  # a jagged feature's ids: with a count each
     ids.to[s.rank] += counts + b_local * t.expected_ids * id_bytes
-    emb.frm[s.rank] += b_local * s.width * comm_bytes
+    back = t.expected_ids if t.sequence else 1.0  # a sequence: a row per id comes back
+    emb.frm[s.rank] += b_local * back * s.width * comm_bytes
     return float(b_local * t.expected_ids)
 
 

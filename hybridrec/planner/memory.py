@@ -43,10 +43,12 @@ def shard_memory(
     optimizer: OptimizerFootprint,
     weight_bytes: int,
     cache_rows: int = 0,
+    outputs: int = 1,
 ) -> MemoryUse:
     """Device bytes for one shard (or one replica) of `table`: rows x width, serving the
-    global batch. A host-resident shard (`cache_rows` > 0) holds only its cache here."""
-    buffers = batch_size * table.hotness * ID_BYTES + 2 * batch_size * width * EMB_BYTES
+    global batch, `outputs` rows per sample out (a pooled feature's one, a sequence's one per
+    position). A host-resident shard (`cache_rows` > 0) holds only its cache here."""
+    buffers = batch_size * table.hotness * ID_BYTES + 2 * batch_size * outputs * width * EMB_BYTES
     if table.dynamic is not None:  # its map (every column shard runs one)
         buffers += dynamic_map_bytes(rows)
     if cache_rows:
@@ -83,18 +85,18 @@ def rank_memory(
     """Memory each rank of `plan` needs (index = rank), including the buffer that syncs
     replicated tables' gradients (a dense [rows, width + 1] one when they are all-reduced)."""
     by_name = {t.name: t for t in storage_tables(tables)}
-    features = Counter(t.table_name for t in tables)  # a shared table pools once per feature
+    outputs = Counter()  # a table's output rows per sample: one per feature, L per sequence
+    for t in tables:
+        outputs[t.table_name] += t.slots
     use = [MemoryUse() for _ in range(plan.world_size)]
     b_local = batch_size // plan.world_size
     for tp in plan.tables:
         table = by_name[tp.table]
         for s in tp.shards:
             mem = shard_memory(
-                table, s.num_rows, s.width, batch_size, optimizer, weight_bytes, s.cache_rows
-            )
-            extra = features[tp.table] - 1
-            if extra:
-                mem = mem + MemoryUse(buffers=extra * 2 * batch_size * s.width * EMB_BYTES)
+                table, s.num_rows, s.width, batch_size, optimizer, weight_bytes, s.cache_rows,
+                outputs[tp.table],
+            )  # fmt: skip
             if tp.sharding.traits.replicated:
                 ids = b_local * table.hotness
                 how, _ = replica_sync(s.num_rows, s.width, ids, plan.world_size)

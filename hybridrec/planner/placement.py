@@ -156,8 +156,9 @@ class _Context:
 
     def memory(self, table: TableConfig, rows: int, width: int, cache_rows: int = 0) -> MemoryUse:
         return shard_memory(
-            table, rows, width, self.batch, self.optimizer, self.weight_bytes, cache_rows
-        )
+            table, rows, width, self.batch, self.optimizer, self.weight_bytes, cache_rows,
+            table.slots,
+        )  # fmt: skip
 
     def whole(self, table: TableConfig) -> int:
         return self.memory(table, table.num_rows, table.dim).total

@@ -1,4 +1,5 @@
-"""How a table's id columns become bags: fixed hotness, or jagged (padded with PAD_ID).
+"""How a table's id columns become bags: fixed hotness, jagged (padded with PAD_ID), or a
+sequence (each column its own bag: one row per position).
 
 A batch's ids [B, H] give table t the columns offsets[t]:offsets[t+1] (t.hotness of them).
 Not jagged: every column is an id, bag b holds ids [b, :]. Jagged (a list feature): a bag
@@ -9,7 +10,8 @@ per sample.
 Pooling: sum; or mean, which for a fixed hotness h is a per-id scale 1/h inside the lookup,
 and for a jagged bag its sum divided by its length after the exchange (`mean_divisors`), on
 the rank that owns the sample: a row shard sees only part of a bag, never its length. An
-empty bag pools to zeros either way.
+empty bag pools to zeros either way. A sequence (Pooling.NONE) pools nothing: bag
+(b, position) holds the id at that position, or none (PAD_ID: a row of zeros).
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ def regular_bags(batch_size: int, hotness: int, device: torch.device) -> torch.T
 
 
 def bag_ids(cols: torch.Tensor, table: TableConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """A table's columns [B, h] -> (ids [N], bags [N] non-decreasing) of its real ids."""
+    """A table's columns [B, h] -> (ids [N], bags [N] non-decreasing) of its real ids; a
+    sequence's bags are positions b * h + j (B * h of them)."""
     if not table.jagged:
         return cols.reshape(-1), regular_bags(cols.shape[0], table.hotness, cols.device)
     present = cols >= 0
+    if table.sequence:
+        flat = present.reshape(-1)
+        return cols.reshape(-1)[flat], flat.nonzero().squeeze(1)
     lengths = present.sum(1)
     bags = torch.repeat_interleave(torch.arange(cols.shape[0], device=cols.device), lengths)
     return cols[present], bags
@@ -59,13 +65,15 @@ def mean_divisors(
     return out
 
 
-def divide_means(pooled: torch.Tensor, divisors: dict[int, torch.Tensor]) -> torch.Tensor:
-    """pooled [B, T, D] with each jagged mean table's sums divided by its bag lengths (the
-    other tables divided by 1: unchanged, bit for bit)."""
+def divide_means(
+    pooled: torch.Tensor, divisors: dict[int, torch.Tensor], slots: Sequence[int]
+) -> torch.Tensor:
+    """pooled [B, S, D] with each jagged mean table's sums divided by its bag lengths (the
+    other rows divided by 1: unchanged, bit for bit); `slots[i]`: table i's output row."""
     if not divisors:
         return pooled
-    B, T = pooled.shape[0], pooled.shape[1]
-    denom = torch.ones(B, T, 1, dtype=pooled.dtype, device=pooled.device)
+    B, S = pooled.shape[0], pooled.shape[1]
+    denom = torch.ones(B, S, 1, dtype=pooled.dtype, device=pooled.device)
     for i, d in divisors.items():
-        denom[:, i] = d.to(pooled.dtype)
+        denom[:, slots[i]] = d.to(pooled.dtype)
     return pooled / denom

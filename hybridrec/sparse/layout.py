@@ -254,17 +254,24 @@ class ShardedLayout:
 
     @cached_property
     def dp_columns(self) -> dict[int, tuple[int, int]]:
-        """Replicated table -> its columns [a, b) in the replicated tables' [B_l, sum D]."""
+        """Replicated table -> its columns [a, b) in the replicated tables' [B_l, sum D]
+        (a sequence's rows side by side: slots * D columns)."""
         out, a = {}, 0
         for i in self.dp_tables:
-            out[i] = (a, a + self.tables[i].dim)
-            a += self.tables[i].dim
+            width = self.tables[i].dim * self.tables[i].slots
+            out[i] = (a, a + width)
+            a += width
         return out
 
     @cached_property
     def one_width(self) -> bool:
         """Every table has the same width: the pooled output is [B, T, D], else [B, sum D]."""
         return len({t.dim for t in self.tables}) == 1
+
+    @cached_property
+    def sequences(self) -> bool:
+        """Some feature is a sequence (Pooling.NONE): its output is a row per position."""
+        return any(t.sequence for t in self.tables)
 
     @cached_property
     def id_dtype(self) -> torch.dtype:

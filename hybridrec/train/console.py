@@ -172,7 +172,7 @@ def show_train(row: dict[str, Any], steps: int, bar: tqdm | None) -> None:
 
 
 # The eval metrics a log line shows, in order, with their digits; a task logs its own subset
-TOPK = re.compile(r"(hr|recall|ndcg)@\d+$")
+TOPK = re.compile(r"(sampled_)?(hr|recall|ndcg)@\d+$")
 EVAL_LINE = (
     ("auc", 4),
     ("logloss", 4),
@@ -215,7 +215,8 @@ def show_summary(
     ]
     ev = result.get("eval") or {}
     if ev:
-        parts.append("eval " + eval_text(ev, ("auc", "ne", "rmse", "mae", "hr", "ndcg")))
+        keys = ("auc", "ne", "rmse", "mae", "hr", "ndcg", "sampled_hr", "sampled_ndcg")
+        parts.append("eval " + eval_text(ev, keys))
     if run_dir is not None:
         parts.append(f"metrics {run_dir / 'metrics.jsonl'} (hybridrec-plot {run_dir})")
     if cfg.checkpoint.dir:

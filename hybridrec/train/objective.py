@@ -9,6 +9,10 @@
   items, and `interactions` (the dataset's (user, item) pairs) serves the catalogue to the
   negatives and to evaluation (hybridrec.train.topk). The host caches stage, for the item
   feature's tables, exactly the ids the model looks up (`stage_ids`).
+- model.task=next_item (hybridrec.train.next_item): the loss at every position of the
+  sequences (train.next_item.loss); with the softmax the forward gets the step's uniform
+  negatives (`negatives=`), looked up as extra rows of the sequence feature
+  (hybridrec.model.sequential.with_negative_rows), which the host caches stage alike.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ from hybridrec.data.loader import BatchSource
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model import task_of
 from hybridrec.model.retrieval import candidate_ids
+from hybridrec.model.sequential import with_negative_rows
 from hybridrec.model.tables import EmbeddingTables
 from hybridrec.model.task import LossBatch, task_outputs
+from hybridrec.train.next_item import NextItemTraining
+from hybridrec.train.next_item_eval import NextItemEvaluation
 from hybridrec.train.retrieval import RetrievalObjective
 from hybridrec.train.topk import CatalogueEval
 from hybridrec.types import Batch, KeyedIds, TableConfig, hot_offsets
@@ -51,8 +58,21 @@ class Objective:
         self.own_loss = callable(getattr(type(model), "loss", None))
         self.task = task_of(cfg.model.task)
         self.retrieval: RetrievalObjective | None = None
+        self.next_item: NextItemTraining | None = None
         self.interactions: Interactions | None = None
         self._evals: dict[tuple[str, int | None], CatalogueEval] = {}
+        if cfg.model.task == "next_item":
+            from hybridrec.data.sequence_source import SequenceSource
+
+            assert isinstance(source, SequenceSource), "next_item reads data=sequences"
+            self.next_item = NextItemTraining(
+                cfg.train.next_item.loss, cfg.train.retrieval, env.group, source.windows,
+                source.num_items, cfg.train.batch_size, cfg.seed, env.device,
+            )  # fmt: skip
+            self.sequence_feature = "seq"
+            self._next_item_eval = NextItemEvaluation(
+                self.model, source, env, cfg.eval.topk, cfg.seed
+            )
         if cfg.model.task != "retrieval":
             return
         names = [f.name for f in features]
@@ -109,11 +129,22 @@ class Objective:
             )
         return self._evals[key]
 
+    def evaluate_next_item(
+        self, split: str, keyed: Any, whole: bool, chunk: int | None
+    ) -> dict[str, float]:
+        """model.task=next_item: HR@K and NDCG@K of split `split`'s held-out items (the
+        whole split, or eval.batches global batches of users), in eval mode."""
+        e = self.cfg.eval
+        users = None if whole or e.batches is None else e.batches * e.batch_size
+        return self._next_item_eval(split, keyed, users, chunk or 8192)
+
     def forward_kwargs(self, step: int) -> dict[str, Any]:
         """The forward's arguments besides (dense, ids) for training step `step` (from 1)."""
-        if self.retrieval is None:
-            return {}
-        negatives = self.retrieval.negatives(step)
+        negatives = None
+        if self.retrieval is not None:
+            negatives = self.retrieval.negatives(step)
+        elif self.next_item is not None:
+            negatives = self.next_item.negatives(step)
         return {} if negatives is None else {"negatives": negatives}
 
     def stage_ids(self, tables: EmbeddingTables, keyed: KeyedIds, step: int) -> torch.Tensor:
@@ -124,7 +155,10 @@ class Objective:
         .staged_step of the step staging it, LOOK_AHEAD later): step `step`'s negatives are
         drawn from `step` alone, so they are the same then as in that step's forward."""
         negatives = self.forward_kwargs(step).get("negatives")
-        if negatives is not None and tables.feature_names == (self.item_feature,):
+        if negatives is not None and self.next_item is not None:
+            if self.sequence_feature in tables.feature_names:
+                return with_negative_rows(tables.select(keyed), negatives)
+        elif negatives is not None and tables.feature_names == (self.item_feature,):
             return candidate_ids(keyed, self.item_feature, negatives)
         return tables.select(keyed)
 
@@ -135,6 +169,8 @@ class Objective:
 
             def task_loss(out: Any) -> torch.Tensor:
                 return retrieval(out, keyed, kwargs.get("negatives"))
+        elif self.next_item is not None:
+            task_loss = self.next_item
         else:
 
             def task_loss(out: Any) -> torch.Tensor:

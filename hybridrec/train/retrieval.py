@@ -53,12 +53,18 @@ def retrieval_loss(
     temperature: float = 1.0,
     log_q: torch.Tensor | None = None,
     remove_accidental_hits: bool = False,
+    valid: torch.Tensor | None = None,
+    denominator: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's mean softmax loss over the global batch's items (module docstring).
 
     query [b, D]; candidates [b + M, D]: the b rows' positives, then M negatives shared by
     every rank; item_ids [b + M]: their item ids; log_q [b + M] or None: each candidate's
-    correction. Every rank passes the same b and M (collective over `group`)."""
+    correction. Every rank passes the same b and M (collective over `group`).
+
+    Padded rows (next-item training, hybridrec.train.next_item): valid [b] bool marks the
+    real rows; the others add no loss and their items are no row's candidate. The loss is
+    then the sum over valid rows divided by `denominator` (None: this rank's valid rows)."""
     b = query.shape[0]
     m = candidates.shape[0] - b
     if m < 0 or item_ids.shape != (b + m,) or (log_q is not None and log_q.shape != (b + m,)):
@@ -74,6 +80,8 @@ def retrieval_loss(
         pool = torch.cat([positives, candidates[b:].float()])
         # ids (and corrections) of every rank's positives: float64 holds ids < 2^53 exactly
         side = [item_ids[:b].double()] + ([log_q[:b].double()] if log_q is not None else [])
+        if valid is not None:
+            side.append(valid.double())
         gathered = all_gather_rows(torch.stack(side, 1), group, name="retrieval_ids")
         pool_ids = torch.cat([gathered[:, 0].long(), item_ids[b:].long()])
         logits = query.float() @ pool.T / temperature
@@ -84,7 +92,16 @@ def retrieval_loss(
             hits = pool_ids.unsqueeze(0) == item_ids[:b].long().unsqueeze(1)
             hits[torch.arange(b, device=device), target] = False
             logits = logits.masked_fill(hits, float("-inf"))
-        return nn.functional.cross_entropy(logits, target)
+        if valid is None and denominator is None:
+            return nn.functional.cross_entropy(logits, target)
+        rows = torch.ones(b, dtype=torch.bool, device=device) if valid is None else valid
+        if valid is not None:  # padded rows' items are no one's candidate
+            padded = torch.cat(
+                [gathered[:, -1] == 0, torch.zeros_like(item_ids[b:], dtype=torch.bool)]
+            )
+            logits = logits.masked_fill(padded.unsqueeze(0), float("-inf"))
+        total = nn.functional.cross_entropy(logits[rows], target[rows], reduction="sum")
+        return total / (rows.sum().clamp(min=1) if denominator is None else denominator)
 
 
 def _step_seed(seed: int, step: int) -> int:

@@ -57,6 +57,43 @@ def _codes(users: np.ndarray, items: np.ndarray, width: int) -> np.ndarray:
     return users.astype(np.int64) * width + items.astype(np.int64)
 
 
+def seen_mask(seen: torch.Tensor, users: torch.Tensor, width: int, a: int, b: int) -> torch.Tensor:
+    """[Q, b - a] bool: whether `seen` (sorted int64 codes user * width + position) holds
+    (users[q], p) for each position p in [a, b); users [Q] int64, on the CPU."""
+    mask = torch.zeros(users.shape[0], b - a, dtype=torch.bool)
+    if not seen.numel() or not users.numel():
+        return mask
+    lo = torch.searchsorted(seen, users * width + a)
+    hi = torch.searchsorted(seen, users * width + b)
+    counts = hi - lo
+    rows = torch.repeat_interleave(torch.arange(users.shape[0]), counts)
+    start = torch.repeat_interleave(lo - counts.cumsum(0) + counts, counts)
+    at = seen[start + torch.arange(int(counts.sum()))] - users[rows] * width - a
+    mask[rows, at] = True
+    return mask
+
+
+def chunked_top_keys(
+    queries: torch.Tensor,
+    vectors: torch.Tensor,
+    ids: torch.Tensor,
+    excluded: Callable[[int, int], torch.Tensor],
+    k: int,
+) -> torch.Tensor:
+    """The top-k keys [Q, k] (hybridrec.model.retrieval.order_keys) of queries [Q, D] against
+    items vectors [N, D] with ids [N], scored in chunks of ITEM_CHUNK_SCORES / Q items
+    (bounded memory); excluded(a, b) -> [Q, b - a] bool drops pairs with the items at
+    [a, b). Fewer than k items left: NO_ITEM fills the rest."""
+    step = max(1, ITEM_CHUNK_SCORES // max(1, queries.shape[0]))
+    best = torch.full((queries.shape[0], 0), NO_ITEM, dtype=torch.int64, device=queries.device)
+    for a in range(0, vectors.shape[0], step):
+        b = min(a + step, vectors.shape[0])
+        scores = queries @ vectors[a:b].T
+        keys = order_keys(scores, ids[a:b])
+        best = top_keys(torch.cat([best, keys.masked_fill(excluded(a, b), NO_ITEM)], dim=1), k)
+    return best
+
+
 class CatalogueEval:
     """One evaluation of retrieval model `model` (query, candidates: not wrapped in DDP)
     over dataset split `split` (val or test); `user_rows`: the user table's rows."""
@@ -132,29 +169,16 @@ class CatalogueEval:
     def _seen_mask(self, users: torch.Tensor, a: int, b: int) -> torch.Tensor:
         """[Q, b - a] bool: whether each query user has met each item at part positions
         [a, b)."""
-        mask = torch.zeros(users.shape[0], b - a, dtype=torch.bool)
-        if not self.seen.numel() or not users.numel():
-            return mask
-        lo = torch.searchsorted(self.seen, users * self.part + a)
-        hi = torch.searchsorted(self.seen, users * self.part + b)
-        counts = hi - lo
-        rows = torch.repeat_interleave(torch.arange(users.shape[0]), counts)
-        start = torch.repeat_interleave(lo - counts.cumsum(0) + counts, counts)
-        at = self.seen[start + torch.arange(int(counts.sum()))] - users[rows] * self.part - a
-        mask[rows, at] = True
-        return mask
+        return seen_mask(self.seen, users, self.part, a, b)
 
     def rank(self, queries: torch.Tensor, users: torch.Tensor, vectors: torch.Tensor, k: int):  # noqa: ANN201
         """The merged top-k keys [Q, k] of queries [Q, D] of users [Q] (identical on every
         rank: a collective)."""
-        step = max(1, ITEM_CHUNK_SCORES // max(1, queries.shape[0]))
-        best = torch.full((queries.shape[0], 0), NO_ITEM, dtype=torch.int64, device=queries.device)
-        for a in range(0, self.part, step):
-            b = min(a + step, self.part)
-            scores = queries @ vectors[a:b].T
-            keys = order_keys(scores, self.part_ids[a:b])
-            out = self._seen_mask(users.cpu(), a, b).to(keys.device) | ~self.part_real[a:b]
-            best = top_keys(torch.cat([best, keys.masked_fill(out, NO_ITEM)], dim=1), k)
+
+        def excluded(a: int, b: int) -> torch.Tensor:
+            return self._seen_mask(users.cpu(), a, b).to(queries.device) | ~self.part_real[a:b]
+
+        best = chunked_top_keys(queries, vectors, self.part_ids, excluded, k)
         if self.env.group is None:
             return top_keys(best, k)
         everyone = all_gather_rows(best, self.env.group, name="eval_topk")  # [W * Q, k]

@@ -270,6 +270,11 @@ class Trainer:
                 m.take_eval_unknown()
             if self.objective.interactions is not None:
                 metrics = self.evaluate_topk(split, whole)[0]
+            elif self.objective.next_item is not None:
+                name = self.cfg.data.eval_split if split == "eval" else split
+                metrics = self.objective.evaluate_next_item(
+                    name, self.keyed, whole, self._eval_chunk()
+                )
             else:
                 metrics = evaluate(
                     self.score, self.loader(split), self.env, self.cfg.eval.batch_size,

@@ -273,14 +273,21 @@ def _nan_to_null(values: pa.Array) -> pa.Array:
     return pc.if_else(nan, pa.scalar(None, values.type), values)
 
 
-def pad(ids: np.ndarray, offsets: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
+def pad(
+    ids: np.ndarray, offsets: np.ndarray, max_len: int, keep_last: bool = False
+) -> tuple[np.ndarray, int]:
     """Bags of ids -> ([n, max_len] int64 padded with -1 after the real ids, rows truncated):
-    a bag longer than max_len keeps its first max_len ids."""
+    a bag longer than max_len keeps its first max_len ids, or with `keep_last` (a sequence:
+    its most recent events) its last ones, still in order from the first column."""
     n = len(offsets) - 1
     lengths = np.diff(offsets)
     out = np.full((n, max_len), -1, np.int64)
     rows = np.repeat(np.arange(n), lengths)
     pos = np.arange(len(ids)) - np.repeat(offsets[:-1], lengths)
-    keep = pos < max_len
+    if keep_last:  # drop the first (length - max_len) of a long one
+        pos = pos - np.repeat(np.maximum(lengths - max_len, 0), lengths)
+        keep = pos >= 0
+    else:
+        keep = pos < max_len
     out[rows[keep], pos[keep]] = ids[keep]
     return out, int((lengths > max_len).sum())

@@ -308,7 +308,7 @@ class Feature:
         if self.spec.kind == "single":
             out = ids.reshape(-1, 1)
         else:
-            out, _ = pad(ids, b.offsets, self.max_len)
+            out, _ = pad(ids, b.offsets, self.max_len, keep_last=self.spec.pooling == "none")
             kl = lengths[keep]
             if kl.size:
                 self.len_sum += int(kl.sum())

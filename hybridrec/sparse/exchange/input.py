@@ -21,8 +21,10 @@ group, sample b), the order the ids arrive in, so a group's rows are the receive
 the counts taken out, and its pooled output is already laid out as the output dist sends it:
 no split, cat or copy per unit in either pass. Row-wise units are *compact*: a sample with no
 id in the shard has no bag there (its partial sum is zero: neither computed nor sent); its
-owner knows which samples from its own counts (`Routed.kept`). Receivers concatenate in
-source-rank order, which is global-sample order.
+owner knows which samples from its own counts (`Receipt.kept`). A sequence feature's unit
+(Pooling.NONE) is counted, and each of its ids is a bag of its own: the rows that come back
+are one per id, and its owner keeps their positions (b * L + j, `Receipt.kept`) to put them
+in place. Receivers concatenate in source-rank order, which is global-sample order.
 
 A dynamic table's ids are raw (hybridrec.sparse.dynamic): a row-wise one's id is routed as the
 first row of its hash bucket (the shard owning the bucket) and sent as the raw id itself,
@@ -53,18 +55,22 @@ class Routes:
 
     Sender side: `cols` [C] the counted features' id columns; `col_base` [C] each column's
     feature offset (features' rows laid end to end); `starts` [G] each id group's first row
-    in that numbering; `compact_group[g]` (a row-wise shard); `jagged`: some columns may hold
-    PAD_ID; `unit_group[q][k]` the id group of rank q's unit k (-1: fixed hotness, sent whole
-    from columns `unit_cols[q][k]`). Receiver side, per local unit k: `hotness[k]`
-    (0: counted), `counted` (the counted local units, in order), `compact[k]`, its slot's
-    first row in its group `row_base[k]` (0 for a dynamic unit: its raw ids are mapped
-    later), its slot's position in its group if it is dynamic `raw_slot[k]` (else -1), its
-    pooling scale `scale[k]`; `groups`: group key -> its local units [k0, k1)."""
+    in that numbering; `compact_group[g]` (a row-wise shard), `sequence_group[g]` (a
+    sequence feature's: its ids come back one row each); `jagged`: some columns may hold
+    PAD_ID; `positions`: per column [C] its position in its sequence feature and that
+    feature's length (None without sequences); `unit_group[q][k]` the id group of rank q's
+    unit k (-1: fixed hotness, sent whole from columns `unit_cols[q][k]`).
+    Receiver side, per local unit k: `hotness[k]` (0: counted), `counted` (the counted local
+    units, in order), `compact[k]`, its slot's first row in its group `row_base[k]` (0 for a
+    dynamic unit: its raw ids are mapped later), its slot's position in its group if it is
+    dynamic `raw_slot[k]` (else -1), its pooling scale `scale[k]`, whether it is a
+    sequence's `sequence[k]`; `groups`: group key -> its local units [k0, k1)."""
 
     cols: torch.Tensor
     col_base: torch.Tensor
     starts: torch.Tensor
     compact_group: list[bool]
+    sequence_group: list[bool]
     jagged: bool
     unit_group: list[list[int]]
     unit_cols: list[list[tuple[int, int]]]
@@ -74,8 +80,10 @@ class Routes:
     row_base: list[int]
     raw_slot: list[int]
     scale: list[float]
+    sequence: list[bool]
     groups: dict[GroupKey, tuple[int, int]]
     dynamic: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
@@ -83,8 +91,9 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
     plan, offsets = layout.plan, layout.offsets
     starts, cols, col_base = [], [], []
     group_of: dict[tuple[int, int], int] = {}  # (feature, shard row_start) -> id group
-    compact_group, jagged = [], False
+    compact_group, sequence_group, jagged = [], [], False
     dyn_cols: list[tuple[bool, int, int]] = []  # per counted column: dynamic, S, buckets
+    seq_cols: list[tuple[int, int]] = []  # per counted column: position, sequence length
     base = 0
     for f, t in enumerate(layout.tables):
         tp = plan.tables[layout.storage_of[f]]
@@ -96,12 +105,14 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         for row_start in ranges:
             group_of[(f, row_start)] = len(starts)
             compact_group.append(row_wise)
+            sequence_group.append(t.sequence)
             starts.append(base + row_start)
         cols.extend(range(offsets[f], offsets[f + 1]))
         col_base.extend([base] * t.hotness)
         d = t.dynamic
         dyn = (True, t.num_rows // d.buckets, d.buckets) if d is not None else (False, 1, 1)
         dyn_cols.extend([dyn] * t.hotness)
+        seq_cols.extend((j, t.hotness if t.sequence else 0) for j in range(t.hotness))
         base += t.num_rows
     unit_group, unit_cols = [], []
     for units in layout.units_on:
@@ -135,6 +146,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         col_base=tensor(col_base),
         starts=tensor(starts),
         compact_group=compact_group,
+        sequence_group=sequence_group,
         jagged=jagged,
         unit_group=unit_group,
         unit_cols=unit_cols,
@@ -144,6 +156,7 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         row_base=row_base,
         raw_slot=raw_slot,
         scale=[pooling_scale(u.table) for u in local],
+        sequence=[u.table.sequence for u in local],
         groups=groups,
         dynamic=(
             (
@@ -152,6 +165,11 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
                 tensor([b for _, _, b in dyn_cols]),
             )
             if any(d for d, _, _ in dyn_cols)
+            else None
+        ),
+        positions=(
+            (tensor([j for j, _ in seq_cols]), tensor([n for _, n in seq_cols]))
+            if any(sequence_group)
             else None
         ),
     )
@@ -177,12 +195,14 @@ def _stable_order(keys: torch.Tensor, n_keys: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Bucketed:
     """The counted features' ids of a batch by id group: counts [G, B_l] ids per sample,
-    each group's ids [n_g] (shifted to its range, in sample order) and each group's samples
-    with at least one id [m_g] (ascending)."""
+    each group's ids [n_g] (shifted to its range, in sample order), each group's samples
+    with at least one id [m_g] (ascending) and, for a sequence feature's group, its ids'
+    positions b * L + j [n_g] (None for other groups)."""
 
     counts: torch.Tensor
     ids: list[torch.Tensor]
     samples: list[torch.Tensor]
+    positions: list[torch.Tensor | None]
 
 
 def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
@@ -191,7 +211,7 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     of the sorted ids for the counts and the samples."""
     b_local, n_groups = ids.shape[0], routes.starts.numel()
     if n_groups == 0:
-        return Bucketed(ids.new_zeros(0, b_local), [], [])
+        return Bucketed(ids.new_zeros(0, b_local), [], [], [])
     sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
     n_cols = sel.shape[1]
     key = sel
@@ -220,10 +240,19 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
         dyn = routes.dynamic[0].index_select(0, order.remainder(n_cols))
         local = torch.where(dyn, raw, local)
     samples = pairs[:n_pairs] - pair_group[:n_pairs] * b_local
+    positions: list[torch.Tensor | None] = [None] * n_groups
+    if routes.positions is not None:  # a sequence's ids: where each sits in its sequence
+        at, length = routes.positions
+        col = order.remainder(n_cols)
+        pos = order.div(n_cols, rounding_mode="floor") * length.index_select(0, col)
+        pos += at.index_select(0, col)
+        for g, p in enumerate(torch.split(pos, sizes[:n_groups])):
+            positions[g] = p if routes.sequence_group[g] else None
     return Bucketed(
         counts,
         list(torch.split(local, sizes[:n_groups])),
         list(torch.split(samples, sizes[n_groups : 2 * n_groups])),
+        positions,
     )
 
 
@@ -254,7 +283,11 @@ def pack(ids: torch.Tensor, routes: Routes, flag: bool = False) -> Packed:
             else:
                 head.append(bucketed.counts[g])
                 body.append(bucketed.ids[g])
-                if routes.compact_group[g]:
+                at = bucketed.positions[g]
+                if at is not None:  # a sequence's ids come back a row each
+                    kept[position] = at
+                    rows_q.append(at.numel())
+                elif routes.compact_group[g]:
                     kept[position] = bucketed.samples[g]
                     rows_q.append(bucketed.samples[g].numel())
                 else:
@@ -322,6 +355,9 @@ def group_inputs(
         compact = torch.tensor(routes.compact, dtype=torch.bool, device=device)
         id_counts = lengths.sum(2)
         out_rows = torch.where(compact, (lengths > 0).sum(2), b_local)
+        if any(routes.sequence):  # a row per id
+            seq = torch.tensor(routes.sequence, dtype=torch.bool, device=device)
+            out_rows = torch.where(seq, id_counts, out_rows)
         vals = torch.cat([id_counts.view(-1), out_rows.view(-1), flags.any().view(1).long()])
         vals = vals.tolist()  # one read of every size
         id_list = [vals[p * n_units : (p + 1) * n_units] for p in range(world)]
@@ -348,16 +384,19 @@ def group_inputs(
             out[key] = _fixed_group(ids, hots.pop(), routes, k0, k1, world, b_local, raw)
             continue
         lens = lengths[:, k0:k1].reshape(-1)  # per (source, unit, sample): its ids
-        compact_k = routes.compact[k0:k1]
-        if not any(compact_k):  # a bag for every (source, unit, sample)
-            slot_bag = torch.arange(lens.numel(), device=device)
-        else:  # compact units: bags only for the samples with ids
-            keep = lengths[:, k0:k1] > 0
-            if not all(compact_k):
-                fixed = torch.tensor([not c for c in compact_k], device=device)
-                keep = keep | fixed.view(1, -1, 1)
-            slot_bag = keep.view(-1).cumsum(0) - 1
-        bags = torch.repeat_interleave(slot_bag, lens, output_size=n)
+        compact_k, seq_k = routes.compact[k0:k1], routes.sequence[k0:k1]
+        if any(seq_k):
+            bags = _sequence_bags(lengths[:, k0:k1], compact_k, seq_k, n)
+        else:
+            if not any(compact_k):  # a bag for every (source, unit, sample)
+                slot_bag = torch.arange(lens.numel(), device=device)
+            else:  # compact units: bags only for the samples with ids
+                keep = lengths[:, k0:k1] > 0
+                if not all(compact_k):
+                    fixed = torch.tensor([not c for c in compact_k], device=device)
+                    keep = keep | fixed.view(1, -1, 1)
+                slot_bag = keep.view(-1).cumsum(0) - 1
+            bags = torch.repeat_interleave(slot_bag, lens, output_size=n)
         per_unit = None
         base, scales = routes.row_base[k0:k1], routes.scale[k0:k1]
         if any(base) or any(s != 1.0 for s in scales):  # ids per (source, unit)
@@ -372,6 +411,24 @@ def group_inputs(
         per_rank = [sum(row_list[p][k0:k1]) for p in range(world)]
         out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank, raw)
     return out, flagged
+
+
+def _sequence_bags(
+    lengths: torch.Tensor, compact: list[bool], sequence: list[bool], n: int
+) -> torch.Tensor:
+    """The bags [n] of a group with sequence units: lengths [W, U_g, B_l] ids per (source,
+    unit, sample); a sequence unit's ids a bag each, a compact unit's a bag per sample with
+    ids, another's a bag per sample."""
+    device = lengths.device
+    seq = torch.tensor(sequence, device=device).view(1, -1, 1).expand_as(lengths)
+    comp = torch.tensor(compact, device=device).view(1, -1, 1)
+    per_segment = torch.where(seq, lengths, torch.where(comp, (lengths > 0).long(), 1))
+    per_segment, lens = per_segment.reshape(-1), lengths.reshape(-1)
+    first_bag = per_segment.cumsum(0) - per_segment
+    first_id = lens.cumsum(0) - lens
+    bags = torch.repeat_interleave(first_bag, lens, output_size=n)
+    within = torch.arange(n, device=device) - torch.repeat_interleave(first_id, lens, output_size=n)
+    return bags + within * torch.repeat_interleave(seq.reshape(-1), lens, output_size=n)
 
 
 def _raw_positions(

@@ -2,7 +2,8 @@
 source rank, unit and sample: hybridrec.sparse.exchange.input), go back to the ranks whose samples
 they are, and each rank rebuilds its tables (table-wise: the unit as is; column-wise: slices
 concatenated in column order; row-wise: the compact partial sums added, in shard order, at
-the samples they belong to; replicated tables: looked up locally; jagged means: divided by
+the samples they belong to; a sequence's rows, one per id, put at their positions; replicated
+tables: looked up locally; jagged means: divided by
 their bags' lengths) as [B_l, T, D], or [B_l, sum_t D_t] when the tables' widths differ.
 
 One differentiable all_to_all_single (`OutputExchange`), in the collection's comm dtype
@@ -149,6 +150,11 @@ def output_dist(
     return units, replicated
 
 
+def _placed(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:
+    """[n, w]: zeros with rows [m, w] added at rows `at` [m]."""
+    return rows.new_zeros(n, rows.shape[1]).index_add(0, at, rows)
+
+
 def reassemble(
     received: list[torch.Tensor],
     kept: dict[int, torch.Tensor],
@@ -156,26 +162,35 @@ def reassemble(
     layout: ShardedLayout,
     divisors: dict[int, torch.Tensor],
 ) -> torch.Tensor:
-    """Received units [n, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, T, D]
-    ([B_l, sum D] for mixed widths); `kept`: the samples of compact (row-wise) units' rows;
-    `divisors`: bag lengths [B_l, 1] of jagged mean tables."""
+    """Received units [n, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, S, D]
+    ([B_l, sum_t S_t * D_t] for mixed widths; S_t: a sequence's length, else 1); `kept`: the
+    samples of compact (row-wise) units' rows, the positions of a sequence's; `divisors`:
+    bag lengths [B_l, 1] of jagged mean tables."""
     b_local = replicated.shape[0]
     per_table = []
-    for i in range(len(layout.tables)):
+    for i, t in enumerate(layout.tables):
+        n = b_local * t.slots  # rows: one per sample, or per position of a sequence
         if i in layout.dp_columns:
             a, b = layout.dp_columns[i]
             piece = replicated[:, a:b]
         else:
             where = layout.table_units[i]
             traits = layout.plan.tables[layout.storage_of[i]].sharding.traits
-            if traits.concatenated:
-                piece = torch.cat([received[p] for p in where], dim=1)
-            elif traits.partial_sums:  # added in shard order
+            if traits.concatenated:  # (a sequence's column slices: each at its positions)
+                parts = [_placed(received[p], kept[p], n) if t.sequence else received[p]
+                         for p in where]  # fmt: skip
+                piece = torch.cat(parts, dim=1)
+            elif traits.partial_sums or t.sequence:  # added in shard order
                 first = received[where[0]]
-                piece = first.new_zeros(b_local, first.shape[1])
+                piece = first.new_zeros(n, first.shape[1])
                 for p in where:
                     piece = piece.index_add(0, kept[p], received[p])
             else:
                 piece = received[where[0]]
         per_table.append(piece / divisors[i] if i in divisors else piece)
-    return torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)
+    if not layout.sequences:
+        return torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)
+    if layout.one_width:
+        width = layout.tables[0].dim
+        return torch.cat([p.view(b_local, -1, width) for p in per_table], dim=1)
+    return torch.cat([p.reshape(b_local, -1) for p in per_table], dim=1)

@@ -31,7 +31,8 @@ def replicated_lookup(
     ids: torch.Tensor, layout: ShardedLayout, stores: Mapping[GroupKey, FusedEmbedding]
 ) -> tuple[torch.Tensor, ReplicaInputs]:
     """ids [B_l, H] -> (this rank's samples' pooled replicated tables side by side, [B_l,
-    sum of their widths] in table order (layout.dp_columns), the inputs the backward needs)."""
+    sum of their widths] in table order (layout.dp_columns: a sequence's rows side by side),
+    the inputs the backward needs)."""
     b_local, offsets = ids.shape[0], layout.offsets
     pooled: dict[int, torch.Tensor] = {}
     saved: ReplicaInputs = {}
@@ -40,12 +41,12 @@ def replicated_lookup(
         for i in idx:
             t = layout.tables[i]
             rows, bags = bag_ids(ids[:, offsets[i] : offsets[i + 1]], t)
-            inputs.append(LookupInput(rows, bags, b_local, pooling_scale(t)))
+            inputs.append(LookupInput(rows, bags, b_local * t.slots, pooling_scale(t)))
         saved[key] = inputs
         pooled.update(zip(idx, stores[key](inputs), strict=True))
     if not layout.dp_tables:
         return torch.zeros(b_local, 0, device=ids.device), saved
-    return torch.cat([pooled[i] for i in layout.dp_tables], dim=1), saved
+    return torch.cat([pooled[i].reshape(b_local, -1) for i in layout.dp_tables], dim=1), saved
 
 
 @torch.no_grad()
@@ -64,7 +65,9 @@ def sync_replicas(
         emb = stores[key]
         with timing.phase("sparse_update"):
             rows, bags, scale, _ = emb.flatten(inputs[key])
-            grad_pooled = torch.cat([grad[:, slice(*columns[i])] for i in idx])
+            grad_pooled = torch.cat(
+                [grad[:, slice(*columns[i])].reshape(-1, emb.width) for i in idx]
+            )
             unique_rows, grads = dedupe(rows, bags, scale, grad_pooled)
         ids = b_local * sum(layout.tables[i].hotness for i in idx)
         if world == 1:  # the only replica: its own rows and sums
