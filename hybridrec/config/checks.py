@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrec.config.dynamic import check_dynamic
-from hybridrec.config.next_item import check_next_item
+from hybridrec.config.next_item import check_sequence_data
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
@@ -35,6 +35,9 @@ from hybridrec.config.schema import (
     ScheduleConfig,
     fields_at,
 )
+from hybridrec.config.tasks import check_task
+from hybridrec.config.values import choice as _choice
+from hybridrec.config.values import positive as _positive
 from hybridrec.types import (
     ADAM_EPS_FORMS,
     TASKS,
@@ -62,17 +65,6 @@ COMPONENT_KEYS = (
     "sharding.host_copy",
 )
 Choices = Mapping[str, Sequence[str]]
-
-
-def _choice(key: str, value: object, allowed: Sequence[str]) -> None:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
-
-
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
 def _check_finite(node: object, prefix: str = "") -> None:
@@ -194,6 +186,7 @@ def check_config(cfg: DictConfig | dict | Config, choices: Choices, world_size: 
     if missing:  # a caller's mistake, not the user's: hybridrec.configure passes them all
         raise TypeError(f"check_config needs the components' choices of {', '.join(missing)}")
     raw = composed(cfg)
+    check_sequence_data(OmegaConf.select(raw, "model.task"), OmegaConf.select(raw, "data.name"))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except ConfigKeyError as e:
@@ -304,53 +297,6 @@ def _check_dot_widths(m: ModelConfig) -> None:
         )
 
 
-def _check_task(c: Config) -> None:
-    """Each stop target reads its task's metric; synthetic data has binary labels only."""
-    task = c.model.task
-    if c.eval.target_auc is not None and task != "binary":
-        raise ValueError(
-            f"eval.target_auc={c.eval.target_auc} needs model.task=binary (a regression model "
-            "reports no AUC); use eval.target_rmse, or unset eval.target_auc"
-        )
-    if c.eval.target_rmse is not None:
-        if task != "regression":
-            raise ValueError(
-                f"eval.target_rmse={c.eval.target_rmse} needs model.task=regression (a binary "
-                "model reports no RMSE); use eval.target_auc, or unset eval.target_rmse"
-            )
-        _positive("eval.target_rmse", c.eval.target_rmse)
-    if task == "regression" and c.data.name == "synthetic":
-        raise ValueError(
-            "model.task=regression needs float labels, but data=synthetic makes binary labels "
-            "only; use a file dataset (data=criteo data.path=...) or model.task=binary"
-        )
-    if task == "retrieval":
-        _check_retrieval(c)
-    check_next_item(c)
-
-
-def _check_retrieval(c: Config) -> None:
-    """model.task=retrieval: a two-tower model of a table dataset, its loss and its top-K."""
-    m, r = c.model, c.train.retrieval
-    if c.data.name != "table":
-        raise ValueError(
-            f"model.task=retrieval ranks a dataset's items for its users: it needs data=table "
-            f"(every row one (user, item) interaction, in train/val/test splits), not "
-            f"data.name={c.data.name}"
-        )
-    if not m.built_by_class() or (m._target_ is None and m.arch != "two_tower"):
-        raise ValueError(
-            f"model.task=retrieval needs a model with a user tower and an item tower: "
-            f"model.arch=two_tower or your own model._target_ (docs/library.md), not "
-            f"model.arch={m.arch}"
-        )
-    _positive("train.retrieval.temperature", r.temperature)
-    _positive("train.retrieval.negatives", r.negatives, allow_zero=True)
-    ks = list(c.eval.topk)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
-        raise ValueError(f"eval.topk must list positive integers (e.g. [10,50]), got {ks}")
-
-
 def _check(c: Config, world_size: int, choices: Choices) -> None:
     m = c.model
     _check_finite(c)
@@ -397,8 +343,8 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
         raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
-    _check_task(c)
     _check_tables(m)
+    check_task(c)  # after the tables: a sequence check reads them
     _positive("model.num_dense_features", m.num_dense_features, allow_zero=True)
     if m.num_dense_features == 0 and not m.built_by_class():
         raise ValueError(

@@ -7,15 +7,21 @@ from hybridrec.config.schema import SEQUENCE_ARCHS, Config
 NEXT_ITEM_LOSSES = ("bce", "softmax")
 
 
+def check_sequence_data(task: object, data_name: object) -> None:
+    """model.task=next_item reads data=sequences. Checked on the composed config before it
+    is typed too: a sequence preset leaves the table keys null for that data to fill."""
+    if task == "next_item" and data_name != "sequences":
+        raise ValueError(
+            "model.task=next_item learns from users' item sequences: it needs data=sequences "
+            f"(data.path a `user item` file or an interaction table), not data.name={data_name}"
+        )
+
+
 def check_next_item(c: Config) -> None:
     """model.task=next_item: a sequence model over data=sequences, and back."""
     m, n = c.model, c.train.next_item
     seq_arch = m._target_ is None and m.arch in SEQUENCE_ARCHS
-    if m.task == "next_item" and c.data.name != "sequences":
-        raise ValueError(
-            "model.task=next_item learns from users' item sequences: it needs data=sequences "
-            f"(data.path a `user item` file or an interaction table), not data.name={c.data.name}"
-        )
+    check_sequence_data(m.task, c.data.name)
     if m.task == "next_item" and m._target_ is None and not seq_arch:
         raise ValueError(
             f"model.task=next_item needs a sequence model: model.arch=sasrec or hstu, or your "

@@ -148,6 +148,9 @@ def test_never_imports_torch_distributed(sub):
                 "hybridrec.config.checks",
                 "hybridrec.config.cli",
                 "hybridrec.config.dynamic",
+                "hybridrec.config.next_item",
+                "hybridrec.config.tasks",
+                "hybridrec.config.values",
             ),
         ),
         # the kernels serve embedding storage and the row optimizers alike: they import
