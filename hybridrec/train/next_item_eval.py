@@ -156,6 +156,7 @@ def catalogue_ranks(
         sc, ts = scores[sq, si - a], target_score[sq]
         out = (sc > ts) | ((sc == ts) & (si < targets[sq]))
         ranks.index_add_(0, sq, -out.long())
+    ranks[seen_q[seen_item == targets[seen_q]]] = k  # a repeat: excluded with the inputs, a miss
     return ranks.clamp(max=k).cpu()
 
 
@@ -259,6 +260,28 @@ class NextItemEvaluation:
     ) -> dict[str, float]:
         """hr@K and ndcg@K (eval.topk), sampled_hr@10 and sampled_ndcg@10 over the split's
         first `max_users` evaluated users (None: all)."""
+        full, sampled = self.ranks(split, keyed, max_users, chunk)
+        result = {"eval_samples": float(len(full)), "catalogue": float(self.source.num_items)}
+        for ranks, metrics in (
+            (full, RankMetrics(self.ks)),
+            (sampled, RankMetrics([10], "sampled_")),
+        ):
+            metrics.add(ranks)
+            result.update(metrics.result())
+        return result
+
+    @torch.no_grad()
+    def ranks(
+        self,
+        split: str,
+        keyed: Callable[[torch.Tensor], object],
+        max_users: int | None = None,
+        chunk: int = 8192,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(full [Q], sampled [Q]) int64: each of the split's first `max_users` evaluated
+        users' held-out item rank (from 0), in user order, over the whole catalogue (capped
+        at max(eval.topk): a miss) and among its sampled negatives (class docstring), the
+        same on every rank. Collective."""
         from hybridrec.distributed.comm import all_gather_rows
 
         ev, seqs = self.source.eval_split(split), self.source.seqs
@@ -296,11 +319,4 @@ class NextItemEvaluation:
         # [W * rounds, 2, EVAL_USERS] in (rank, round) order -> batch order i = round * W + rank
         every = every.view(world, rounds, 2, EVAL_USERS).transpose(0, 1).reshape(-1, 2, EVAL_USERS)
         full, sampled = (every[:, j].reshape(-1) for j in (0, 1))
-        result = {"eval_samples": float(total), "catalogue": float(self.source.num_items)}
-        for ranks, metrics in (
-            (full, RankMetrics(self.ks)),
-            (sampled, RankMetrics([10], "sampled_")),
-        ):
-            metrics.add(ranks[ranks >= 0][:total])
-            result.update(metrics.result())
-        return result
+        return full[full >= 0][:total], sampled[sampled >= 0][:total]
