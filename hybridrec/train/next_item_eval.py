@@ -125,8 +125,9 @@ def catalogue_ranks(
     chunk: int = 1 << 16,
 ) -> torch.Tensor:
     """[Q] int64: each held-out item's exact rank over the whole catalogue (item_vectors
-    [N, D], row r = item r), the input items (`seen`: history_codes) excluded; states [Q, D]
-    the users' states. A rank >= k is returned as k (a miss at every K <= k). The rank counts
+    [N, D], row r = item r), the input items (`seen`: history_codes) excluded (a held-out
+    item among them with them: rank k, a miss); states [Q, D] the users' states. A rank >= k
+    is returned as k (a miss at every K <= k). The rank counts
     the items ordered before the target (higher score, or an equal score and a lower id:
     order_keys' order) in one pass per chunk of `chunk` items; the target's score is its own
     entry of the same product, so it is compared with the others bit for bit."""
