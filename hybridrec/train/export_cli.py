@@ -53,7 +53,7 @@ import torch
 
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.interactions import SPLITS
-from hybridrec.data.sequence_source import item_id_base
+from hybridrec.data.sequence_source import FORMATS, item_id_base
 from hybridrec.inference import (
     ITEM_IDS,
     ITEM_VECTORS,
@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = found[-1]
     try:
         extra = read_manifest(path, verify=False).get("extra", {})
-        next_item = (extra.get("model") or {}).get("task") == "next_item"
+        model_cfg = extra.get("model")  # checked by export_checkpoint: maybe not a dict here
+        next_item = isinstance(model_cfg, dict) and model_cfg.get("task") == "next_item"
         base = next_item_base(args.data, extra, path) if next_item else None
         data = None if next_item else dataset_of(args.data, extra, args.retrieval)
         try:
@@ -213,17 +214,22 @@ def next_item_base(given: Path | None, extra: dict, path: Path) -> int:
             f"--data {given}: a next-item export reads no dataset (its catalogue is the item "
             "table's rows, its item ids from the checkpoint's data settings); drop --data"
         )
-    stream = extra.get("stream") or {}
-    seq = stream.get("data.sequence")
-    if not isinstance(seq, dict) or not stream.get("data.path"):
+    stream = extra.get("stream")
+    seq = stream.get("data.sequence") if isinstance(stream, dict) else None
+    if not isinstance(seq, dict) or not isinstance(stream.get("data.path"), str):
         raise ValueError(
             f"checkpoint {path} does not record its data.sequence settings (saved before "
             "hybridrec recorded them), so how its data numbers items is unknown; export a "
             "checkpoint saved by this version of hybridrec"
         )
-    return item_id_base(
-        stream["data.path"], str(seq.get("format", "auto")), int(seq.get("item_base", 0))
-    )
+    fmt, item_base = seq.get("format", "auto"), seq.get("item_base", 0)
+    if fmt not in FORMATS or not isinstance(item_base, int) or isinstance(item_base, bool):
+        raise ValueError(
+            f"checkpoint {path}: its manifest's data.sequence format {fmt!r} and item_base "
+            f"{item_base!r} are not one of {list(FORMATS)} and an integer (a hand-edited "
+            "manifest? export the checkpoint training wrote)"
+        )
+    return item_id_base(stream["data.path"], fmt, item_base)
 
 
 @torch.no_grad()

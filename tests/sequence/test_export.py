@@ -144,12 +144,21 @@ def test_the_export_cli_for_a_next_item_checkpoint(run, tmp_path, capsys):
     for f in step.iterdir():
         (old / step.name / f.name).write_bytes(f.read_bytes())
     mf = old / step.name / "manifest.json"
+    original = json.loads(mf.read_text())
     manifest = json.loads(mf.read_text())
     del manifest["extra"]["stream"]["data.sequence"]
     mf.write_text(json.dumps(manifest))
     assert export_main([str(old), str(out), "--no-verify"]) == 1
     err = capsys.readouterr().err
     assert "does not record its data.sequence settings" in err and err.count("\n") == 1
+    # hand-edited settings: refused, not guessed
+    for key, value in (("item_base", "1"), ("format", "xml")):
+        manifest = json.loads(json.dumps(original))
+        manifest["extra"]["stream"]["data.sequence"][key] = value
+        mf.write_text(json.dumps(manifest))
+        assert export_main([str(old), str(out), "--no-verify"]) == 1
+        err = capsys.readouterr().err
+        assert "data.sequence format" in err and repr(value) in err and err.count("\n") == 1
     # a catalogue that does not fit the item table
     state = load_tensors(tmp / "model.pt")
     state["retrieval.item_ids"] = state["retrieval.item_ids"].flip(0)
