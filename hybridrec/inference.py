@@ -9,6 +9,8 @@
 item through its own forward (the item feature varied, the row's other features fixed), a
 retrieval model (a RetrievalExport) ranks the item vectors the file holds
 (hybridrec-export --retrieval); both in the trainer's evaluation order (hybridrec.serving).
+A next-item model (a NextItemExport) takes users' histories: `topk(histories, k)`
+(hybridrec.next_item_serving).
 
 The model class the config names, its tables given the trainer's own storage on one process
 (hybridrec.scoring: the single-process EmbeddingCollection with no optimizer, in evaluation
@@ -49,6 +51,7 @@ from hybridrec.model.registry import MODELS, import_class, make_model, model_con
 from hybridrec.model.retrieval import NO_ITEM
 from hybridrec.model.tables import declared_tables
 from hybridrec.model.task import task_of, task_outputs
+from hybridrec.next_item_serving import NextItemServing, check_catalogue
 from hybridrec.safeload import load_tensors
 from hybridrec.scoring import attach_scoring, export_views, load_rows
 from hybridrec.serving import (
@@ -78,6 +81,7 @@ ITEM_IDS, ITEM_VECTORS = "retrieval.item_ids", "retrieval.item_vectors"
 
 __all__ = [
     "InferenceModel",
+    "NextItemExport",
     "PredictInputError",
     "RetrievalExport",
     "Scorer",
@@ -386,6 +390,17 @@ class RetrievalExport(InferenceModel):
         return decode(keys, self.item_ids)
 
 
+class NextItemExport(NextItemServing, InferenceModel):
+    """A next-item model (model.task=next_item) for serving: the user encoder (the sequence
+    model) and the catalogue's item vectors (`item_ids` [N] as the data file numbers items,
+    `item_vectors` [N, D]); `topk(histories, k, exclude="history")`, `query(histories)`,
+    `score(histories, items)`, equal to the trainer's evaluation
+    (hybridrec.next_item_serving)."""
+
+
+EXPORTS = {"retrieval": RetrievalExport, "next_item": NextItemExport}  # model.task -> class
+
+
 def load_export(
     path: str | Path,
     cfg: ModelConfig | None = None,
@@ -394,12 +409,12 @@ def load_export(
     trust_import: object = None,
 ) -> Scorer:
     """The model in a hybridrec-export file (an InferenceModel; a RetrievalExport for
-    model.task=retrieval). `cfg`: the model config, needed only for files written before
-    exports carried it (its `_target_`, the caller's own config, is imported); shapes are
-    checked either way. `model`: the class a file of a `model._target_` model was trained
-    with, or its import path (module docstring); a built-in model needs none.
-    `trust_import` (older versions imported the file's `_target_` with it) is refused,
-    naming `model=`."""
+    model.task=retrieval, a NextItemExport for model.task=next_item). `cfg`: the model
+    config, needed only for files written before exports carried it (its `_target_`, the
+    caller's own config, is imported); shapes are checked either way. `model`: the class a
+    file of a `model._target_` model was trained with, or its import path (module
+    docstring); a built-in model needs none. `trust_import` (older versions imported the
+    file's `_target_` with it) is refused, naming `model=`."""
     if trust_import is not None:
         raise ValueError(
             "load_export(trust_import=...) is gone: nothing an export names is imported; name "
@@ -431,7 +446,7 @@ def load_export(
         cls = named_class("the config passed", cfg, model)
     else:  # the caller's own config names the class
         cls = import_class(cfg._target_) if cfg._target_ else MODELS[cfg.arch]
-    net = (RetrievalExport if cfg.task == "retrieval" else InferenceModel)(cfg, cls)
+    net = EXPORTS.get(cfg.task, InferenceModel)(cfg, cls)
     params = net.expected()
     weights = {k: v for k, v in state.items() if k.startswith(("embeddings.", "dense."))}
     expected = {k: list(v.shape) for k, v in params.items()}
@@ -454,6 +469,11 @@ def load_export(
     if isinstance(net, RetrievalExport) and ITEM_IDS in state:
         ids, order = state[ITEM_IDS].long().sort()  # ascending: the tie order's premise
         net.item_ids, net.item_vectors = ids, state[ITEM_VECTORS].float()[order]
+    if isinstance(net, NextItemExport) and ITEM_IDS in state:
+        rows = net.tables[net.names.index("seq")].num_rows
+        net.item_ids, net.item_vectors = check_catalogue(
+            path, state[ITEM_IDS], state.get(ITEM_VECTORS), rows
+        )
     return net.eval()
 
 

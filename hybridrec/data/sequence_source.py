@@ -51,6 +51,13 @@ def _format(path: Path, fmt: str) -> str:
     return "table" if path.suffix.lower() in (".parquet", ".csv", ".tsv") else "user_item"
 
 
+def item_id_base(path: str | Path, fmt: str = "auto", item_base: int = 0) -> int:
+    """The data file's id of item row 0 (data.path, data.sequence.format and .item_base): 1
+    for a `user item` file (1-based ids: item i is row i - 1), `item_base` for an
+    interaction table. What an export records, so serving takes the file's own ids."""
+    return 1 if _format(Path(path), fmt) == "user_item" else int(item_base)
+
+
 @functools.lru_cache(maxsize=4)
 def _read(path: str, mtime: float, fmt: str, user: str, item: str, time: str, base: int):  # noqa: ANN202, ARG001 (mtime: the cache key)
     p = Path(path)

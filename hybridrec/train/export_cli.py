@@ -23,11 +23,21 @@ trainer's evaluation ranks; with the spec's `encoding: identity` these are the r
 load_export then answers `topk(dense, ids, k, exclude)`; docs/training.md shows the vectors in
 an ANN index.
 
+A model.task=next_item checkpoint (data=sequences: model=sasrec, model=hstu) is always written
+with its catalogue, no flag needed (`--retrieval` changes nothing; `--data` is refused: the
+export reads no dataset): `retrieval.item_ids` [N] and `retrieval.item_vectors` [N, D] for
+every row of the item table (the catalogue the trainer's evaluation ranks), the ids as the
+data file numbers items (the `user item` format's 1-based ids; an interaction table's
+`data.sequence.item_base` + row), from the data settings the checkpoint records.
+load_export then answers `topk(histories, k)` (hybridrec.next_item_serving; docs/sequences.md).
+
 Exit status: 0 written; 2 a usage error: no complete checkpoint at the path given, --data
-holding no dataset or another one than the model's, a `_target_` model without --model or
-with another class; 1 a checkpoint that cannot be exported (a damaged or refused file, a
-model config that load_export would refuse, an output that cannot be written, --retrieval
-without a retrieval model or its data), with one line `hybridrec-export: <message>`.
+holding no dataset or another one than the model's (or given for a next-item checkpoint), a
+`_target_` model without --model or with another class; 1 a checkpoint that cannot be
+exported (a damaged or refused file, a model config that load_export would refuse, an output
+that cannot be written, --retrieval without a retrieval model or its data, a next-item
+checkpoint that does not record its data settings), with one line `hybridrec-export:
+<message>`.
 """
 
 from __future__ import annotations
@@ -43,7 +53,14 @@ import torch
 
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.interactions import SPLITS
-from hybridrec.inference import ITEM_IDS, ITEM_VECTORS, RetrievalExport, load_export
+from hybridrec.data.sequence_source import FORMATS, item_id_base
+from hybridrec.inference import (
+    ITEM_IDS,
+    ITEM_VECTORS,
+    NextItemExport,
+    RetrievalExport,
+    load_export,
+)
 from hybridrec.safeload import load_tensors
 from hybridrec.train.checkpoint import (
     CheckpointError,
@@ -96,12 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = found[-1]
     try:
         extra = read_manifest(path, verify=False).get("extra", {})
-        data = dataset_of(args.data, extra, args.retrieval)
+        model_cfg = extra.get("model")  # checked by export_checkpoint: maybe not a dict here
+        next_item = isinstance(model_cfg, dict) and model_cfg.get("task") == "next_item"
+        base = next_item_base(args.data, extra, path) if next_item else None
+        data = None if next_item else dataset_of(args.data, extra, args.retrieval)
         try:
             shapes = export_checkpoint(path, args.file, not args.no_verify, args.model, data)
         except ValueError as e:  # the dataset does not fit the model
             raise (UsageError(str(e)) if args.data else e) from None
-        if args.retrieval:
+        if base is not None:
+            items = write_next_item_catalogue(args.file, base, args.model)
+        elif args.retrieval:
             items = write_catalogue(args.file, data, args.model)
     except (UsageError, NamedClassError) as e:
         print(f"hybridrec-export: {e}", file=sys.stderr)
@@ -115,6 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = sum(1 for k in shapes if k.startswith("embeddings.") and k.endswith(".weight"))
     dense = sum(1 for k in shapes if k.startswith("dense."))
     print(f"wrote {args.file}: {n} tables and {dense} dense tensors from {path}")
+    named = f", model={args.model!r}" if args.model else ""
+    if base is not None:
+        print(
+            f"and the vectors of {items} items, every row of the item table (item ids {base}.."
+            f"{base + items - 1}, as the data file numbers them)"
+        )
+        load = f"hybridrec.model.load_export({str(args.file)!r}{named})"
+        print(f"serve with: {load}.topk(histories, k)")
+        return 0
     if data is not None:
         print(f"recorded the dataset {data}: its dense transforms, the ids its train split holds")
     else:
@@ -124,7 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.retrieval:
         print(f"and the vectors of {items} items, every item of the dataset {data}")
-    named = f", model={args.model!r}" if args.model else ""
     use = "topk(dense, ids, k, exclude)" if args.retrieval else "predict(dense, ids)"
     print(f"score with: hybridrec.model.load_export({str(args.file)!r}{named}).{use}")
     return 0
@@ -171,8 +201,60 @@ def write_catalogue(file: Path, data: Path, model_class: str | None) -> int:
             ids = np.asarray(ds.categorical[a : min(a + (1 << 20), hi), column], np.int64)
             seen.append(np.unique(ids))  # any int64 id (a dynamic table's raw ones too)
     items = torch.from_numpy(np.unique(np.concatenate(seen or [np.empty(0, np.int64)])))
+    add_entries(file, {ITEM_IDS: items, ITEM_VECTORS: model.candidates(items)})
+    return len(items)
+
+
+def next_item_base(given: Path | None, extra: dict, path: Path) -> int:
+    """The data file's id of item row 0 for a next-item checkpoint's export (module
+    docstring), from the data settings `extra` (its manifest's) records. UsageError for
+    --data (such an export reads no dataset), ValueError when the settings are not there."""
+    if given is not None:
+        raise UsageError(
+            f"--data {given}: a next-item export reads no dataset (its catalogue is the item "
+            "table's rows, its item ids from the checkpoint's data settings); drop --data"
+        )
+    stream = extra.get("stream")
+    seq = stream.get("data.sequence") if isinstance(stream, dict) else None
+    if not isinstance(seq, dict) or not isinstance(stream.get("data.path"), str):
+        raise ValueError(
+            f"checkpoint {path} does not record its data.sequence settings (saved before "
+            "hybridrec recorded them), so how its data numbers items is unknown; export a "
+            "checkpoint saved by this version of hybridrec"
+        )
+    fmt, item_base = seq.get("format", "auto"), seq.get("item_base", 0)
+    if fmt not in FORMATS or not isinstance(item_base, int) or isinstance(item_base, bool):
+        raise ValueError(
+            f"checkpoint {path}: its manifest's data.sequence format {fmt!r} and item_base "
+            f"{item_base!r} are not one of {list(FORMATS)} and an integer (a hand-edited "
+            "manifest? export the checkpoint training wrote)"
+        )
+    return item_id_base(stream["data.path"], fmt, item_base)
+
+
+@torch.no_grad()
+def write_next_item_catalogue(
+    file: Path, base: int, model_class: str | None, chunk: int = 65536
+) -> int:
+    """Add every item row's vector to the export `file` of a next-item model, with the ids
+    base + row (module docstring); returns the number of items."""
+    model = load_export(file, model=model_class)  # export_checkpoint checked the class
+    assert isinstance(model, NextItemExport), "a model.task=next_item checkpoint"
+    rows = model.tables[model.names.index("seq")].num_rows
+    vectors = torch.cat(
+        [
+            model.net.candidates(torch.arange(a, min(a + chunk, rows))).float()
+            for a in range(0, rows, chunk)
+        ]
+    )
+    add_entries(file, {ITEM_IDS: torch.arange(rows) + base, ITEM_VECTORS: vectors})
+    return rows
+
+
+def add_entries(file: Path, entries: dict[str, torch.Tensor]) -> None:
+    """`entries` added to the export `file`, rewritten atomically (no half-written file)."""
     state = load_tensors(file)
-    state[ITEM_IDS], state[ITEM_VECTORS] = items, model.candidates(items)
+    state.update(entries)
     tmp = file.with_name(file.name + ".tmp")
     try:
         write_file(state, tmp)
@@ -180,7 +262,6 @@ def write_catalogue(file: Path, data: Path, model_class: str | None) -> int:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    return len(items)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ log = logging.getLogger("hybridrec")
 def stream(cfg: Config) -> dict[str, Any]:
     """What decides which samples global batch k holds."""
     d = cfg.data
-    return {
+    out: dict[str, Any] = {
         "train.batch_size": cfg.train.batch_size,
         "seed": cfg.seed,
         "data.name": d.name,
@@ -56,6 +56,9 @@ def stream(cfg: Config) -> dict[str, Any]:
         "data.teacher_scale": d.teacher_scale,
         "data.label_noise": d.label_noise,
     }
+    if d.name == "sequences":  # also how the file numbers items, which exports record
+        out["data.sequence"] = dataclasses.asdict(d.sequence)
+    return out
 
 
 def dynamic_key(cfg: Config) -> KeyName:

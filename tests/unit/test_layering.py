@@ -27,6 +27,7 @@ def _imports(path: Path) -> set[str]:
         "scoring.py",
         "inference.py",
         "serving.py",
+        "next_item_serving.py",
         "planner",
         "sparse/costs.py",
         "kernels",
@@ -112,7 +113,7 @@ def test_never_imports_torch_distributed(sub):
                 ),
                 (),
             )
-            for sub in ("scoring.py", "inference.py", "serving.py")
+            for sub in ("scoring.py", "inference.py", "serving.py", "next_item_serving.py")
         ],
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow
