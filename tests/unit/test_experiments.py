@@ -38,6 +38,7 @@ def test_presets_exist_and_are_a_group_of_the_cli():
         "mlperf_dlrm_1tb",
         "movielens",
         "retrieval_movielens",
+        "sasrec_games",
     ]
     assert "experiment" in GROUPS
     check_override_keys(["experiment=dlrm_1tb_one_gpu"])  # not an "unknown config key"
@@ -72,6 +73,10 @@ def test_every_preset_composes_and_validates(name, tmp_path):
         pq.write_table(pa.table(table), tmp_path / "t.parquet")
         preprocess_table(load_spec(spec), [tmp_path / "t.parquet"], tmp_path / "bin")
         dataset = [f"data.path={tmp_path / 'bin'}"]
+    elif name == "sasrec_games":  # data=sequences: the item table comes from the file
+        from tests.sequence.files import write_user_item
+
+        dataset = [f"data.path={write_user_item(tmp_path / 'seq.txt')}"]
     cfg = make_config(f"experiment={name}", *dataset)
     assert cfg.train.batch_size > 0
 
