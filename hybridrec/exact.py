@@ -98,35 +98,38 @@ class _Replay:
 
 
 class ExactForward:
-    """A step's forward in exact mode (`exact_forward`): `loss`, the global batch's loss (the
-    same on every rank); `backward()` finishes the step: rows updated, dense .grad set."""
+    """A step's forward in exact mode (`exact_forward`): `outputs`, the model's outputs of the
+    whole global batch (its output structure, every tensor [B, ...], the same on every rank),
+    and `targets`, the targets gathered likewise [B, ...]. The caller computes the loss of
+    them (no collective: every rank computes the same), then `backward(loss)` finishes the
+    step: rows updated, dense .grad set."""
 
     def __init__(
         self,
         model: nn.Module,
-        loss: torch.Tensor,
-        outputs: list[list[Any]],
+        outputs: Any,
+        targets: list[torch.Tensor],
+        micro: list[list[Any]],
         gathered: list[torch.Tensor | None],
         lookups: list[tuple[torch.Tensor, list[torch.Tensor]]],
         position: tuple[int, int, int],
         group: Any,
     ) -> None:
-        self.model, self.loss = model, loss
-        self._outputs, self._gathered, self._lookups = outputs, gathered, lookups
+        self.model, self.outputs, self.targets = model, outputs, targets
+        self._micro, self._gathered, self._lookups = micro, gathered, lookups
         self._position, self._group = position, group
 
-    def backward(self) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         """Micro-shard backwards, the embeddings' backward (rows updated in canonical order),
-        the dense gradients added by the fixed tree into .grad (module docstring, 4-5)."""
+        the dense gradients added by the fixed tree into .grad (module docstring, 4-5).
+        `loss`: a scalar computed from `outputs` and `targets` alone."""
         first, m_local, m = self._position
         leaves = [i for i, g in enumerate(self._gathered) if g is not None]
-        grads = torch.autograd.grad(
-            self.loss, [self._gathered[i] for i in leaves], allow_unused=True
-        )
+        grads = torch.autograd.grad(loss, [self._gathered[i] for i in leaves], allow_unused=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in params]
         parts = torch.empty(m_local, sum(sizes))
-        for j, outs in enumerate(self._outputs):
+        for j, outs in enumerate(self._micro):
             at = (first + j) * m
             tensors, seeds = [], []
             for i, g in zip(leaves, grads, strict=True):
@@ -189,21 +192,17 @@ def _micro_shard(
 
 def exact_forward(
     model: nn.Module,
-    loss_fn: Callable[..., torch.Tensor],
     dense: torch.Tensor,
     ids: KeyedIds | torch.Tensor,
     *targets: torch.Tensor,
     ids_of: IdsOf | None = None,
-    before_dense: Callable[[], None] | None = None,
     **kwargs: Any,
 ) -> ExactForward:
     """Steps 1-3 of an exact step (module docstring) on this rank's slice of the global batch:
     dense [B_l, F], ids [B_l, H] (KeyedIds, or a tensor for a model of one declaration),
-    `targets` per-sample tensors [B_l, ...]. `loss_fn(outputs, *targets)` gets the whole global
-    batch's outputs (the model's output structure, every tensor [B, ...]) and targets.
-    `ids_of(tables)`: a declaration's ids of the whole local batch when they are not its
-    columns of `ids`; `before_dense`: called after the lookups (the trainer stages the next
-    batch there); `kwargs` go to every micro-shard's forward. Collective."""
+    `targets` per-sample tensors [B_l, ...], gathered into the ExactForward. `ids_of(tables)`:
+    a declaration's ids of the whole local batch when they are not its columns of `ids`;
+    `kwargs` go to every micro-shard's forward. Collective."""
     found = exact_tables(model)
     storage = found[0][1]
     world, rank, group = storage.world, storage.rank, storage.group
@@ -229,8 +228,6 @@ def exact_forward(
                 for j in range(m_local)]  # fmt: skip
         lookups.append((pooled, rows))
         replays.append((tables, cols, rows))
-    if before_dense is not None:
-        before_dense()
     outputs, spec = [], None
     for j in range(m_local):  # 2. the model per micro-shard
         sl = slice(j * m, (j + 1) * m)
@@ -261,9 +258,10 @@ def exact_forward(
         gathered.append(whole if leaf.requires_grad else None)
         values.append(whole)
     global_out = pytree.tree_unflatten(values, spec)
-    loss = loss_fn(global_out, *(_gather(t, group) for t in targets))
-    return ExactForward(model, loss, outputs, gathered, [(p, r) for p, r in lookups],
-                        (rank * m_local, m_local, m), group)  # fmt: skip
+    return ExactForward(
+        model, global_out, [_gather(t, group) for t in targets], outputs, gathered, lookups,
+        (rank * m_local, m_local, m), group,
+    )  # fmt: skip
 
 
 def exact_step(
@@ -275,10 +273,12 @@ def exact_step(
     ids_of: IdsOf | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """One exact step on this rank's slice (exact_forward, then its backward): the embedding
-    rows are updated and every dense parameter's .grad holds the global batch's gradient;
-    returns the global batch's loss (detached; the same on every rank). Step the dense
+    """One exact step on this rank's slice: exact_forward, the loss `loss_fn(outputs,
+    *targets)` of the whole global batch (a function of them alone: no collective), then the
+    backward. The embedding rows are updated and every dense parameter's .grad holds the global
+    batch's gradient; returns the loss (detached; the same on every rank). Step the dense
     optimizer after it. Collective: every rank calls it with its slice of one global batch."""
-    forward = exact_forward(model, loss_fn, dense, ids, *targets, ids_of=ids_of, **kwargs)
-    forward.backward()
-    return forward.loss.detach()
+    forward = exact_forward(model, dense, ids, *targets, ids_of=ids_of, **kwargs)
+    loss = loss_fn(forward.outputs, *forward.targets)
+    forward.backward(loss)
+    return loss.detach()

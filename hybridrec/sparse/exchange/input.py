@@ -86,9 +86,7 @@ class Routes:
     positions: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def build_routes(
-    layout: ShardedLayout, device: torch.device, rows_per_id: bool = False
-) -> Routes:
+def build_routes(layout: ShardedLayout, device: torch.device, rows_per_id: bool = False) -> Routes:
     """The Routes of this layout (pure). `rows_per_id`: a row-wise feature's ids come back a
     row each, as a sequence's, unscaled (exact mode pools them where their samples are, in
     column order: hybridrec.sparse.exact.exchange), instead of partial sums."""
