@@ -35,6 +35,7 @@ default path's).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -158,6 +159,23 @@ class ExactForward:
             at += n
 
 
+def _leaves(out: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """A model output's leaves and how to rebuild it from new ones: tensors, None and other
+    values of any nesting of tuples, lists and dicts (torch's pytree), or of a dataclass's
+    fields (hybridrec.model.sequential.NextItemOutputs)."""
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        names = [f.name for f in dataclasses.fields(out)]
+        flat, spec = pytree.tree_flatten(tuple(getattr(out, n) for n in names))
+
+        def rebuild(leaves: list[Any]) -> Any:
+            values = pytree.tree_unflatten(leaves, spec)
+            return dataclasses.replace(out, **dict(zip(names, values, strict=True)))
+
+        return flat, rebuild
+    flat, spec = pytree.tree_flatten(out)
+    return flat, lambda leaves: pytree.tree_unflatten(leaves, spec)
+
+
 def _slice_ids(ids: KeyedIds | torch.Tensor, sl: slice) -> KeyedIds | torch.Tensor:
     if isinstance(ids, KeyedIds):
         return KeyedIds(ids.values[sl].clone(), ids.names, ids.hotness)
@@ -228,16 +246,16 @@ def exact_forward(
                 for j in range(m_local)]  # fmt: skip
         lookups.append((pooled, rows))
         replays.append((tables, cols, rows))
-    outputs, spec = [], None
+    outputs: list[list[Any]] = []
     for j in range(m_local):  # 2. the model per micro-shard
         sl = slice(j * m, (j + 1) * m)
         mine = [_Replay(type(t).__name__, c[sl], rows[j]) for t, c, rows in replays]
         with _micro_shard(found, mine, micro_seed(storage.seed, step, rank * m_local + j)):
             out = model(dense[sl].clone(), _slice_ids(ids, sl), **kwargs)
-        flat, spec_j = pytree.tree_flatten(out)
-        if spec is not None and spec_j != spec:
+        flat, rebuild = _leaves(out)
+        kinds = [isinstance(x, torch.Tensor) for x in flat]
+        if outputs and kinds != [isinstance(x, torch.Tensor) for x in outputs[0]]:
             raise ValueError("exact mode: the model's outputs differ in structure by micro-shard")
-        spec = spec_j
         outputs.append(flat)
     gathered: list[torch.Tensor | None] = []  # 3. the global batch's outputs, everywhere
     values = []
@@ -257,9 +275,8 @@ def exact_forward(
             whole.requires_grad_()
         gathered.append(whole if leaf.requires_grad else None)
         values.append(whole)
-    global_out = pytree.tree_unflatten(values, spec)
     return ExactForward(
-        model, global_out, [_gather(t, group) for t in targets], outputs, gathered, lookups,
+        model, rebuild(values), [_gather(t, group) for t in targets], outputs, gathered, lookups,
         (rank * m_local, m_local, m), group,
     )  # fmt: skip
 
