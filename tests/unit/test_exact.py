@@ -43,6 +43,8 @@ def test_exact_all_reduce_on_one_rank_is_the_tree_over_micro_shards():
     "overrides,world,needle",
     [
         (["train.exact_shards=6"], 4, "train.exact_shards=6 must be a positive multiple of the world size 4"),
+        (["train.exact_shards=0"], 2, "train.exact_shards=0 must be a positive multiple of the world size 2 .* try train.exact_shards=2$"),
+        (["train.exact_shards=9"], 2, "; try train.exact_shards=8 or 10$"),
         (["train.exact_shards=5"], 1, "train.batch_size=1024 must be divisible by train.exact_shards=5"),
         (["eval.batch_size=100"], 1, "eval.batch_size=100 must be divisible by train.exact_shards=8"),
         (["device=cuda"], 1, "runs on the CPU"),
