@@ -4,8 +4,9 @@ tables, data-parallel everything else), exactly equal to one process at any scal
 As a library (docs/library.md): declare `EmbeddingTables` (of `Table`s and the `Feature`s that
 look them up) in your own nn.Module, then `parallelize(model, ...)` shards them over the
 ranks; feed the model `KeyedIds`; end with `shutdown()`. Retrieval: `retrieval_loss` (a
-softmax over every rank's items, given the group), `candidate_ids` (a step's item lookup). As
-a trainer: `hybridrec-train` (README.md).
+softmax over every rank's items, given the group), `candidate_ids` (a step's item lookup).
+Exact mode (`parallelize(..., exact_shards=M)`, then `exact_step`): the same bits at any world
+size (docs/exact.md). As a trainer: `hybridrec-train` (README.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "parallelize": "hybridrec.shard",
     "check_inputs": "hybridrec.shard",
+    "exact_step": "hybridrec.exact",
+    "exact_forward": "hybridrec.exact",
     "shutdown": "hybridrec.distributed.env",
     "EmbeddingTables": "hybridrec.model.tables",
     "Feature": "hybridrec.model.tables",

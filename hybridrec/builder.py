@@ -78,6 +78,7 @@ def parallelize_options(cfg: Config, world_size: int = 1) -> dict[str, Any]:
         "autocast": torch.bfloat16 if cfg.train.autocast == "bf16" else None,
         # the loaders hand every rank an equal slice (an uneven eval batch padded: rank_span)
         "equal_batches": True,
+        "exact_shards": cfg.train.exact_shards if cfg.train.exact else None,
     }
 
 

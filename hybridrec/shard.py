@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridrec.distributed.comm import CommStats, all_gather_object, world_size
+from hybridrec.distributed.comm import CommStats, all_gather_object, broadcast, world_size
 from hybridrec.model.tables import EmbeddingTables, declared_tables
 from hybridrec.planner import (
     CachePolicy,
@@ -53,6 +53,7 @@ from hybridrec.planner import (
 )
 from hybridrec.planner.types import NO_OPTIMIZER_STATE
 from hybridrec.sparse.api import embedding_modules
+from hybridrec.sparse.exact import ExactCollection
 from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.groups import HostOptions
 from hybridrec.sparse.host import check_host_memory
@@ -93,6 +94,7 @@ def parallelize(
     autocast: torch.dtype | None = None,
     equal_batches: bool = False,
     stats: CommStats | None = None,
+    exact_shards: int | None = None,
 ) -> nn.Module:
     """Give every EmbeddingTables of `model` its shards on this rank; returns the model to
     train (DDP-wrapped on several ranks when it has dense parameters). Collective over
@@ -113,6 +115,10 @@ def parallelize(
     as many samples at every step; otherwise each step first shares the ranks' batch sizes (a
     small all-gather), so that a last, uneven evaluation batch works and an uneven training
     batch is one clear error on every rank. `stats`: counts the bytes each exchange moves.
+    `exact_shards`: exact mode (hybridrec.exact, docs/exact.md): the global batch is cut into
+    this many micro-shards (the world size must divide it, and it the batch size), every
+    sum over samples runs in one canonical order, so any world size gives one process's
+    bits; train it with hybridrec.exact_step (the model is returned without DDP).
     Raises ValueError (one line) for a model with no EmbeddingTables, a model parallelized
     already, or a plan that cannot be made or does not fit."""
     declared = declared_tables(model)
@@ -132,6 +138,8 @@ def parallelize(
         group = dist.group.WORLD
     world = world_size(group)
     rank = dist.get_rank(group) if group is not None else 0
+    if exact_shards is not None:
+        _check_exact(exact_shards, world, batch_size)
     features = [t.qualified(path) for path, t in declared]
     every = [f for fs in features for f in fs]
     _check_table_decay(sparse_optimizer, [t.name for t in storage_tables(every)])
@@ -167,7 +175,8 @@ def parallelize(
     storages = []
     for (path, tables), fs in zip(declared, features, strict=True):
         own = ShardingPlan(world, tuple(by_table[t.name] for t in storage_tables(fs)))
-        storage = ShardedEmbeddingCollection(
+        exact = {} if exact_shards is None else {"micro_shards": exact_shards}
+        storage = (ExactCollection if exact else ShardedEmbeddingCollection)(
             fs,
             own,
             group,
@@ -181,6 +190,7 @@ def parallelize(
             comm_dtype=comm_dtype,
             autocast_output=tables.autocast_output,
             equal_batches=equal_batches,
+            **exact,
         )
         tables.attach(storage, own)
         storages.append(storage)
@@ -188,6 +198,9 @@ def parallelize(
     if rank == 0:
         _log_built(storages, device, start)
     if world == 1:
+        return model
+    if exact_shards is not None:  # no DDP: hybridrec.exact adds the gradients itself
+        _same_dense_everywhere(model, group, declared)
         return model
     if not any(p.requires_grad for p in model.parameters()):
         log.info("no dense parameters to average: the model is not wrapped in DDP")
@@ -198,6 +211,31 @@ def parallelize(
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignore)
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, process_group=group)
+
+
+def _check_exact(exact_shards: int, world: int, batch_size: int) -> None:
+    """Exact mode's micro-shards: each rank takes a whole number of them, of whole samples."""
+    if exact_shards < 1 or exact_shards % world:
+        raise ValueError(
+            f"exact_shards={exact_shards} (train.exact_shards) must be a positive multiple of "
+            f"the world size {world}: each rank takes exact_shards / {world} micro-shards"
+        )
+    if batch_size % exact_shards:
+        raise ValueError(
+            f"batch_size={batch_size} (train.batch_size) must be divisible by exact_shards="
+            f"{exact_shards} (train.exact_shards): every micro-shard holds as many samples"
+        )
+
+
+def _same_dense_everywhere(
+    model: nn.Module, group: dist.ProcessGroup, declared: list[tuple[str, EmbeddingTables]]
+) -> None:
+    """Rank 0's dense parameters and buffers on every rank (what DDP's construction does),
+    the embedding storage left alone: exact mode's model is not wrapped in DDP."""
+    prefixes = tuple(f"{path}.storage." if path else "storage." for path, _ in declared)
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if not name.startswith(prefixes):
+            broadcast(t.data, dist.get_global_rank(group, 0), group, "dense_init")
 
 
 def plan_request(

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrec.config.dynamic import check_dynamic
+from hybridrec.config.exact import check_exact
 from hybridrec.config.next_item import check_sequence_data
 from hybridrec.config.schema import (
     ARCHS,
@@ -413,6 +414,8 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     if not 0.0 <= c.data.label_noise < 0.5:
         raise ValueError(f"data.label_noise must be in [0, 0.5), got {c.data.label_noise}")
     _positive("data.zipf_exponent", c.data.zipf_exponent)
+    if c.train.exact:
+        check_exact(c, world_size)
     # eval.batch_size need not divide: ranks pad their slices and the evaluator masks them
     b = c.train.batch_size
     if b % world_size:

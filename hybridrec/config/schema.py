@@ -370,6 +370,10 @@ class TrainLoopConfig:
     # auto (dense on CUDA) | dense: torch.compile the dense part | graphs: + CUDA graphs | none
     compile: str = "auto"
     kernels: str = "auto"  # embedding lookup/update: auto (Triton on CUDA) | torch | triton
+    # exact mode (docs/exact.md): every sum over samples in one canonical order, so any world
+    # size gives one process's bits; the global batch is cut into exact_shards micro-shards
+    exact: bool = False
+    exact_shards: int = 8  # train.exact's micro-shards: a multiple of the world size
     profile_steps: int = 0  # > 0: torch.profiler trace of this many steps (<run dir>/profile/)
     profile_start: int = 20  # ... starting after this step (past compilation and warm-up)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)

@@ -37,6 +37,7 @@ under autocast the storage may then hand it over in that dtype, half the bytes, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -259,6 +260,17 @@ class EmbeddingTables(nn.Module):
             return storage(cols)
 
         self._lookup = torch.compiler.disable(lookup)
+
+    @contextlib.contextmanager
+    def lookup_through(self, lookup: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+        """Inside the block, the forward hands its columns [B, H] to `lookup` (a plain
+        function returning what the storage would) instead of the storage: exact mode serves
+        each micro-shard its rows of the step's one lookup this way (hybridrec.exact)."""
+        saved, self._lookup = self._lookup, lookup
+        try:
+            yield
+        finally:
+            self._lookup = saved
 
     def forward(self, ids: KeyedIds | torch.Tensor) -> Pooled:
         if self.storage is None:

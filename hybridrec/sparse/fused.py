@@ -353,6 +353,15 @@ class FusedEmbedding(nn.Module):
             weight_decay=decay,
         )  # fmt: skip
 
+    def seen_grads(self, unique_rows: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+        """The gradient [U, D] fp32 the optimizer's maths see for rows `unique_rows` [U] with
+        gradients `grads` [U, D] (with L2 decay, grads + wd * w), read before their update:
+        what a full-row statistic is of (exact mode's, hybridrec.sparse.exact)."""
+        assert self.optimizer is not None
+        decay = self.row_decay(unique_rows)
+        weight, _, index = self._update_target(unique_rows)
+        return seen_grads(self.optimizer, weight, index, grads, decay)
+
     def row_decay(self, rows: torch.Tensor) -> float | torch.Tensor:
         """The weight decay of group rows `rows` [U]: one float when every shard here has the
         same (one table, or tables of one decay), else [U] fp32, each row its shard's table's

@@ -34,7 +34,9 @@ class GroupInput:
     sample-major on one rank), per-id scale [N] or None, and per source rank the bags (pooled
     rows to send back) that are its samples'. `raw`: slot position -> positions [n] in `rows`
     holding a dynamic table's raw ids, still to be mapped to that slot's rows ({} once
-    mapped, or without dynamic tables)."""
+    mapped, or without dynamic tables). `per_unit`: per source rank, the bags of each of the
+    group's units, in order (the all-to-all's; None for the sample-major numbering): which
+    unit, so which feature, a bag is (exact mode's canonical order, hybridrec.sparse.exact)."""
 
     rows: torch.Tensor
     bags: torch.Tensor
@@ -42,6 +44,7 @@ class GroupInput:
     num_bags: int
     per_rank: list[int]
     raw: dict[int, torch.Tensor] = field(default_factory=dict)
+    per_unit: list[list[int]] | None = None
 
 
 @dataclass(frozen=True)

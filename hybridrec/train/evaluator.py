@@ -80,8 +80,10 @@ def evaluate(
         return {}
     local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
     if env.group is not None:
-        # [3, W * n]: rank p's columns at block p
+        # [3, W * n]: rank p's columns at block p, then in global sample order (batch by
+        # batch, rank by rank): the metrics' sums in the order one process adds them
         local = all_gather_rows(local.T.contiguous(), env.group, name="eval_gather").T
+        local = local.reshape(3, world, -1, local_batch).transpose(1, 2).reshape(3, -1)
     local = local[:, local[2] > 0]
     metrics = eval_metrics(local[0], local[1], task)
     metrics["eval_samples"] = int(local.shape[1])

@@ -65,8 +65,10 @@ class Objective:
             from hybridrec.data.sequence_source import SequenceSource
 
             assert isinstance(source, SequenceSource), "next_item reads data=sequences"
+            # exact mode's loss runs on the gathered global batch: no group (hybridrec.exact)
+            group = None if cfg.train.exact else env.group
             self.next_item = NextItemTraining(
-                cfg.train.next_item.loss, cfg.train.retrieval, env.group, source.windows,
+                cfg.train.next_item.loss, cfg.train.retrieval, group, source.windows,
                 source.num_items, cfg.train.batch_size, cfg.seed, env.device,
             )  # fmt: skip
             self.sequence_feature = "seq"

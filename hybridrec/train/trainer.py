@@ -46,6 +46,7 @@ from hybridrec.train.cadence import Cadence, Window
 from hybridrec.train.checkpoint import CheckpointError, check_writable, checkpoint_step
 from hybridrec.train.dense_check import DenseChecker, dataset_locator, dense_names
 from hybridrec.train.evaluator import evaluate
+from hybridrec.train.exact import ExactTraining
 from hybridrec.train.health import NonFiniteWatch
 from hybridrec.train.loggers import NullLogger, truncate_metrics
 from hybridrec.train.metrics import reached_target
@@ -86,6 +87,7 @@ class Trainer:
         # the loss (model.task's or the model's own; a mean over this rank's slice), and for
         # retrieval the forward's negatives and the dataset's interactions
         self.objective = Objective(cfg, env, self.model, self.source, self.features)
+        self.exact = ExactTraining(cfg, env, self.model, self.keyed) if cfg.train.exact else None
         self._stage_step = 0  # the training step whose batch the pipeline stages
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
@@ -203,7 +205,10 @@ class Trainer:
             keyed, extra = self.keyed(batch.ids), self.objective.forward_kwargs(self.step + 1)
             # DDP's own forward collective (its bucket rebuild, in step 2) is named too
             with timing.phase("forward"), self.autocast, self._ddp_exchange("DDP forward"):
-                outputs = self.model(dense, keyed, **extra)
+                if self.exact is None:
+                    outputs = self.model(dense, keyed, **extra)
+                else:  # the global batch's outputs, batch and ids (hybridrec.exact)
+                    outputs, batch, keyed = self.exact.forward(dense, batch, keyed, extra)
             loss = self.objective.loss(outputs, batch, keyed, extra)
             if pipeline is not None:
                 self._stage_step = staged_step(self.step + 1)  # this step is self.step + 1
@@ -220,7 +225,8 @@ class Trainer:
                 )
                 return loss.detach()
             with timing.phase("backward"), self._ddp_exchange("dense_grads (DDP all-reduce)"):
-                loss.backward()  # also applies the sparse optimizer to the touched embedding rows
+                # also applies the sparse optimizer to the touched embedding rows
+                loss.backward() if self.exact is None else self.exact.backward(loss)
             with timing.phase("dense_optimizer"):
                 self.dense_opt.step()
             self.nonfinite.note(loss, self.step + 1)
@@ -254,8 +260,9 @@ class Trainer:
         self.nonfinite.check()
 
     def global_mean(self, value: torch.Tensor) -> float:
-        """Mean of a per-rank scalar over ranks (ranks hold equal batch slices)."""
-        if self.env.group is not None:
+        """Mean of a per-rank scalar over ranks (ranks hold equal batch slices); exact mode's
+        loss is the global batch's already, on every rank."""
+        if self.env.group is not None and self.exact is None:
             value = all_reduce_sum(value.clone(), self.env.group, name="loss_mean")
             value /= self.env.world_size
         return float(value)
@@ -304,7 +311,10 @@ class Trainer:
         )  # fmt: skip
 
     def _eval_chunk(self) -> int | None:
-        """Samples per lookup in evaluation: host caches hold one training batch's rows."""
+        """Samples per lookup in evaluation: host caches hold one training batch's rows; exact
+        mode's micro-shards (ExactTraining.eval_chunk)."""
+        if self.exact is not None:
+            return self.exact.eval_chunk
         return self.local_batch if any(m.prefetches for m in self.embeddings) else None
 
     def _eval_rows(self, split: str = "eval") -> int | None:

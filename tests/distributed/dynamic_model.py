@@ -92,9 +92,9 @@ def batch(step: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, to
     return torch.randn(B, 2, generator=g), ids, (torch.rand(B, generator=g) < 0.4).float()
 
 
-def batches() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def batches(steps: int = STEPS) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(3)
-    return [batch(s, g) for s in range(STEPS + 1)]  # the last one is scored in evaluation
+    return [batch(s, g) for s in range(steps + 1)]  # the last one is scored in evaluation
 
 
 def build(group, sharding: str, pins, sparse: str, policies: str):  # noqa: ANN001, ANN201

@@ -49,13 +49,15 @@ class Sequential(nn.Module):
         return (user * i["target"]).sum(1) + dense.sum(1)
 
 
-def batches(dynamic: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """STEPS global batches: histories of 0..L items (padding after the last, and now and
+def batches(
+    dynamic: bool, steps: int = STEPS
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`steps` global batches: histories of 0..L items (padding after the last, and now and
     then a gap), skewed so rows repeat across positions and samples."""
     g = torch.Generator().manual_seed(5)
     raw = torch.randint(0, 1 << 40, (400,), generator=torch.Generator().manual_seed(9))
     out = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         items = (torch.rand(B, L + 1, generator=g) ** 2 * ROWS["items.item"]).long()
         if dynamic:  # raw ids from a pool larger than the table: admissions and evictions
             items = raw[(torch.rand(B, L + 1, generator=g) ** 2 * raw.numel()).long()]

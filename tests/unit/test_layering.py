@@ -145,6 +145,7 @@ def test_never_imports_torch_distributed(sub):
             (
                 "hybridrec.types",
                 "hybridrec.dynamic_policy",
+                "hybridrec.config.exact",
                 "hybridrec.config.schema",
                 "hybridrec.config.checks",
                 "hybridrec.config.cli",

@@ -63,9 +63,9 @@ def map_group(inp: GroupInput, group: Group, training: bool) -> GroupInput:
     keep[torch.cat(dropped)] = False
     idx = keep.nonzero().squeeze(1)
     scale = inp.scale.index_select(0, idx) if inp.scale is not None else None
-    return GroupInput(
-        rows.index_select(0, idx), inp.bags.index_select(0, idx), scale, inp.num_bags,
-        inp.per_rank,
+    return dataclasses.replace(  # the bags stay: an id without a row leaves an empty bag
+        inp, rows=rows.index_select(0, idx), bags=inp.bags.index_select(0, idx), scale=scale,
+        raw={},
     )  # fmt: skip
 
 

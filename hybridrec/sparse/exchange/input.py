@@ -86,8 +86,10 @@ class Routes:
     positions: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
-    """The Routes of this layout (pure)."""
+def build_routes(layout: ShardedLayout, device: torch.device, rows_per_id: bool = False) -> Routes:
+    """The Routes of this layout (pure). `rows_per_id`: a row-wise feature's ids come back a
+    row each, as a sequence's, unscaled (exact mode pools them where their samples are, in
+    column order: hybridrec.sparse.exact.exchange), instead of partial sums."""
     plan, offsets = layout.plan, layout.offsets
     starts, cols, col_base = [], [], []
     group_of: dict[tuple[int, int], int] = {}  # (feature, shard row_start) -> id group
@@ -102,17 +104,18 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
             continue
         ranges = sorted({s.row_start for s in tp.shards}) if row_wise else [0]
         jagged = jagged or t.jagged
+        per_id = t.sequence or (rows_per_id and row_wise)  # a row per id comes back
         for row_start in ranges:
             group_of[(f, row_start)] = len(starts)
             compact_group.append(row_wise)
-            sequence_group.append(t.sequence)
+            sequence_group.append(per_id)
             starts.append(base + row_start)
         cols.extend(range(offsets[f], offsets[f + 1]))
         col_base.extend([base] * t.hotness)
         d = t.dynamic
         dyn = (True, t.num_rows // d.buckets, d.buckets) if d is not None else (False, 1, 1)
         dyn_cols.extend([dyn] * t.hotness)
-        seq_cols.extend((j, t.hotness if t.sequence else 0) for j in range(t.hotness))
+        seq_cols.extend((j, t.hotness if per_id else 0) for j in range(t.hotness))
         base += t.num_rows
     unit_group, unit_cols = [], []
     for units in layout.units_on:
@@ -155,8 +158,8 @@ def build_routes(layout: ShardedLayout, device: torch.device) -> Routes:
         compact=[u.row_wise for u in local],
         row_base=row_base,
         raw_slot=raw_slot,
-        scale=[pooling_scale(u.table) for u in local],
-        sequence=[u.table.sequence for u in local],
+        scale=[1.0 if rows_per_id and u.row_wise else pooling_scale(u.table) for u in local],
+        sequence=[u.table.sequence or (rows_per_id and u.row_wise) for u in local],
         groups=groups,
         dynamic=(
             (
@@ -408,8 +411,9 @@ def group_inputs(
         if any(s != 1.0 for s in scales):
             s = torch.tensor(scales, dtype=torch.float32, device=device)
             scale = torch.repeat_interleave(s.repeat(world), per_unit, output_size=n)
-        per_rank = [sum(row_list[p][k0:k1]) for p in range(world)]
-        out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank, raw)
+        unit_bags = [row_list[p][k0:k1] for p in range(world)]
+        per_rank = [sum(rows) for rows in unit_bags]
+        out[key] = GroupInput(ids, bags, scale, sum(per_rank), per_rank, raw, unit_bags)
     return out, flagged
 
 
@@ -475,4 +479,5 @@ def _fixed_group(
     if any(s != 1.0 for s in scales):
         s = torch.tensor(scales, dtype=torch.float32, device=device).view(1, -1, 1)
         scale = s.expand(world, n_units, b_local * hot).reshape(-1)
-    return GroupInput(ids, bags, scale, num_bags, [n_units * b_local] * world, raw)
+    unit_bags = [[b_local] * n_units for _ in range(world)]
+    return GroupInput(ids, bags, scale, num_bags, [n_units * b_local] * world, raw, unit_bags)

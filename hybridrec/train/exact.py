@@ -1,0 +1,61 @@
+"""The trainer's step in exact mode (train.exact: hybridrec.exact, docs/exact.md).
+
+`forward` runs the step's lookups and the model per micro-shard (hybridrec.exact.exact_forward)
+and hands the trainer the whole global batch's outputs, batch and ids, gathered on every rank:
+model.task's loss (hybridrec.train.objective) then runs on them as one process's would, with no
+collective inside (next_item's position count is of the gathered batch: its objective is
+built without the group in exact mode). `backward(loss)` finishes the step. Evaluation scores
+`eval_chunk` samples per forward, an eval micro-shard: the shapes one process sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridrec.config import Config
+from hybridrec.distributed.env import DistEnv
+from hybridrec.exact import ExactForward, exact_forward, exact_tables
+from hybridrec.types import Batch, KeyedIds
+
+
+class ExactTraining:
+    """Exact mode's forward and backward for the trainer (module docstring); `keyed(ids)`:
+    a batch's ids by feature."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        env: DistEnv,
+        model: nn.Module,
+        keyed: Callable[[torch.Tensor], KeyedIds],
+    ) -> None:
+        self.model, self.keyed = model, keyed
+        self.eval_chunk = cfg.eval.batch_size // cfg.train.exact_shards
+        local = cfg.train.batch_size // env.world_size
+        hosted = any(s.prefetches for _, s in exact_tables(model))
+        if hosted and self.eval_chunk > local:
+            raise ValueError(
+                f"train.exact=true with host-memory tables: an eval micro-shard of "
+                f"eval.batch_size / train.exact_shards = {self.eval_chunk} samples exceeds the "
+                f"caches' {local} (train.batch_size / world size); lower eval.batch_size"
+            )
+        self._step: ExactForward | None = None
+
+    def forward(
+        self, dense: torch.Tensor, batch: Batch, keyed: KeyedIds, extra: dict[str, Any]
+    ) -> tuple[Any, Batch, KeyedIds]:
+        """This rank's batch -> (the global batch's outputs, its batch, its ids by feature)."""
+        step = exact_forward(self.model, dense, keyed, dense, batch.ids, batch.labels, **extra)
+        self._step = step
+        dense_all, ids_all, labels_all = step.targets
+        return step.outputs, Batch(dense_all, ids_all, labels_all), self.keyed(ids_all)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The step's backward from its loss (rows updated, dense .grad set)."""
+        step, self._step = self._step, None
+        assert step is not None, "ExactTraining.backward without its forward"
+        step.backward(loss)
