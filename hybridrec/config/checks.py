@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -320,9 +321,31 @@ def _check_retrieval(c: Config) -> None:
         )
     _positive("train.retrieval.temperature", r.temperature)
     _positive("train.retrieval.negatives", r.negatives, allow_zero=True)
+    _check_catalogue(r.catalogue)
     ks = list(c.eval.topk)
     if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
         raise ValueError(f"eval.topk must list positive integers (e.g. [10,50]), got {ks}")
+
+
+def _check_catalogue(value: object) -> None:
+    """train.retrieval.catalogue: data, table, a file of item ids or a non-empty list of
+    non-negative integer ids (the file's contents are read, and checked, when the run starts:
+    hybridrec.data.interactions)."""
+    key = "train.retrieval.catalogue"
+    if isinstance(value, str):
+        if value not in ("data", "table") and not Path(value).is_file():
+            raise ValueError(
+                f"{key}={value}: not data, table or a file; give data (every item of the data's "
+                "splits), table (every row of the item table), a file of item ids (.npy, or "
+                "text with one id per line) or a list of ids"
+            )
+        return
+    ids = list(value) if isinstance(value, Sequence) else None
+    if not ids or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
+        raise ValueError(
+            f"{key} must be data, table, a file of item ids or a non-empty list of item ids "
+            f"(integers >= 0), got {value!r}"
+        )
 
 
 def _check(c: Config, world_size: int, choices: Choices) -> None:

@@ -316,6 +316,11 @@ class RetrievalConfig:
     # a candidate that is the row's own positive item (the same item in another row) is not
     # counted as a negative
     remove_accidental_hits: bool = False
+    # the items ranked, drawn as negatives and exported (hybridrec.data.interactions): data
+    # (every item of the data's splits) | table (every row of the item table) | a file of item
+    # ids (.npy, or text: one per line) | a list of ids; items the train split never names
+    # are never ranked (their rows are untrained)
+    catalogue: Any = "data"
 
 
 @dataclass

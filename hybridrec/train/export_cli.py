@@ -7,12 +7,14 @@ Score with it: `hybridrec.model.load_export(<file>)` gives a plain PyTorch modul
 warm-start a run with `model.init_from=<file>`. Needs host memory for the whole model.
 
 `--retrieval` (a model.task=retrieval model) also writes the catalogue for serving:
-`retrieval.item_ids` [N] (every item id of the dataset, any split, ascending: the items the
-trainer's evaluation ranks; with the spec's `encoding: identity` these are the raw ids) and
+`retrieval.item_ids` [N] (the items the trainer's evaluation ranks, ascending: the catalogue
+`--catalogue` declares, by default the run's train.retrieval.catalogue, less the items the
+training data's train split never names, whose rows are untrained and are left out, counted
+in the printed line; with the spec's `encoding: identity` the ids are the raw ones) and
 `retrieval.item_vectors` [N, D] (the item tower's outputs), next to both towers' weights.
-The dataset is `--data DIR`, else the one the checkpoint was trained on (its data.path).
-load_export then answers `topk(dense, ids, k, exclude)`; docs/training.md shows the vectors in
-an ANN index.
+The training data is `--data DIR` (a copy of it), else the checkpoint's data.path
+(hybridrec.data.interactions). load_export then answers `topk(dense, ids, k, exclude)`;
+docs/training.md shows the vectors in an ANN index.
 
 Exit status: 0 written, 2 no complete checkpoint at the path given, 1 a checkpoint that
 cannot be exported (a damaged or refused file, a model config that load_export would
@@ -28,11 +30,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hybridrec.data.dataset import open_dataset
-from hybridrec.data.interactions import SPLITS
+from hybridrec.data.interactions import Interactions
+from hybridrec.data.source import BinarySource
 from hybridrec.inference import ITEM_IDS, ITEM_VECTORS, RetrievalExport, load_export
 from hybridrec.safeload import load_tensors
 from hybridrec.train.checkpoint import (
@@ -62,8 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--data",
         type=Path,
-        help="with --retrieval: the dataset whose items are the catalogue (default: the "
-        "checkpoint's data.path)",
+        help="with --retrieval: the dataset the checkpoint trained on, or a copy (default: its "
+        "data.path): its train split tells which items have trained rows",
+    )
+    p.add_argument(
+        "--catalogue",
+        default=None,
+        help="with --retrieval: data (every item of the dataset's splits), table (every row of "
+        "the item table) or a file of item ids (default: the run's train.retrieval.catalogue)",
     )
     args = p.parse_args(argv)
     path = args.checkpoint
@@ -78,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = export_checkpoint(path, args.file, verify=not args.no_verify)
         if args.retrieval:
             data = args.data or (extra.get("stream") or {}).get("data.path")
-            items = write_catalogue(args.file, data)
+            declared = args.catalogue or extra.get("retrieval_catalogue", "data")
+            items = write_catalogue(args.file, data, declared)
     except (CheckpointError, ValueError) as e:  # refused files or config, damaged files
         print(f"hybridrec-export: {e}", file=sys.stderr)
         return 1
@@ -88,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = sum(1 for k in shapes if k.startswith("embeddings."))
     print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
     if args.retrieval:
-        print(f"and the vectors of {items} items, every item of the dataset {data}")
+        print(f"and the vectors of {items}")
     model = extra.get("model")
     target = model.get("_target_") if isinstance(model, dict) else None
     trust = ", trust_import=True" if target else ""  # the class is imported: the user's call
@@ -97,10 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def write_catalogue(file: Path, data: str | Path | None) -> int:
-    """Add the catalogue's item ids and vectors to the export `file` (rewritten atomically);
-    returns the number of items. ValueError (one line) for a model that is not a retrieval
-    model or a dataset that is missing."""
+def write_catalogue(file: Path, data: str | Path | None, declared: str | list = "data") -> str:
+    """Add the ranked catalogue's item ids and vectors to the export `file` (rewritten
+    atomically; module docstring); returns what was written, in words. ValueError (one line)
+    for a model that is not a retrieval model, a dataset that is missing, or a catalogue
+    that does not fit the item table."""
     model = load_export(file, trust_import=True)  # export_checkpoint checked the class
     if not isinstance(model, RetrievalExport):
         raise ValueError(
@@ -108,20 +118,23 @@ def write_catalogue(file: Path, data: str | Path | None) -> int:
         )
     if not data or not (Path(data) / "manifest.json").is_file():
         raise ValueError(
-            f"--retrieval needs the dataset whose items are the catalogue: --data DIR (the "
-            f"checkpoint names {data!r}, which holds no dataset)"
+            f"--retrieval needs the dataset the checkpoint trained on (its train split tells "
+            f"which items have trained rows): --data DIR (the checkpoint names {data!r}, which "
+            "holds no dataset)"
         )
-    ds = open_dataset(data)
     names = [t.name for t in model.tables]
-    column = hot_offsets(model.tables)[names.index(model.item_feature)]
-    rows = model.tables[names.index(model.item_feature)].num_rows
-    present = np.zeros(rows, dtype=bool)
-    for split in SPLITS:  # the catalogue the trainer evaluates (Interactions.catalogue)
-        lo, hi = ds.manifest.splits.get(split, (0, 0))
-        for a in range(lo, hi, 1 << 20):
-            ids = np.asarray(ds.categorical[a : min(a + (1 << 20), hi), column], np.int64)
-            present[ids] = True
-    items = torch.from_numpy(np.flatnonzero(present).astype(np.int64))
+    columns = hot_offsets(model.tables)
+    item = names.index(model.item_feature)
+    pairs = Interactions(
+        BinarySource(open_dataset(data)),
+        columns[names.index(model.net.user_feature)],
+        columns[item],
+        model.tables[item].num_rows,
+        declared,
+    )
+    items = torch.from_numpy(pairs.ranked())
+    if not len(items):
+        raise ValueError(f"--retrieval: no catalogue item has a trained row ({pairs.describe()})")
     state = load_tensors(file)
     state[ITEM_IDS], state[ITEM_VECTORS] = items, model.candidates(items)
     tmp = file.with_name(file.name + ".tmp")
@@ -131,7 +144,9 @@ def write_catalogue(file: Path, data: str | Path | None) -> int:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    return len(items)
+    n = len(pairs.catalogue())
+    left = f", less {n - len(items)} never in its train split (untrained)" if n > len(items) else ""
+    return f"{len(items)} items of the catalogue ({pairs.origin()}; {n} items{left}; data {data})"
 
 
 if __name__ == "__main__":

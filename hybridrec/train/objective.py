@@ -6,13 +6,15 @@
   hybridrec.model.task.
 - model.task=retrieval (hybridrec.train.retrieval): the forward gets the step's extra
   negatives (`negatives=`, when train.retrieval.negatives > 0), the loss gathers every rank's
-  items, and `interactions` (the dataset's (user, item) pairs) serves the catalogue to the
-  negatives and to evaluation (hybridrec.train.topk). The host caches stage, for the item
+  items, and `interactions` (the dataset's (user, item) pairs) serves the declared catalogue
+  (train.retrieval.catalogue, logged at start) to the negatives and its trained items to
+  evaluation (hybridrec.train.topk). The host caches stage, for the item
   feature's tables, exactly the ids the model looks up (`stage_ids`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +33,8 @@ from hybridrec.model.task import LossBatch, task_outputs
 from hybridrec.train.retrieval import RetrievalObjective
 from hybridrec.train.topk import CatalogueEval
 from hybridrec.types import Batch, KeyedIds, TableConfig, hot_offsets
+
+log = logging.getLogger("hybridrec")
 
 
 class Objective:
@@ -64,7 +68,9 @@ class Objective:
             offsets[names.index(self.user_feature)],
             offsets[item],
             features[item].num_rows,
+            cfg.train.retrieval.catalogue,
         )
+        log.info("%s", self.interactions.describe())
         self.user_rows = features[names.index(self.user_feature)].num_rows
         self.retrieval = RetrievalObjective(
             cfg.train.retrieval,

@@ -55,6 +55,14 @@ def stream(cfg: Config) -> dict[str, Any]:
     }
 
 
+def catalogue_setting(value: Any) -> Any:
+    """train.retrieval.catalogue as a checkpoint keeps it: a file as an absolute path (the
+    export may run from another directory), a list as a plain list."""
+    if isinstance(value, str):
+        return value if value in ("data", "table") else str(Path(value).resolve())
+    return [int(i) for i in value]
+
+
 def check_resume(cfg: Config) -> None:
     """Before the model is built: the checkpoint a resume would load holds this model's
     tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
@@ -154,6 +162,8 @@ class Checkpointer:
             "stream": stream(self.cfg),
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
         }
+        if self.cfg.model.task == "retrieval":  # hybridrec-export --retrieval's default
+            extra["retrieval_catalogue"] = catalogue_setting(self.cfg.train.retrieval.catalogue)
         if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
             extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
         if wandb_run_id:
