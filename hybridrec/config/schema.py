@@ -112,6 +112,10 @@ class ModelConfig:
     # average ids per bag of each table (list features; data=table fills it): the planner's
     # estimates; null = hotness
     mean_ids: list[float] | None = None
+    # the train split's mean label (model.task=regression; data=table fills it from the
+    # dataset): two_tower's global bias starts there instead of at 0 (matrix factorisation's
+    # global mean), so the dense optimizer need not walk it to the mean rating
+    label_mean: float | None = None
     # dynamic tables (docs/dynamic.md), {table: {admit, min_count, probability, evict,
     # ttl_steps, halflife, unknown, buckets}}: a table named here takes raw int64 ids, mapped
     # to its num_embeddings slots while training by this policy (unset keys: Dynamic's
