@@ -6,20 +6,30 @@ shards the checkpoint holds) and the dense modules by module path (`dense.bottom
 Score with it: `hybridrec.model.load_export(<file>)` gives a plain PyTorch module; or
 warm-start a run with `model.init_from=<file>`. Needs host memory for the whole model.
 
+A model of your own class (`model._target_`) needs `--model pkg.module.Class`, the class it
+was trained with: nothing a checkpoint names is imported, the manifest's `_target_` is only
+compared with it (a mismatch is refused naming both). Built-in models need no flag.
+
+The dataset the model was trained on (`--data DIR`, else the checkpoint's data.path when it
+holds one) is recorded (hybridrec.serving): its dense transforms, so `predict`, `query` and
+`topk` take raw values with `raw=True`, and which rows its train split holds, so `topk`
+refuses (or flags) rows whose ids were never trained. A dataset other than the model's is
+refused, naming it.
+
 `--retrieval` (a model.task=retrieval model) also writes the catalogue for serving:
 `retrieval.item_ids` [N] (the items the trainer's evaluation ranks, ascending: the catalogue
 `--catalogue` declares, by default the run's train.retrieval.catalogue, less the items the
 training data's train split never names, whose rows are untrained and are left out, counted
 in the printed line; with the spec's `encoding: identity` the ids are the raw ones) and
 `retrieval.item_vectors` [N, D] (the item tower's outputs), next to both towers' weights.
-The training data is `--data DIR` (a copy of it), else the checkpoint's data.path
-(hybridrec.data.interactions). load_export then answers `topk(dense, ids, k, exclude)`;
-docs/training.md shows the vectors in an ANN index.
+load_export then answers `topk(dense, ids, k, exclude)`; docs/training.md shows the vectors in
+an ANN index.
 
-Exit status: 0 written, 2 no complete checkpoint at the path given, 1 a checkpoint that
-cannot be exported (a damaged or refused file, a model config that load_export would
-refuse, an output that cannot be written, --retrieval without a retrieval model or its
-data), with one line `hybridrec-export: <message>`.
+Exit status: 0 written; 2 a usage error: no complete checkpoint at the path given, --data
+holding no dataset or another one than the model's, a `_target_` model without --model or
+with another class; 1 a checkpoint that cannot be exported (a damaged or refused file, a
+model config that load_export would refuse, an output that cannot be written, --retrieval
+without a retrieval model or its data), with one line `hybridrec-export: <message>`.
 """
 
 from __future__ import annotations
@@ -43,8 +53,13 @@ from hybridrec.train.checkpoint import (
     list_checkpoints,
     read_manifest,
 )
+from hybridrec.train.checkpoint.export import NamedClassError
 from hybridrec.train.checkpoint.format import write_file
 from hybridrec.types import hot_offsets
+
+
+class UsageError(ValueError):
+    """An argument that names the wrong thing (--data, --model): exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,6 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("file", type=Path, help="output file (torch.save format)")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks")
     p.add_argument(
+        "--model",
+        help="the class a model._target_ checkpoint was trained with (pkg.module.Class): "
+        "nothing a checkpoint names is imported; a built-in model needs none",
+    )
+    p.add_argument(
         "--retrieval",
         action="store_true",
         help="also write every item's vector (a model.task=retrieval model), for serving",
@@ -64,8 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--data",
         type=Path,
-        help="with --retrieval: the dataset the checkpoint trained on, or a copy (default: its "
-        "data.path): its train split tells which items have trained rows",
+        help="the dataset the model was trained on (default: the checkpoint's data.path): "
+        "its dense transforms and trained rows are recorded, and with --retrieval its train "
+        "split tells which catalogue items have trained rows",
     )
     p.add_argument(
         "--catalogue",
@@ -81,46 +102,77 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hybridrec-export: no complete checkpoint at {path}", file=sys.stderr)
             return 2
         path = found[-1]
-    extra = read_manifest(path, verify=False).get("extra", {})
     try:
-        shapes = export_checkpoint(path, args.file, verify=not args.no_verify)
+        extra = read_manifest(path, verify=False).get("extra", {})
+        data = dataset_of(args.data, extra, args.retrieval)
+        try:
+            shapes = export_checkpoint(path, args.file, not args.no_verify, args.model, data)
+        except ValueError as e:  # the dataset does not fit the model
+            raise (UsageError(str(e)) if args.data else e) from None
         if args.retrieval:
-            data = args.data or (extra.get("stream") or {}).get("data.path")
             declared = args.catalogue or extra.get("retrieval_catalogue", "data")
-            items = write_catalogue(args.file, data, declared)
+            items = write_catalogue(args.file, data, args.model, declared)
+    except (UsageError, NamedClassError) as e:
+        print(f"hybridrec-export: {e}", file=sys.stderr)
+        return 2
     except (CheckpointError, ValueError) as e:  # refused files or config, damaged files
         print(f"hybridrec-export: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. the output cannot be written: read-only, full, not a directory
         print(f"hybridrec-export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    n = sum(1 for k in shapes if k.startswith("embeddings."))
-    print(f"wrote {args.file}: {n} tables and {len(shapes) - n} dense tensors from {path}")
+    n = sum(1 for k in shapes if k.startswith("embeddings.") and k.endswith(".weight"))
+    dense = sum(1 for k in shapes if k.startswith("dense."))
+    print(f"wrote {args.file}: {n} tables and {dense} dense tensors from {path}")
+    if data is not None:
+        print(f"recorded the dataset {data}: its dense transforms, the ids its train split holds")
+    else:
+        print(
+            "no dataset recorded (the checkpoint names none that exists; give it with --data "
+            "DIR): predict(..., raw=True) and topk's checks of untrained rows need it"
+        )
     if args.retrieval:
         print(f"and the vectors of {items}")
-    model = extra.get("model")
-    target = model.get("_target_") if isinstance(model, dict) else None
-    trust = ", trust_import=True" if target else ""  # the class is imported: the user's call
+    named = f", model={args.model!r}" if args.model else ""
     use = "topk(dense, ids, k, exclude)" if args.retrieval else "predict(dense, ids)"
-    print(f"score with: hybridrec.model.load_export({str(args.file)!r}{trust}).{use}")
+    print(f"score with: hybridrec.model.load_export({str(args.file)!r}{named}).{use}")
     return 0
 
 
-def write_catalogue(file: Path, data: str | Path | None, declared: str | list = "data") -> str:
+def dataset_of(given: Path | None, extra: dict, retrieval: bool) -> Path | None:
+    """The dataset to record: --data (UsageError when it holds none), else the checkpoint's
+    data.path when it holds one (ValueError for --retrieval, which needs it), else None."""
+    if given is not None:
+        if not (given / "manifest.json").is_file():
+            lead = "--retrieval needs the dataset whose train split tells the trained items: "
+            lead *= retrieval
+            raise UsageError(
+                f"{lead}--data {given} holds no dataset (no manifest.json there); give the "
+                "preprocessed dataset the model was trained on"
+            )
+        return given
+    saved = (extra.get("stream") or {}).get("data.path")
+    if saved and (Path(saved) / "manifest.json").is_file():
+        return Path(saved)
+    if retrieval:
+        raise ValueError(
+            "--retrieval needs the dataset whose train split tells the trained items: the "
+            f"checkpoint's data.path {saved!r} holds no dataset; give it with --data DIR"
+        )
+    return None
+
+
+def write_catalogue(
+    file: Path, data: Path, model_class: str | None, declared: str | list = "data"
+) -> str:
     """Add the ranked catalogue's item ids and vectors to the export `file` (rewritten
     atomically; module docstring); returns what was written, in words. ValueError (one line)
-    for a model that is not a retrieval model, a dataset that is missing, or a catalogue
-    that does not fit the item table."""
-    model = load_export(file, trust_import=True)  # export_checkpoint checked the class
+    for a model that is not a retrieval model or a catalogue that does not fit the item
+    table. `data` fits the model: export_checkpoint checked it (record_dataset)."""
+    model = load_export(file, model=model_class)  # export_checkpoint checked the class
     if not isinstance(model, RetrievalExport):
         raise ValueError(
             f"--retrieval exports a model.task=retrieval model; this one is {model.cfg.task}"
-        )
-    if not data or not (Path(data) / "manifest.json").is_file():
-        raise ValueError(
-            f"--retrieval needs the dataset the checkpoint trained on (its train split tells "
-            f"which items have trained rows): --data DIR (the checkpoint names {data!r}, which "
-            "holds no dataset)"
         )
     names = [t.name for t in model.tables]
     columns = hot_offsets(model.tables)
