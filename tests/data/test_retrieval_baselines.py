@@ -95,13 +95,12 @@ def test_main_on_a_min_rating_split_names_it_and_runs_the_chosen_models(tmp_path
     """`--models` runs only the models named; the result names the split's --min-rating."""
     from benchmarks.retrieval_baselines import main
     from tests.data.movielens import fake_wheel
-    from tests.data.test_retrieval_prepare import fake_items, fake_ratings
 
     prepare = runpy.run_path(str(ROOT / "examples" / "retrieval" / "prepare.py"))
-    ratings = fake_ratings(5)
-    stars = [5 if m % 2 else 3 for m in ratings["movie_id"].to_pylist()]
-    ratings = ratings.set_column(2, "rating", pa.array(stars))
-    prepare["prepare"](tmp_path / "d", fake_wheel(tmp_path / "f.whl", ratings, fake_items()), 4)
+    users = [1, 1, 1, 2, 2, 2, 3, 3, 3]  # user 3 rated 3 stars only: left out at 4
+    ratings = pa.table({"user_id": users, "movie_id": [10, 20, 30] * 3,
+                        "rating": [5, 4, 5, 4, 5, 5, 3, 3, 3], "timestamp": list(range(9))})  # fmt: skip
+    prepare["prepare"](tmp_path / "d", fake_wheel(tmp_path / "f.whl", ratings), 4)
     out = tmp_path / "r.md"
     assert (
         main(["--data", str(tmp_path / "d"), "--models", "popularity", "EASE", "--out", str(out)])
