@@ -5,7 +5,8 @@ import json
 import sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-val = [r for r in rows if r.get("split") == "eval" and "rmse" in r]
+# val rows ("eval" in files written before rows were named by their split)
+val = [r for r in rows if r.get("split") in ("val", "eval") and "rmse" in r]
 if not rows or rows[-1].get("split") != "test" or not val:
     sys.exit(f"run.sh: {sys.argv[1]} does not end with a val and a test evaluation; see above")
 test = rows[-1]

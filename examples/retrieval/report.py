@@ -6,7 +6,8 @@ import sys
 
 KEYS = ("hr@10", "ndcg@10", "hr@50")
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-val = [r for r in rows if r.get("split") == "eval" and "hr@10" in r]
+# val rows ("eval" in files written before rows were named by their split)
+val = [r for r in rows if r.get("split") in ("val", "eval") and "hr@10" in r]
 if not rows or rows[-1].get("split") != "test" or not val:
     sys.exit(f"run.sh: {sys.argv[1]} does not end with a val and a test evaluation; see above")
 for name, row in (("val ", val[-1]), ("test", rows[-1])):

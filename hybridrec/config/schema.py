@@ -117,6 +117,10 @@ class ModelConfig:
     # average ids per bag of each table (list features; data=table fills it): the planner's
     # estimates; null = hotness
     mean_ids: list[float] | None = None
+    # the train split's mean label (model.task=regression; data=table fills it from the
+    # dataset): two_tower's global bias starts there instead of at 0 (matrix factorisation's
+    # global mean), so the dense optimizer need not walk it to the mean rating
+    label_mean: float | None = None
     # dynamic tables (docs/dynamic.md), {table: {admit, min_count, probability, evict,
     # ttl_steps, halflife, unknown, buckets}}: a table named here takes raw int64 ids, mapped
     # to its num_embeddings slots while training by this policy (unset keys: Dynamic's
@@ -337,6 +341,11 @@ class RetrievalConfig:
     # a candidate that is the row's own positive item (the same item in another row) is not
     # counted as a negative
     remove_accidental_hits: bool = False
+    # the items ranked, drawn as negatives and exported (hybridrec.data.interactions): data
+    # (every item of the data's splits) | table (every row of the item table) | a file of item
+    # ids (.npy, or text: one per line) | a list of ids; items the train split never names
+    # are never ranked (their rows are untrained)
+    catalogue: Any = "data"
 
 
 @dataclass

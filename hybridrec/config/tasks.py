@@ -3,6 +3,9 @@ model and top-K, next_item's sequences (hybridrec.config.next_item)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from hybridrec.config.next_item import check_next_item
 from hybridrec.config.schema import Config
 from hybridrec.config.values import positive
@@ -50,6 +53,28 @@ def check_retrieval(c: Config) -> None:
         )
     positive("train.retrieval.temperature", r.temperature)
     positive("train.retrieval.negatives", r.negatives, allow_zero=True)
+    check_catalogue(r.catalogue)
     ks = list(c.eval.topk)
     if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
         raise ValueError(f"eval.topk must list positive integers (e.g. [10,50]), got {ks}")
+
+
+def check_catalogue(value: object) -> None:
+    """train.retrieval.catalogue: data, table, a file of item ids or a non-empty list of
+    non-negative integer ids (the file's contents are read, and checked, when the run starts:
+    hybridrec.data.interactions)."""
+    key = "train.retrieval.catalogue"
+    if isinstance(value, str):
+        if value not in ("data", "table") and not Path(value).is_file():
+            raise ValueError(
+                f"{key}={value}: not data, table or a file; give data (every item of the data's "
+                "splits), table (every row of the item table), a file of item ids (.npy, or "
+                "text with one id per line) or a list of ids"
+            )
+        return
+    ids = list(value) if isinstance(value, Sequence) else None
+    if not ids or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids):
+        raise ValueError(
+            f"{key} must be data, table, a file of item ids or a non-empty list of item ids "
+            f"(integers >= 0), got {value!r}"
+        )

@@ -7,7 +7,9 @@ conf/data/table.yaml) leaves these keys null, meaning "from the dataset":
 
     task, num_dense_features, feature_names, table_names, num_embeddings_per_feature,
     embedding_dims, embedding_dim, hotness, pooling, jagged, mean_ids;
-    bottom_mlp null -> [64, first table's width]
+    bottom_mlp null -> [64, first table's width];
+    label_mean null -> the train split's mean label, for model.task=regression (two_tower's
+    global bias starts there); the user may set it
 
 Per sparse feature, in spec order: its name, the table it looks up (repeated for features
 sharing one), that table's rows and width; a feature named like its table has it alone.
@@ -27,8 +29,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.data.dataset import open_dataset
 from hybridrec.data.manifest import Manifest
 from hybridrec.data.spec import load_spec
 
@@ -87,6 +91,18 @@ def _dynamic(path: Path, manifest: Manifest, given: Any) -> dict[str, dict[str, 
     return want or None
 
 
+def train_label_mean(path: Path, chunk: int = 1 << 22) -> float | None:
+    """The mean label of the dataset's train split (float64 sums over chunks); None without
+    train rows."""
+    ds = open_dataset(path)
+    a, b = ds.split("train") if "train" in ds.manifest.splits else (0, 0)
+    if b <= a:
+        return None
+    total = sum(float(np.sum(ds.labels[i : min(i + chunk, b)], dtype=np.float64))
+                for i in range(a, b, chunk))  # fmt: skip
+    return total / (b - a)
+
+
 def _same(key: str, given: Any, want: Any) -> bool:
     if key in PER_TABLE and not isinstance(given, list):
         given = [given] * len(want)
@@ -139,6 +155,8 @@ def fill_model(raw: DictConfig) -> DictConfig:
                 f"model.{key} unset with data=table (model=table takes it from the dataset)"
             )
     model["dynamic"] = _dynamic(path, manifest, model.get("dynamic"))
+    if model.get("task") == "regression" and model.get("label_mean") is None:
+        model["label_mean"] = train_label_mean(path)
     if model.get("bottom_mlp") is None:
         model["bottom_mlp"] = [64, int(model["embedding_dims"][0])]
     raw["model"] = model

@@ -54,7 +54,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "hstu": HSTUModel,
 }
 # filled in by name, not from model.args
-PROVIDED = ("features", "num_dense_features", "task", "config")
+PROVIDED = ("features", "num_dense_features", "task", "config", "label_mean")
 
 
 def model_name(m: ModelConfig) -> str:
@@ -108,6 +108,7 @@ def make_model(m: ModelConfig, cls: type[nn.Module]) -> nn.Module:
         "num_dense_features": m.num_dense_features,
         "task": m.task,
         "config": m,
+        "label_mean": m.label_mean,
     }
     kwargs = {k: v for k, v in provided.items() if k in params}
     kwargs.update(m.args)

@@ -8,8 +8,11 @@ returning one raw output per sample, [B] fp32; the loss is model.task's (hybridr
   (`user_features`, `item_features`: lists of feature names) through an MLP (`tower_mlp`;
   empty: the concatenated embeddings; `normalize`: unit-length vectors, a cosine score),
   scored as dot(user, item) + user bias + item bias + global bias. The biases are width-1
-  tables over the same features (sum-pooled). Dense features are not used. The
-  collaborative-filtering model. With model.task=retrieval it is a retrieval model
+  tables over the same features (sum-pooled), "user_bias.<table>" and "item_bias.<table>";
+  the global bias is a dense weight (the dense optimizer's), starting at `label_mean` (the
+  train split's mean label, which data=table gives a regression model; else 0). Dense
+  features are not used. The collaborative-filtering model (biased matrix factorisation
+  with `tower_mlp=[]`). With model.task=retrieval it is a retrieval model
   (hybridrec.model.retrieval: no biases, one item feature, the item id, whose ids are the
   catalogue; the first user feature names the user): forward returns (query, candidates).
 - WideDeep: wide = width-1 tables, one per table, sum-pooled (a linear model over the sparse
@@ -73,6 +76,7 @@ class TwoTower(nn.Module):
         tower_mlp: Sequence[int] = (64, 32),
         task: str = "binary",
         normalize: bool = False,
+        label_mean: float | None = None,
     ) -> None:
         super().__init__()
         known = [f.name for f in features]
@@ -103,8 +107,8 @@ class TwoTower(nn.Module):
             raise ValueError(f"model.args.tower_mlp widths must be >= 1, got {tower}")
         self.user_mlp = MLP(widths[0], tower, final_relu=False) if tower else nn.Identity()
         self.item_mlp = MLP(widths[1], tower, final_relu=False) if tower else nn.Identity()
-        if not self.retrieval:
-            self.bias = nn.Parameter(torch.zeros(()))
+        if not self.retrieval:  # the global bias: from the mean label, not from 0
+            self.bias = nn.Parameter(torch.tensor(float(label_mean or 0.0)))
 
     def query(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
         """The user tower: [b, D] (unit length with `normalize`)."""

@@ -208,15 +208,19 @@ def show_eval(step: int, metrics: dict[str, float], split: str) -> None:
 def show_summary(
     cfg: Config, result: dict[str, Any], steps: int, wall_s: float, run_dir: Path | None
 ) -> None:
-    """One closing line: what was trained, the last eval, and where the results are."""
+    """One closing line: what was trained, the last evaluation (named by its split: the
+    final split's when eval.final_split scored one after training), and where the results
+    are."""
     parts = [
         f"done: {steps} steps in {wall_s:.1f} s "
         f"({steps * cfg.train.batch_size / wall_s:,.0f} samples/s with eval and saves)"
     ]
-    ev = result.get("eval") or {}
+    split, ev = cfg.data.eval_split, result.get("eval") or {}
+    if result.get("final"):
+        split, ev = cfg.eval.final_split, result["final"]
     if ev:
         keys = ("auc", "ne", "rmse", "mae", "hr", "ndcg", "sampled_hr", "sampled_ndcg")
-        parts.append("eval " + eval_text(ev, keys))
+        parts.append(f"{split} " + eval_text(ev, keys))
     if run_dir is not None:
         parts.append(f"metrics {run_dir / 'metrics.jsonl'} (hybridrec-plot {run_dir})")
     if cfg.checkpoint.dir:

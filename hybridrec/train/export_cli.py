@@ -17,8 +17,10 @@ refuses (or flags) rows whose ids were never trained. A dataset other than the m
 refused, naming it.
 
 `--retrieval` (a model.task=retrieval model) also writes the catalogue for serving:
-`retrieval.item_ids` [N] (every item id of the dataset, any split, ascending: the items the
-trainer's evaluation ranks; with the spec's `encoding: identity` these are the raw ids) and
+`retrieval.item_ids` [N] (the items the trainer's evaluation ranks, ascending: the catalogue
+`--catalogue` declares, by default the run's train.retrieval.catalogue, less the items the
+training data's train split never names, whose rows are untrained and are left out, counted
+in the printed line; with the spec's `encoding: identity` the ids are the raw ones) and
 `retrieval.item_vectors` [N, D] (the item tower's outputs), next to both towers' weights.
 load_export then answers `topk(dense, ids, k, exclude)`; docs/training.md shows the vectors in
 an ANN index.
@@ -48,12 +50,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hybridrec.data.dataset import open_dataset
-from hybridrec.data.interactions import SPLITS
+from hybridrec.data.interactions import Interactions
 from hybridrec.data.sequence_source import FORMATS, item_id_base
+from hybridrec.data.source import BinarySource
 from hybridrec.inference import (
     ITEM_IDS,
     ITEM_VECTORS,
@@ -100,8 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--data",
         type=Path,
         help="the dataset the model was trained on (default: the checkpoint's data.path): "
-        "its dense transforms and trained rows are recorded, and with --retrieval its items "
-        "are the catalogue",
+        "its dense transforms and trained rows are recorded, and with --retrieval its train "
+        "split tells which catalogue items have trained rows",
+    )
+    p.add_argument(
+        "--catalogue",
+        default=None,
+        help="with --retrieval: data (every item of the dataset's splits), table (every row of "
+        "the item table) or a file of item ids (default: the run's train.retrieval.catalogue)",
     )
     args = p.parse_args(argv)
     path = args.checkpoint
@@ -124,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base is not None:
             items = write_next_item_catalogue(args.file, base, args.model)
         elif args.retrieval:
-            items = write_catalogue(args.file, data, args.model)
+            declared = args.catalogue or extra.get("retrieval_catalogue", "data")
+            items = write_catalogue(args.file, data, args.model, declared)
     except (UsageError, NamedClassError) as e:
         print(f"hybridrec-export: {e}", file=sys.stderr)
         return 2
@@ -154,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "DIR): predict(..., raw=True) and topk's checks of untrained rows need it"
         )
     if args.retrieval:
-        print(f"and the vectors of {items} items, every item of the dataset {data}")
+        print(f"and the vectors of {items}")
     use = "topk(dense, ids, k, exclude)" if args.retrieval else "predict(dense, ids)"
     print(f"score with: hybridrec.model.load_export({str(args.file)!r}{named}).{use}")
     return 0
@@ -165,7 +174,8 @@ def dataset_of(given: Path | None, extra: dict, retrieval: bool) -> Path | None:
     data.path when it holds one (ValueError for --retrieval, which needs it), else None."""
     if given is not None:
         if not (given / "manifest.json").is_file():
-            lead = "--retrieval needs the dataset whose items are the catalogue: " * retrieval
+            lead = "--retrieval needs the dataset whose train split tells the trained items: "
+            lead *= retrieval
             raise UsageError(
                 f"{lead}--data {given} holds no dataset (no manifest.json there); give the "
                 "preprocessed dataset the model was trained on"
@@ -176,33 +186,41 @@ def dataset_of(given: Path | None, extra: dict, retrieval: bool) -> Path | None:
         return Path(saved)
     if retrieval:
         raise ValueError(
-            "--retrieval needs the dataset whose items are the catalogue: the checkpoint's "
-            f"data.path {saved!r} holds no dataset; give it with --data DIR"
+            "--retrieval needs the dataset whose train split tells the trained items: the "
+            f"checkpoint's data.path {saved!r} holds no dataset; give it with --data DIR"
         )
     return None
 
 
-def write_catalogue(file: Path, data: Path, model_class: str | None) -> int:
-    """Add the catalogue's item ids and vectors to the export `file` (rewritten atomically);
-    returns the number of items. ValueError (one line) for a model that is not a retrieval
-    model. `data` fits the model: export_checkpoint checked it (record_dataset)."""
+def write_catalogue(
+    file: Path, data: Path, model_class: str | None, declared: str | list = "data"
+) -> str:
+    """Add the ranked catalogue's item ids and vectors to the export `file` (rewritten
+    atomically; module docstring); returns what was written, in words. ValueError (one line)
+    for a model that is not a retrieval model or a catalogue that does not fit the item
+    table. `data` fits the model: export_checkpoint checked it (record_dataset)."""
     model = load_export(file, model=model_class)  # export_checkpoint checked the class
     if not isinstance(model, RetrievalExport):
         raise ValueError(
             f"--retrieval exports a model.task=retrieval model; this one is {model.cfg.task}"
         )
-    ds = open_dataset(data)
     names = [t.name for t in model.tables]
-    column = hot_offsets(model.tables)[names.index(model.item_feature)]
-    seen = []
-    for split in SPLITS:  # the catalogue the trainer evaluates (Interactions.catalogue)
-        lo, hi = ds.manifest.splits.get(split, (0, 0))
-        for a in range(lo, hi, 1 << 20):
-            ids = np.asarray(ds.categorical[a : min(a + (1 << 20), hi), column], np.int64)
-            seen.append(np.unique(ids))  # any int64 id (a dynamic table's raw ones too)
-    items = torch.from_numpy(np.unique(np.concatenate(seen or [np.empty(0, np.int64)])))
+    columns = hot_offsets(model.tables)
+    item = names.index(model.item_feature)
+    pairs = Interactions(
+        BinarySource(open_dataset(data)),
+        columns[names.index(model.net.user_feature)],
+        columns[item],
+        model.tables[item].num_rows,
+        declared,
+    )
+    items = torch.from_numpy(pairs.ranked())
+    if not len(items):
+        raise ValueError(f"--retrieval: no catalogue item has a trained row ({pairs.describe()})")
     add_entries(file, {ITEM_IDS: items, ITEM_VECTORS: model.candidates(items)})
-    return len(items)
+    n = len(pairs.catalogue())
+    left = f", less {n - len(items)} never in its train split (untrained)" if n > len(items) else ""
+    return f"{len(items)} items of the catalogue ({pairs.origin()}; {n} items{left}; data {data})"
 
 
 def next_item_base(given: Path | None, extra: dict, path: Path) -> int:

@@ -94,6 +94,18 @@ class JsonlLogger(NullLogger):
         self._f.close()
 
 
+# An evaluation row's "split" is the dataset split it scored: val or test (data.eval_split for
+# the periodic ones, eval.final_split for the one after training). Files written before rows
+# were named so say "eval" for data.eval_split's rows: readers take it as val, its default.
+LEGACY_EVAL = "eval"
+
+
+def row_split(row: dict[str, Any]) -> str | None:
+    """A metrics.jsonl row's split: train, val or test ("eval", written by older runs: val)."""
+    split = row.get("split")
+    return "val" if split == LEGACY_EVAL else split
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl. A line that is not a JSON object (a rank killed while
     writing it) is skipped with a warning naming the file and line."""
@@ -193,8 +205,10 @@ class WandbLogger(NullLogger):
     """A W&B run in <run dir>/wandb; offline unless logged in; a failure is only a warning.
 
     Rows are logged at their `step`, with keys prefixed by their split (`train/loss`,
-    `eval/auc`, ...) so dashboards group them; `log_table` adds a wandb.Table at the latest
-    step. The run name is WANDB_NAME (set per job by sweeps) or the run directory's name.
+    `val/auc`, `test/hr@10`, ...) so dashboards group them; each run summarises the val
+    split's headline metrics at their best (AUC, HR@K, NDCG@K: highest; RMSE, MAE: lowest);
+    `log_table` adds a wandb.Table at the latest step. The run name is WANDB_NAME (set per
+    job by sweeps) or the run directory's name.
     """
 
     def __init__(
@@ -243,8 +257,8 @@ class WandbLogger(NullLogger):
                 str(e).splitlines()[0] if str(e) else "",
             )
             return
-        for key, summary in (("eval/auc", "max"), ("eval/rmse", "min"), ("eval/mae", "min")):
-            if self.run is not None:  # the task's metrics: a run logs AUC or RMSE and MAE
+        for key, summary in _summaries(config):
+            if self.run is not None:  # the task's metrics: AUC, RMSE and MAE, or HR and NDCG
                 self._call("define_metric", self.run.define_metric, key, summary=summary)
         if self.run is not None:
             self.run_id = self.run.id
@@ -285,6 +299,15 @@ class WandbLogger(NullLogger):
         if self.run is not None:
             self._call("finish", self.run.finish)
             self.run = None
+
+
+def _summaries(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The val split's headline metrics and how W&B summarises each (the run's config)."""
+    out = [("val/auc", "max"), ("val/rmse", "min"), ("val/mae", "min")]
+    if (config.get("model") or {}).get("task") == "retrieval":
+        for k in (config.get("eval") or {}).get("topk") or []:
+            out += [(f"val/hr@{k}", "max"), (f"val/ndcg@{k}", "max")]
+    return out
 
 
 class MultiLogger(NullLogger):

@@ -6,8 +6,9 @@
   hybridrec.model.task.
 - model.task=retrieval (hybridrec.train.retrieval): the forward gets the step's extra
   negatives (`negatives=`, when train.retrieval.negatives > 0), the loss gathers every rank's
-  items, and `interactions` (the dataset's (user, item) pairs) serves the catalogue to the
-  negatives and to evaluation (hybridrec.train.topk). The host caches stage, for the item
+  items, and `interactions` (the dataset's (user, item) pairs) serves the declared catalogue
+  (train.retrieval.catalogue, logged at start) to the negatives and its trained items to
+  evaluation (hybridrec.train.topk). The host caches stage, for the item
   feature's tables, exactly the ids the model looks up (`stage_ids`).
 - model.task=next_item (hybridrec.train.next_item): the loss at every position of the
   sequences (train.next_item.loss); with the softmax the forward gets the step's uniform
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,8 @@ from hybridrec.train.next_item_eval import NextItemEvaluation
 from hybridrec.train.retrieval import RetrievalObjective
 from hybridrec.train.topk import CatalogueEval
 from hybridrec.types import Batch, KeyedIds, TableConfig, hot_offsets
+
+log = logging.getLogger("hybridrec")
 
 
 class Objective:
@@ -86,7 +90,9 @@ class Objective:
             offsets[names.index(self.user_feature)],
             offsets[item],
             features[item].num_rows,
+            cfg.train.retrieval.catalogue,
         )
+        log.info("%s", self.interactions.describe())
         self.user_rows = features[names.index(self.user_feature)].num_rows
         if cfg.train.retrieval.logq and features[item].dynamic is not None:
             t = features[item].table_name

@@ -2,9 +2,13 @@
 
     hybridrec-plot outputs/2026-11-23/10-00-00      # one run: writes <run dir>/curves.png
     hybridrec-plot multirun/2026-11-23/10-00-00     # every job of a sweep: <sweep dir>/curves.png
-    hybridrec-plot runA runB -o ab.png --metrics loss,eval/auc --smooth 20
+    hybridrec-plot runA runB -o ab.png --metrics loss,val/auc --smooth 20
 
-One panel per metric, one line per run, against the training step. A sweep's jobs are
+One panel per metric, one line per run, against the training step. A metric is split/key
+(train/loss, val/auc, test/hr@10) or a bare key (its usual split); the default draws the
+logged ones of the train loss, the val split's AUC and log loss (binary), RMSE and MAE
+(regression), HR@K and NDCG@K (retrieval, each K logged), and samples/s. Files written
+before evaluation rows were named by their split ("eval") read as val. A sweep's jobs are
 labelled by the overrides that differ between them (from their job.json). The PNG goes into
 the run's (or sweep's) own directory as curves.png unless -o names another path; several
 paths need -o. The plotted points also go to a CSV beside the PNG (run, metric, step,
@@ -18,30 +22,36 @@ import argparse
 import csv
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridrec.train.loggers import read_metrics
+from hybridrec.train.loggers import LEGACY_EVAL, read_metrics, row_split
 from hybridrec.train.sweep import common_overrides, job_records
 
 log = logging.getLogger("hybridrec")
 
 METRICS_FILE = "metrics.jsonl"
 PNG_NAME = "curves.png"  # in the run's or sweep's directory, unless -o says otherwise
-# those logged (binary runs: AUC and log loss; regression: RMSE and MAE) are drawn by default
+# those logged (binary runs: AUC and log loss; regression: RMSE and MAE; retrieval: HR@K and
+# NDCG@K, "val/hr@K" standing for each K logged) are drawn by default
 DEFAULT_METRICS = (
     "train/loss",
-    "eval/auc",
-    "eval/logloss",
-    "eval/rmse",
-    "eval/mae",
+    "val/auc",
+    "val/logloss",
+    "val/rmse",
+    "val/mae",
+    "val/hr@K",
+    "val/ndcg@K",
     "train/samples_per_sec",
 )
+SPLITS = ("train", "val", "test")
 # a bare key means the split it is logged under
-_SPLIT_OF = {k: "eval" for k in ("auc", "logloss", "accuracy", "ne", "calibration", "rmse", "mae")}
+_SPLIT_OF = {k: "val" for k in ("auc", "logloss", "accuracy", "ne", "calibration", "rmse", "mae")}
+_TOPK = re.compile(r"(hr|recall|ndcg)@\d+$")
 
 
 class PlotError(ValueError):
@@ -98,11 +108,35 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 def parse_metric(spec: str) -> tuple[str, str]:
-    """'train/loss' -> ('train', 'loss'); a bare key takes the split it is logged under."""
+    """'train/loss' -> ('train', 'loss'); a bare key takes the split it is logged under;
+    'eval/auc' (the name before evaluation rows were named by their split) -> ('val', 'auc')."""
     split, sep, key = spec.partition("/")
-    if sep and split in ("train", "eval"):
+    if sep and split == LEGACY_EVAL:
+        return "val", key
+    if sep and split in SPLITS:
         return split, key
-    return _SPLIT_OF.get(spec, "train"), spec
+    return _SPLIT_OF.get(spec, "val" if _TOPK.match(spec) else "train"), spec
+
+
+def expand(metrics: Sequence[str], runs: list[Run]) -> list[str]:
+    """`metrics` with each '<split>/hr@K' (any key ending in '@K') replaced by that key at
+    every K the runs logged, in increasing K."""
+    out: list[str] = []
+    for m in metrics:
+        if not m.endswith("@K"):
+            out.append(m)
+            continue
+        split, key = parse_metric(m[:-2])
+        ks = {
+            int(k.rpartition("@")[2])
+            for run in runs
+            for r in run.rows
+            if row_split(r) == split
+            for k in r
+            if k.startswith(key + "@") and k.rpartition("@")[2].isdigit()
+        }
+        out += [f"{split}/{key}@{k}" for k in sorted(ks)]
+    return out
 
 
 def series(rows: list[dict[str, Any]], split: str, key: str) -> tuple[list[int], list[float]]:
@@ -110,7 +144,7 @@ def series(rows: list[dict[str, Any]], split: str, key: str) -> tuple[list[int],
     steps, values = [], []
     for r in rows:
         v = r.get(key)
-        if r.get("split") == split and isinstance(v, (int, float)) and "step" in r:
+        if row_split(r) == split and isinstance(v, (int, float)) and "step" in r:
             steps.append(int(r["step"]))
             values.append(float(v))
     return steps, values
@@ -169,13 +203,14 @@ def plot(
         raise PlotError(
             "hybridrec-plot needs matplotlib: pip install 'hybridrec[plot]' (or matplotlib)"
         ) from e
+    metrics = expand(metrics, runs)
     data: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
     for m in metrics:
         per_run = {r.label: series(r.rows, *parse_metric(m)) for r in runs}
         data[m] = {label: xy for label, xy in per_run.items() if xy[0]}
     drawn = [m for m in metrics if data[m]]
     if not drawn:
-        keys = sorted({f"{r.get('split')}/{k}" for run in runs for r in run.rows for k in r})
+        keys = sorted({f"{row_split(r)}/{k}" for run in runs for r in run.rows for k in r})
         raise PlotError(
             f"none of the metrics {', '.join(metrics)} is in "
             f"{', '.join(str(r.path) for r in runs)}; logged: {', '.join(keys) or 'nothing'}"
@@ -188,7 +223,7 @@ def plot(
         for label, (steps, values) in data[m].items():
             y = smooth(values, smooth_window) if split == "train" else values
             # a one-point line draws nothing: mark points of eval rows and of any single point
-            marker = "o" if split == "eval" or len(steps) == 1 else None
+            marker = "o" if split != "train" or len(steps) == 1 else None
             ax.plot(steps, y, label=label, marker=marker, markersize=3)
         smoothed = f" (mean of {smooth_window})" if split == "train" and smooth_window > 1 else ""
         ax.set_title(m + smoothed)
@@ -261,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hybridrec-plot: {e}", file=sys.stderr)
         return 2
     # a default metric the runs' task does not log (AUC of a regression run) is no news
-    skipped = [m for m in metrics if m not in drawn] if given else []
+    skipped = [m for m in expand(metrics, runs) if m not in drawn] if given else []
     print(
         f"wrote {out} and {out.with_suffix('.csv')}: {len(runs)} run(s), "
         f"{', '.join(drawn)}" + (f" (not logged: {', '.join(skipped)})" if skipped else "")

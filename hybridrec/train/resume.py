@@ -61,6 +61,14 @@ def stream(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def catalogue_setting(value: Any) -> Any:
+    """train.retrieval.catalogue as a checkpoint keeps it: a file as an absolute path (the
+    export may run from another directory), a list as a plain list."""
+    if isinstance(value, str):
+        return value if value in ("data", "table") else str(Path(value).resolve())
+    return [int(i) for i in value]
+
+
 def dynamic_key(cfg: Config) -> KeyName:
     """How this run's config sets a dynamic table's key (checkpoint.dynamic.policy_refusal's
     `key_name`): `model.dynamic.<table>.<key>` and the table's rows (data=table: filled from
@@ -258,6 +266,8 @@ class Checkpointer:
         }
         if self.dense_stats is not None:  # hybridrec.data.dense_stats
             extra["dense_stats"] = self.dense_stats
+        if self.cfg.model.task == "retrieval":  # hybridrec-export --retrieval's default
+            extra["retrieval_catalogue"] = catalogue_setting(self.cfg.train.retrieval.catalogue)
         if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
             extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
         if wandb_run_id:

@@ -12,8 +12,8 @@ Hydra sweep whose every job is itself a 2-rank run:
   outside a sweep: `launcher.nproc_per_node=2 sharding=row_wise` is a 2-rank run on a laptop.
 - `SweepSummary`, a Hydra callback (conf/train.yaml, `hydra.callbacks`), writes
   `<job dir>/job.json` after each job (overrides, status, error, wall time) and at the end of
-  the sweep prints one row per job (overrides, final loss, final AUC or RMSE, samples/s,
-  status) and
+  the sweep prints one row per job (overrides, final loss, the task's headline metric at
+  the last val evaluation: AUC, RMSE, or HR@K and NDCG@K; samples/s, status) and
   writes it to `<sweep dir>/summary.md` and `summary.json`. The table is built from the job
   directories, so it also works with launchers that run jobs in other processes, and it is
   printed at exit when a failed job makes Hydra stop before `on_multirun_end`.
@@ -43,7 +43,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrec.train.exits import PREEMPTED_EXIT, failure_line, first_failure
-from hybridrec.train.loggers import read_metrics
+from hybridrec.train.loggers import read_metrics, row_split
 
 if TYPE_CHECKING:
     from hybridrec.config import Config
@@ -238,27 +238,39 @@ class RanksFailed(RuntimeError):
         self.exitcode = exitcode
 
 
-def final_metrics(metrics_path: Path) -> dict[str, float | None]:
-    """Last train loss, last eval AUC (binary) and RMSE (regression) and median train
-    samples/s from a metrics.jsonl."""
+def final_metrics(metrics_path: Path) -> dict[str, Any]:
+    """From a metrics.jsonl: the last train loss, the median train samples/s, and the task's
+    headline metrics at the last evaluation of the val split (a run that evaluated only
+    test: of test), `split` naming it: AUC (binary), RMSE (regression), HR@K and NDCG@K at
+    the smallest K logged (retrieval; `topk` is that K); None where not logged."""
     rows = read_metrics(metrics_path) if metrics_path.is_file() else []
     train = [r for r in rows if r.get("split") == "train"]
     rates = [r["samples_per_sec"] for r in train if r.get("samples_per_sec") is not None]
-    out: dict[str, float | None] = {"loss": train[-1].get("loss") if train else None}
+    out: dict[str, Any] = {"loss": train[-1].get("loss") if train else None}
+    evals = [r for r in rows if row_split(r) == "val"]
+    evals = evals or [r for r in rows if row_split(r) == "test"]
+    last = evals[-1] if evals else {}
+    out["split"] = row_split(last) if last else None
     for key in ("auc", "rmse"):
-        evals = [r for r in rows if r.get("split") == "eval" and r.get(key) is not None]
-        out[key] = evals[-1][key] if evals else None
+        out[key] = last.get(key)
+    ks = sorted(int(k[3:]) for k in last if k.startswith("hr@") and k[3:].isdigit())
+    out["topk"] = ks[0] if ks else None
+    out["hr"] = last.get(f"hr@{ks[0]}") if ks else None
+    out["ndcg"] = last.get(f"ndcg@{ks[0]}") if ks else None
     out["samples_per_sec"] = statistics.median(rates) if rates else None
     return out
 
 
-def objective(metrics: dict[str, float | None]) -> float | None:
-    """What a run returns to a Hydra sweeper: its final eval AUC (binary, higher is better) or
-    RMSE (regression, lower is better); None without an evaluation."""
-    value = metrics.get("auc")
-    if value is None:
-        value = metrics.get("rmse")
-    return None if value is None else float(value)
+def objective(metrics: dict[str, Any]) -> float | None:
+    """What a run returns to a Hydra sweeper: its final val AUC (binary, higher is better),
+    RMSE (regression, lower is better) or HR@K at the smallest K (retrieval, higher is
+    better); None without an evaluation. `metrics`: final_metrics' dict, or an evaluation's
+    metrics as the trainer returns them."""
+    for key in ("auc", "rmse", "hr"):
+        if metrics.get(key) is not None:
+            return float(metrics[key])
+    ks = sorted(int(k[3:]) for k in metrics if k.startswith("hr@") and k[3:].isdigit())
+    return float(metrics[f"hr@{ks[0]}"]) if ks else None
 
 
 # -- sweep summary ---------------------------------------------------------------------------
@@ -362,10 +374,16 @@ def _fmt(value: Any, digits: int) -> str:
 
 
 def summary_markdown(jobs: list[dict[str, Any]], common: list[str]) -> str:
+    """The sweep's table: a job per row, its final loss and its task's headline metrics at
+    the last val evaluation (final_metrics): AUC always, RMSE when a job is a regression,
+    HR@K and NDCG@K when one is a retrieval run."""
     rmse = any(j.get("rmse") is not None for j in jobs)  # regression runs: their RMSE too
+    ks = sorted({j["topk"] for j in jobs if j.get("topk") is not None})  # retrieval runs
+    top = f"@{ks[0]}" if len(ks) == 1 else "@K"
     header = "| job | overrides | status | final loss | final AUC |"
-    header += " final RMSE |" * rmse + " samples/s | wall s |"
-    lines = [header, "|---" * (7 + rmse) + "|"]
+    header += " final RMSE |" * rmse + f" final HR{top} | final NDCG{top} |" * bool(ks)
+    header += " samples/s | wall s |"
+    lines = [header, "|---" * (7 + rmse + 2 * bool(ks)) + "|"]
     for j in jobs:
         varying = [o for o in j["overrides"] if o not in common] or ["(none)"]
         status = j["status"] + (f": {j['error']}" if j.get("error") else "")
@@ -377,6 +395,7 @@ def summary_markdown(jobs: list[dict[str, Any]], common: list[str]) -> str:
             _fmt(j["loss"], 5),
             _fmt(j["auc"], 4),
             *([_fmt(j.get("rmse"), 4)] if rmse else []),
+            *([_topk(j, "hr", ks), _topk(j, "ndcg", ks)] if ks else []),
             _fmt(j["samples_per_sec"], 0),
             _fmt(j.get("wall_s"), 1),
         ]
@@ -384,6 +403,12 @@ def summary_markdown(jobs: list[dict[str, Any]], common: list[str]) -> str:
     if common:
         lines += ["", "every job: " + " ".join(common)]
     return "\n".join(lines)
+
+
+def _topk(job: dict[str, Any], key: str, ks: list[int]) -> str:
+    """A retrieval job's HR or NDCG cell, its K named when jobs differ in K."""
+    cell = _fmt(job.get(key), 4)
+    return f"{cell} (@{job['topk']})" if len(ks) > 1 and job.get(key) is not None else cell
 
 
 def write_summary(sweep_dir: Path) -> str | None:

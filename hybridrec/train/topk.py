@@ -3,7 +3,10 @@
 Queries: each user of the evaluated split, once (its first row gives its features); its
 positives: every item of its rows in that split; excluded from its ranking: the items of its
 rows in the earlier splits (train for val, train and val for test: Interactions.earlier).
-Every item of the catalogue (Interactions.catalogue) is scored.
+Every trained item of the declared catalogue (Interactions.ranked: train.retrieval.catalogue
+less the items the train split never names, whose rows are untrained) is scored; a positive
+outside them counts as a miss. The metrics rows carry `catalogue_items` (the declared
+catalogue's size) and `catalogue_untrained` (its items never ranked).
 
 How it runs on W ranks, all ranks doing the same collectives in the same order:
 1. The catalogue is split in W equal parts (the last padded); each rank computes its part's
@@ -24,6 +27,7 @@ scores agree to float32 round-off (a matmul over other shapes), as training does
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +41,8 @@ from hybridrec.distributed.env import DistEnv
 from hybridrec.model.retrieval import NO_ITEM, decode_keys, order_keys, top_keys
 from hybridrec.train.metrics import TopKMetrics
 from hybridrec.types import Batch, KeyedIds
+
+log = logging.getLogger("hybridrec")
 
 ITEM_CHUNK_SCORES = 1 << 24  # scores held at once per chunk: queries x items
 MAX_CODE = 2**62  # user id x item rows must stay below it (int64 pair codes)
@@ -109,8 +115,17 @@ class CatalogueEval:
     ) -> None:
         self.model, self.pairs, self.split, self.env = model, pairs, split, env
         self.lookup = lookup or 8192
-        catalogue = pairs.catalogue()
+        catalogue = pairs.ranked()
         self.catalogue = catalogue
+        self.sizes = {
+            "catalogue_items": len(pairs.catalogue()),
+            "catalogue_untrained": len(pairs.catalogue()) - len(catalogue),
+        }
+        if not len(catalogue):
+            raise ValueError(
+                "retrieval evaluation: no item of the catalogue is named by the train split, so "
+                f"none has a trained row to rank ({pairs.describe()})"
+            )
         n, world = len(catalogue), env.world_size
         if user_rows * max(pairs.item_rows, n) >= MAX_CODE:
             raise ValueError(
@@ -128,8 +143,9 @@ class CatalogueEval:
         seen = []
         for earlier in pairs.earlier(split):
             for chunk in pairs.chunks(earlier):
-                pos = np.searchsorted(catalogue, chunk[:, 1]) - lo
-                mine = (pos >= 0) & (pos < hi - lo)
+                at = np.minimum(np.searchsorted(catalogue, chunk[:, 1]), n - 1)
+                pos = at - lo
+                mine = (pos >= 0) & (pos < hi - lo) & (catalogue[at] == chunk[:, 1])
                 seen.append(_codes(chunk[mine, 0], pos[mine], self.part))
         self.seen = torch.from_numpy(np.unique(np.concatenate(seen or [np.empty(0, np.int64)])))
         # the split's users: each user's first row, and its positives (user * item rows + item)
@@ -144,6 +160,15 @@ class CatalogueEval:
         self._users_of, self._counts = np.unique(
             self.positives.numpy() // pairs.item_rows, return_counts=True
         )
+        unranked = ~np.isin(both[:, 1], catalogue)
+        if unranked.any():
+            log.info(
+                "%s split: %d of its %d interactions name items that are not ranked (never "
+                "in the train split, or outside the catalogue): they count as misses",
+                split,
+                int(unranked.sum()),
+                len(both),
+            )
 
     def positives_of(self, users: torch.Tensor) -> torch.Tensor:
         """How many positives each of `users` [Q] (users of the split) has: [Q] int64."""
@@ -249,6 +274,7 @@ def evaluate_retrieval(
     result = metrics.result()
     if result:
         result["eval_samples"] = metrics.users
+        result.update(run.sizes)
     out = None
     if lists:
         users = torch.cat([u for u, _ in kept]) if kept else torch.empty(0, dtype=torch.long)

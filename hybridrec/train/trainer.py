@@ -336,7 +336,7 @@ class Trainer:
             )
         metrics = self.evaluate()
         if metrics:
-            self._record({"step": self.step, "split": "eval", **metrics})
+            self._record({"step": self.step, "split": self.cfg.data.eval_split, **metrics})
             console.show_eval(self.step, metrics, self.cfg.data.eval_split)
         self.logger.close()
         return {"train": {}, "eval": metrics}
@@ -503,9 +503,11 @@ class Trainer:
         return row
 
     def _eval_row(self, step: int, split: str | None = None) -> dict[str, float]:
-        """Evaluate (eval.batches of the eval split, or the whole `split`) and log its row."""
+        """Evaluate (eval.batches of the eval split, or the whole `split`) and log its row,
+        named by the dataset split it scored (val or test)."""
         metrics = self.evaluate() if split is None else self.evaluate(split, whole=True)
         if metrics:
-            self._record({"step": step, "split": split or "eval", **metrics})
-            console.show_eval(step, metrics, split or self.cfg.data.eval_split)
+            name = split or self.cfg.data.eval_split
+            self._record({"step": step, "split": name, **metrics})
+            console.show_eval(step, metrics, name)
         return metrics

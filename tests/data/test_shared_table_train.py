@@ -35,5 +35,5 @@ def test_cli_trains_on_features_sharing_a_table(tmp_path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if r.get("split") == "train"]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses), rows
-    evals = [r for r in rows if r.get("split") == "eval"]
+    evals = [r for r in rows if r.get("split") == "val"]
     assert evals and math.isfinite(evals[-1]["logloss"])

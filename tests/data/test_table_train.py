@@ -175,8 +175,8 @@ def test_final_split_scores_the_whole_test_split_as_the_last_row(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["split"]) for r in rows if r["split"] != "train"] == [
-        (2, "eval"),
-        (3, "eval"),
+        (2, "val"),
+        (3, "val"),
         (3, "test"),
     ]
     final = rows[-1]

@@ -45,7 +45,7 @@ def test_cli_trains_on_criteo_sample(tmp_path, sample_tsv):
     train = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train] == [10, 20, 30, 40]
     assert train[-1]["loss"] < train[0]["loss"]
-    evals = [r for r in rows if r["split"] == "eval"]
+    evals = [r for r in rows if r["split"] == "val"]
     assert len(evals) == 1 and evals[0]["eval_samples"] == 20  # the whole val split, once
     (dataset,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
     assert (dataset / "manifest.json").is_file()

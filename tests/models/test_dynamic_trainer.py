@@ -39,7 +39,7 @@ def test_dynamic_tables_train_log_and_export(tmp_path):
     assert last["dynamic/a.shared/evicted"] > 0 and last["dynamic/a.c2/admitted"] > 0
     per_step = sum(r["dynamic/a.shared/admitted_per_step"] for r in train)  # log_every=1
     assert per_step == last["dynamic/a.shared/admitted"]
-    evals = [r for r in rows if r["split"] == "eval"]
+    evals = [r for r in rows if r["split"] == "val"]
     assert evals and 0.0 < evals[-1]["dynamic/a.shared/unknown_rate"] < 1.0
 
     out = tmp_path / "model.pt"

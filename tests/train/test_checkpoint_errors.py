@@ -227,7 +227,7 @@ def test_early_stop_at_target_auc(tmp_path):
     t.cfg.eval.every, t.cfg.eval.target_auc = 5, 0.51
     t.cfg.eval.batches = 4
     result = t.fit()
-    evals = [r for r in t.history if r["split"] == "eval"]
+    evals = [r for r in t.history if r["split"] == "val"]
     assert t.step < 50 and evals[-1]["step"] == t.step and result["eval"]["auc"] >= 0.51
     assert all(r["auc"] < 0.51 for r in evals[:-1])
     assert list_checkpoints(tmp_path)[-1].name == f"step_{t.step}"  # saved on the way out

@@ -34,7 +34,7 @@ def test_eval_only_reports_what_training_reported_on_any_plan(tmp_path):
     again = Trainer(_cfg(tmp_path), env, tmp_path / "eval").evaluate_only()["eval"]
     assert again == trained
     rows = [json.loads(x) for x in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
-    assert rows == [{"step": 4, "split": "eval", **trained}]
+    assert rows == [{"step": 4, "split": "val", **trained}]
     for got in spawn(3, _evaluate_only, str(tmp_path), "column_wise"):
         for k in ("auc", "logloss", "accuracy", "eval_samples"):
             assert got[k] == pytest.approx(trained[k], rel=1e-5, abs=1e-6), k

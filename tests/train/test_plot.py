@@ -48,16 +48,16 @@ def test_a_real_run_is_plotted(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="hybridrec"):
         Trainer(cfg, DistEnv(), run_dir=tmp_path / "run").fit()
     done = [r.message for r in caplog.records if r.message.startswith("done: 30 steps in ")]
-    assert done and f"(hybridrec-plot {tmp_path / 'run'})" in done[0] and "eval auc" in done[0]
+    assert done and f"(hybridrec-plot {tmp_path / 'run'})" in done[0] and "val auc" in done[0]
     out = tmp_path / "curves.png"
     assert main([str(tmp_path / "run"), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
     got = _csv(out.with_suffix(".csv"))
     loss_steps = [int(r["step"]) for r in got if r["metric"] == "train/loss"]
-    auc_steps = [int(r["step"]) for r in got if r["metric"] == "eval/auc"]
+    auc_steps = [int(r["step"]) for r in got if r["metric"] == "val/auc"]
     assert loss_steps == [10, 20, 30] and auc_steps == [15, 30]
     assert {r["run"] for r in got} == {"run"}
-    assert "train/loss, eval/auc, eval/logloss, train/samples_per_sec" in capsys.readouterr().out
+    assert "train/loss, val/auc, val/logloss, train/samples_per_sec" in capsys.readouterr().out
 
 
 def test_sweep_jobs_are_labelled_by_the_overrides_that_differ(tmp_path):
@@ -111,16 +111,17 @@ def test_bad_input_is_named(tmp_path, capsys):
         main([str(tmp_path / "sw"), "--metrics", "eval/nope", "-o", str(tmp_path / "x.png")]) == 2
     )
     err = capsys.readouterr().err
-    assert "none of the metrics eval/nope" in err and "train/loss" in err and "eval/auc" in err
+    assert "none of the metrics eval/nope" in err and "train/loss" in err and "val/auc" in err
     with pytest.raises(SystemExit):
         main([str(tmp_path / "sw"), "--smooth", "0"])
 
 
 def test_metric_names_and_smoothing():
-    assert parse_metric("auc") == ("eval", "auc")
+    assert parse_metric("auc") == ("val", "auc")
     assert parse_metric("loss") == ("train", "loss")
     assert parse_metric("time_ms/lookup") == ("train", "time_ms/lookup")
-    assert parse_metric("eval/accuracy") == ("eval", "accuracy")
+    assert parse_metric("eval/accuracy") == ("val", "accuracy")  # files before "val" rows
+    assert parse_metric("test/hr@10") == ("test", "hr@10") and parse_metric("ndcg@5")[0] == "val"
     assert smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert smooth([1.0, 3.0], 1) == [1.0, 3.0]
 
@@ -157,14 +158,37 @@ def test_a_regression_run_gets_its_own_default_panels(tmp_path, capsys):
     out = tmp_path / "c.png"
     assert main([str(run), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.rstrip().endswith("train/loss, eval/rmse, eval/mae, train/samples_per_sec")
+    assert printed.rstrip().endswith("train/loss, val/rmse, val/mae, train/samples_per_sec")
     assert {r["metric"] for r in _csv(out.with_suffix(".csv"))} == {
         "train/loss",
-        "eval/rmse",
-        "eval/mae",
+        "val/rmse",
+        "val/mae",
         "train/samples_per_sec",
     }
-    assert parse_metric("rmse") == ("eval", "rmse")
+    assert parse_metric("rmse") == ("val", "rmse")
+
+
+def test_a_retrieval_run_gets_hr_and_ndcg_panels(tmp_path, capsys):
+    """A retrieval run logs hr@K and ndcg@K for each K of eval.topk on its val rows (and a
+    test row after training): the defaults draw the val split's at every K logged."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "split": "train", "loss": 6 / s, "samples_per_sec": 1e5} for s in (5, 10)]
+    for step, split in ((5, "val"), (10, "val"), (10, "test")):
+        rows.append(
+            {"step": step, "split": split, "hr@10": step / 100, "ndcg@10": step / 200,
+             "hr@50": step / 50, "ndcg@50": step / 80, "recall@10": 0.0, "eval_samples": 9}
+        )  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "c.png"
+    assert main([str(run), "-o", str(out)]) == 0
+    drawn = "train/loss, val/hr@10, val/hr@50, val/ndcg@10, val/ndcg@50, train/samples_per_sec"
+    assert capsys.readouterr().out.rstrip().endswith(drawn)
+    got = _csv(out.with_suffix(".csv"))
+    hr = [(int(r["step"]), float(r["value"])) for r in got if r["metric"] == "val/hr@10"]
+    assert hr == [(5, 0.05), (10, 0.1)]  # the val rows only
+    assert main([str(run), "-o", str(out), "--metrics", "test/hr@50,test/ndcg@K"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("test/hr@50, test/ndcg@10, test/ndcg@50")
 
 
 def _run_dir(root: Path) -> Path:

@@ -168,6 +168,35 @@ def test_regression_jobs_report_their_rmse(tmp_path):
     assert "| 1 | model.task=regression | completed | 0.50000 | - | 0.9300 | - | 1.0 |" in printed
 
 
+def test_retrieval_jobs_report_hr_and_ndcg_of_their_val_split(tmp_path):
+    """A retrieval run logs no AUC: the summary shows HR@K and NDCG@K at the smallest K of
+    its last val evaluation (not the test row after training), the sweeper gets its HR@K;
+    rows named "eval" (files written before rows were named by their split) read as val."""
+    val = {"hr@10": 0.13, "ndcg@10": 0.06, "hr@50": 0.41, "ndcg@50": 0.12}
+    test = {"hr@10": 0.09, "ndcg@10": 0.045, "hr@50": 0.3, "ndcg@50": 0.08}
+    for num, split in ((0, "val"), (1, "eval")):
+        d = tmp_path / str(num)
+        d.mkdir()
+        info = {"job": num, "overrides": [f"seed={num}"], "status": "completed"}
+        (d / "job.json").write_text(json.dumps(info | {"error": None, "wall_s": 1.0}))
+        rows = [
+            {"step": 4, "split": "train", "loss": 6.5},
+            {"step": 4, "split": split, **val},
+            {"step": 4, "split": "test", **test},
+        ]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    final = final_metrics(tmp_path / "0" / "metrics.jsonl")
+    assert (final["split"], final["topk"], final["hr"], final["ndcg"]) == ("val", 10, 0.13, 0.06)
+    assert objective(final) == 0.13 and objective(test) == 0.09
+    assert final_metrics(tmp_path / "1" / "metrics.jsonl")["hr"] == 0.13
+    printed = write_summary(tmp_path)
+    assert "| final loss | final AUC | final HR@10 | final NDCG@10 | samples/s |" in printed
+    assert "| 0 | seed=0 | completed | 6.50000 | - | 0.1300 | 0.0600 | - | 1.0 |" in printed
+    only_test = tmp_path / "t.jsonl"  # evaluated test alone (data.eval_split=test)
+    only_test.write_text(json.dumps({"step": 4, "split": "test", **test}) + "\n")
+    assert final_metrics(only_test)["split"] == "test"
+
+
 def test_launcher_config_is_validated():
     with pytest.raises(ValueError, match="launcher.nproc_per_node must be > 0, got 0"):
         validate({"launcher": {"nproc_per_node": 0}})

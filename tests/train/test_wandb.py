@@ -163,18 +163,18 @@ def test_offline_run_logs_what_metrics_jsonl_holds(tmp_path):
         by_step.setdefault(row["_step"], {}).update(row)
 
     train = [r for r in rows if r["split"] == "train"]
-    evals = [r for r in rows if r["split"] == "eval"]
+    evals = [r for r in rows if r["split"] == "val"]
     assert [r["step"] for r in train] == [3, 6, 9, 12] and [r["step"] for r in evals] == [6, 12]
     for r in train:  # every key of every row, prefixed by its split
         for key, value in r.items():
             if key not in ("step", "split") and value is not None:
                 assert by_step[r["step"]][f"train/{key}"] == pytest.approx(value, rel=1e-12), key
     for r in evals:
-        assert by_step[r["step"]]["eval/auc"] == pytest.approx(r["auc"], rel=1e-12)
-        assert by_step[r["step"]]["eval/logloss"] == pytest.approx(r["logloss"], rel=1e-12)
+        assert by_step[r["step"]]["val/auc"] == pytest.approx(r["auc"], rel=1e-12)
+        assert by_step[r["step"]]["val/logloss"] == pytest.approx(r["logloss"], rel=1e-12)
     # and no metric rows W&B has that metrics.jsonl does not (tables may sit at other steps)
     metric_steps = {
-        s for s, r in by_step.items() if any(k.split("/")[0] in ("train", "eval") for k in r)
+        s for s, r in by_step.items() if any(k.split("/")[0] in ("train", "val") for k in r)
     }
     assert metric_steps == {r["step"] for r in rows}
 

@@ -165,7 +165,7 @@ def test_one_gpu_preset_scaled_down_trains_on_the_cpu(tmp_path):
     assert "@host(cache" in out.stderr and "cache hit" in out.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [10, 20]
-    assert any(r["split"] == "eval" for r in rows)
+    assert any(r["split"] == "val" for r in rows)
 
 
 @pytest.mark.slow

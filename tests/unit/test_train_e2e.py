@@ -42,7 +42,7 @@ def test_loss_falls_and_auc_beats_chance(tmp_path, arch, sparse):
     assert all({"step", "loss", "samples_per_sec"} <= r.keys() for r in train)
     first, last = train[0]["loss"], sum(r["loss"] for r in train[-3:]) / 3
     assert last < first - 0.02, (first, last)
-    evals = [r for r in rows if r["split"] == "eval"]
+    evals = [r for r in rows if r["split"] == "val"]
     assert len(evals) == 1 and evals[0]["auc"] == result["eval"]["auc"]
     assert result["eval"]["auc"] > 0.7
 
