@@ -19,10 +19,13 @@ Then it steps the two sides in lockstep from here: at every step one side runs
 in alternating order (paired.step_order), so each step's pair of times met the same load on
 this machine. A side's step time is its slowest rank's. The result is the median of the
 per-step ratios new / base with its quartiles (paired.paired_ratio) and a 95% interval of that
-median (paired.median_ci). A comparison means something only if both sides trained the same
-model on the same data: every rank's batches must hash equal on both sides, and every rank's
-loss at every step (warmup included) must agree within --loss-rtol (default 1e-7 relative);
-the table gives the largest gap, and the run exits 1 if any case fails either check.
+median (paired.median_ci), for the wall time and for the CPU time of the step's process
+(time.process_time: on a machine with more runnable processes than cores, the wall time is
+mostly the wait for a core, the CPU time the work). A comparison means something only if
+both sides trained the same model on the same data: every rank's batches must hash equal on
+both sides, and every rank's loss at every step (warmup included) must agree within
+--loss-rtol (default 1e-7 relative); the table gives the largest gap, and the run exits 1 if
+any case fails either check.
 
 Cases:
 - sharding_gloo (`--sharding-modes`, `--sharding-worlds`, `--sharding-args`): its default model
@@ -41,6 +44,7 @@ import json
 import os
 import queue
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,7 +141,9 @@ class Side:
     def __init__(self, name: str, checkout: Checkout, case: Case, steps: int, tmp: Path) -> None:
         self.name, self.checkout, self.case = name, checkout, case
         env = {**os.environ, "PYTHONPATH": str(checkout.path), "OMP_NUM_THREADS": "1"}
-        source = DRIVER.read_text()
+        driver = tmp / DRIVER.name  # a copy outside every checkout: its imports are the side's
+        if not driver.exists():
+            shutil.copyfile(DRIVER, driver)
         init = f"file://{tmp}/{name}_rendezvous" if case.grouped else None
         self.ranks: list[Rank] = []
         for r in range(case.world):
@@ -146,7 +152,7 @@ class Side:
             log = tmp / f"{name}_rank{r}.log"
             with open(log, "w") as err:
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", source, json.dumps(spec)],
+                    [sys.executable, str(driver), json.dumps(spec)],
                     cwd=checkout.path,
                     env=env,
                     stdin=subprocess.PIPE,
@@ -171,17 +177,20 @@ class Side:
                     f"checkout {want}: is hybridrec installed non-editable in {sys.executable}?"
                 )
 
-    def step(self, i: int, timeout: float) -> tuple[list[float], list[float]]:
-        """(per-rank seconds, per-rank losses) of step i."""
+    def step(self, i: int, timeout: float) -> list[dict]:
+        """Per rank, step i's {"t": wall seconds, "cpu": CPU seconds, "loss": local loss}."""
         for rk in self.ranks:
             rk.send({"step": i})
         what = f"{self.name} ({self.case.label}) step {i}"
         out = [rk.receive(timeout, f"{what}, rank {r}") for r, rk in enumerate(self.ranks)]
-        return [o["t"] for o in out], [o["loss"] for o in out]
+        return out
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Ask every rank to quit (kill: end them now, after a failure or an interrupt)."""
         for rk in self.ranks:
-            if rk.proc.poll() is None:
+            if kill and rk.proc.poll() is None:
+                rk.proc.kill()
+            elif rk.proc.poll() is None:
                 try:
                     rk.send({"quit": True})
                 except OSError:
@@ -228,8 +237,17 @@ def checkout(ref: str, tmp: Path, name: str) -> Checkout:
 
 
 def remove(co: Checkout) -> None:
-    if co.worktree:
-        subprocess.run(["git", "worktree", "remove", "--force", str(co.path)], cwd=ROOT)
+    """Remove a worktree made here (its directory and git's record of it)."""
+    if not co.worktree:
+        return
+    run = subprocess.run(
+        ["git", "worktree", "remove", "--force", str(co.path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode != 0:
+        print(f"could not remove worktree {co.path}: {run.stderr.strip()}", file=sys.stderr)
 
 
 # -- one case ------------------------------------------------------------------------------
@@ -249,28 +267,35 @@ def run_case(case: Case, checkouts: dict[str, Checkout], args: argparse.Namespac
     """Both sides of one case, stepped in lockstep; its row's numbers and checks."""
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory(prefix="commits_") as tmp:
-        sides = {s: Side(s, checkouts[s], case, total, Path(tmp)) for s in SIDES}
+        sides: dict[str, Side] = {}
+        done = False
         try:
+            for s in SIDES:
+                sides[s] = Side(s, checkouts[s], case, total, Path(tmp))
             for side in sides.values():
                 side.wait_ready(args.timeout)
-            per_rank: dict[str, list[list[float]]] = {
-                s: [[] for _ in range(case.world)] for s in SIDES
-            }
+            # per side, per rank, per timed step: wall and CPU seconds
+            wall = {s: [[] for _ in range(case.world)] for s in SIDES}
+            cpu = {s: [[] for _ in range(case.world)] for s in SIDES}
             losses: dict[str, list[list[float]]] = {s: [] for s in SIDES}
             for i in range(total):
                 for s in step_order(SIDES, i):
-                    seconds, loss = sides[s].step(i, args.timeout)
+                    out = sides[s].step(i, args.timeout)
                     if i >= args.warmup:
-                        for r, t in enumerate(seconds):
-                            per_rank[s][r].append(t)
-                    losses[s].append(loss)
+                        for r, o in enumerate(out):
+                            wall[s][r].append(o["t"])
+                            cpu[s][r].append(o["cpu"])
+                    losses[s].append([o["loss"] for o in out])
             ready = {s: sides[s].ready for s in SIDES}
+            done = True
         finally:
             for side in sides.values():
-                side.close()
-    times = {s: slowest(per_rank[s]) for s in SIDES}  # a step takes its slowest rank's time
+                side.close(kill=not done)
+    times = {s: slowest(wall[s]) for s in SIDES}  # a step takes its slowest rank's time
+    cpus = {s: slowest(cpu[s]) for s in SIDES}
     ratio = paired_ratio(times["new"], times["base"])
     ci = median_ci([n / b for n, b in zip(times["new"], times["base"], strict=True)])
+    cpu_ratios = [n / b for n, b in zip(cpus["new"], cpus["base"], strict=True)]
     gap, rel = loss_gap(losses["base"], losses["new"])
     same_batches = all(
         rb["digests"] == rn["digests"] for rb, rn in zip(ready["base"], ready["new"], strict=True)
@@ -290,6 +315,9 @@ def run_case(case: Case, checkouts: dict[str, Checkout], args: argparse.Namespac
         "ms": {s: 1e3 * median(times[s]) for s in SIDES},
         "ratio": ratio,
         "ci": ci,
+        "cpu_ms": {s: 1e3 * median(cpus[s]) for s in SIDES},
+        "cpu_ratio": median(cpu_ratios),
+        "cpu_ci": median_ci(cpu_ratios),
         "gap": gap,
         "rel": rel,
         "last_loss": losses["new"][-1][0],
@@ -382,6 +410,9 @@ def row(r: dict) -> list[object]:
         f"**{med:.3f}**",
         f"{q1:.3f}..{q3:.3f}",
         f"{r['ci'][0]:.3f}..{r['ci'][1]:.3f}",
+        f"{r['cpu_ms']['base']:.1f} / {r['cpu_ms']['new']:.1f}",
+        f"**{r['cpu_ratio']:.3f}**",
+        f"{r['cpu_ci'][0]:.3f}..{r['cpu_ci'][1]:.3f}",
         gap,
         f"{r['last_loss']:.6f}",
         "; ".join(r["problems"]) or "ok",
@@ -398,6 +429,9 @@ HEADERS = [
     "new/base (median)",
     "quartiles",
     "95% CI of median",
+    "CPU ms base / new",
+    "CPU new/base (median)",
+    "its 95% CI",
     "largest loss gap",
     "last loss",
     "checks",
@@ -477,6 +511,11 @@ Command (from the repository root):
   load); **quartiles** of those ratios; **95% CI of median**: a distribution-free interval of
   that median (order statistics). Where it holds 1.00, the run does not tell the commits apart.
   **base ms / new ms**: each side's median step time (loaded machine: read the ratio).
+- **CPU**: the same for the CPU time the step's process used (`time.process_time`, all its
+  threads; the slowest rank's), which leaves out the time it waited for a core: on a machine
+  busier than its cores, the steadier measure of the work each commit does per step (it
+  still counts cache and memory stalls that other processes cause, and no time a rank spent
+  blocked on its peer).
 - **largest loss gap**: the largest |loss_base - loss_new| over every rank and step (warmup
   included), relative in parentheses; allowed: {args.loss_rtol:.0e} relative. **checks**: the
   sides' batches hash equal on every rank, the losses agree, both loaded the C kernels.

@@ -1,9 +1,9 @@
 """One rank of one side of benchmarks/commits.py: a model built by a checkout's own code,
 stepped on command.
 
-benchmarks/commits.py runs this file's source with `python -c SOURCE SPEC` in a checkout of
-the commit under test (cwd and PYTHONPATH at that checkout), so every import below resolves to
-that commit's code. It may therefore use only what every compared commit has: the two
+benchmarks/commits.py runs a copy of this file (outside any checkout) as `python COPY SPEC` in a
+checkout of the commit under test (cwd and PYTHONPATH at that checkout), so every import below
+resolves to that commit's code. It may therefore use only what every compared commit has: the two
 benchmarks' config functions (sharding_gloo.parse_args / make_cfg / plan_summary,
 dynamic_step.make_cfg / make_batches), Trainer(cfg, DistEnv), Trainer.train_batch,
 Trainer.train_step, init_distributed / destroy_distributed, kernels.native.lib.
@@ -16,8 +16,9 @@ own command-line arguments}.
 Protocol, one JSON object per line: on its private stdout the rank first writes
 {"ready": ...} (its hybridrec's path, whether the C kernels loaded, the plan, one digest per
 batch), then for every {"step": i} it reads on stdin it meets its peers at a barrier, times
-`train_step` on batch i (cycled) and writes {"t": seconds, "loss": its local loss}; {"quit":
-true} ends it. Anything the code under test prints goes to stderr, never into the protocol.
+`train_step` on batch i (cycled) and writes {"t": wall seconds, "cpu": CPU seconds of this
+process (all its threads), "loss": its local loss}; {"quit": true} ends it. Anything the
+code under test prints goes to stderr, never into the protocol.
 """
 
 from __future__ import annotations
@@ -148,10 +149,10 @@ def main() -> None:
         if env.group is not None:
             dist.barrier(group=env.group)
         batch = batches[msg["step"] % len(batches)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = trainer.train_step(batch)
-        dt = time.perf_counter() - t0
-        send({"t": dt, "loss": float(loss)})
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        send({"t": dt, "cpu": cpu, "loss": float(loss)})
     del trainer
     destroy_distributed(env)
 

@@ -3,9 +3,10 @@
 Systems that train the same model on the same batches run one after another within each step
 (step_order alternates who goes first); each step's pair of times then met the same load, so
 the ratio of the pair divides out load that comes and goes, and the median of those ratios
-(paired_ratio) is a fair speed ratio where medians of each side taken apart are not. A
-comparison of speed means something only if both train the same model: their losses must
-agree to float32 round-off over the first steps (loss_gaps, parity_failures).
+(paired_ratio, and median_ci for its interval) is a fair speed ratio where medians of each
+side taken apart are not. A comparison of speed means something only if both train the same
+model: their losses must agree to float32 round-off over the first steps (loss_gaps,
+parity_failures).
 """
 
 from __future__ import annotations

@@ -148,14 +148,19 @@ def test_commits_pairs_two_copies_of_one_checkout(tmp_path):
     args += ["--dynamic=", "--steps=4", "--warmup=1", f"--out={out}"]
     assert commits.main(args) == 0
     text = out.read_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith("| sharding_gloo"))
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[1:3] == ["table_wise", "1"]
-    assert cells[9] == "0 (exact)" and cells[11] == "ok"
-    ratio = float(cells[6].strip("*"))
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| benchmark"))
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    row = dict(zip(cells(lines[head]), cells(lines[head + 2]), strict=True))
+    assert (row["benchmark"], row["variant"], row["W"]) == ("sharding_gloo", "table_wise", "1")
+    assert row["largest loss gap"] == "0 (exact)" and row["checks"] == "ok"
     # a few steps of a small model on a shared machine: a preempted step can take several
     # times as long, so only gross errors (units, sides swapped into nonsense) are caught
-    assert 0.1 < ratio < 10.0
+    for name in ("new/base (median)", "CPU new/base (median)"):
+        assert 0.1 < float(row[name].strip("*")) < 10.0, (name, row)
     assert "Machine: " in text and "Host load during the run: " in text and "```bash" in text
 
 
