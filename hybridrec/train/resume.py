@@ -33,6 +33,7 @@ from hybridrec.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from hybridrec.train.checkpoint.dynamic import KeyName, library_key, policy_changes
 from hybridrec.train.checkpoint.format import dense_module
 from hybridrec.types import ShardingPlan
 
@@ -55,12 +56,42 @@ def stream(cfg: Config) -> dict[str, Any]:
     }
 
 
+def dynamic_key(cfg: Config) -> KeyName:
+    """How this run's config sets a dynamic table's key (checkpoint.dynamic.policy_refusal's
+    `key_name`): `model.dynamic.<table>.<key>` and the table's rows (data=table: filled from
+    the dataset spec's policy and capacity, named too); a table a model class declares
+    itself: its Table / Dynamic arguments."""
+    m, spec = cfg.model, cfg.data.name == "table"
+
+    def name(table: str, key: str) -> str:
+        base = table.rsplit(".", 1)[-1]  # checkpoints name tables "<namespace>.<table>"
+        if base not in (m.dynamic or {}) and m.built_by_class():
+            return library_key(table, key)
+        if key == "capacity":
+            return f"model.num_embeddings_per_feature of table {base}" + (
+                " (the spec's capacity)" if spec else ""
+            )
+        if key == "dynamic":
+            return f"model.dynamic.{base}" + (" (the spec's encoding: dynamic)" if spec else "")
+        return f"model.dynamic.{base}.{key}" + (f" (the spec's policy.{key})" if spec else "")
+
+    return name
+
+
 def check_resume(cfg: Config) -> None:
     """Before the model is built: the checkpoint a resume would load holds this model's
-    tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
+    tables and optimizers, and its dynamic tables' maps fit their policies (a mismatch
+    otherwise shows only after every table is allocated)."""
     path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
     if path is not None:
-        check_matches(path, model_features(cfg), cfg.optim.sparse.name, cfg.optim.dense.name)
+        check_matches(
+            path,
+            model_features(cfg),
+            cfg.optim.sparse.name,
+            cfg.optim.dense.name,
+            dynamic_key(cfg),
+            "checkpoint.resume=never, or another checkpoint.dir",
+        )
 
 
 class Checkpointer:
@@ -122,6 +153,15 @@ class Checkpointer:
                 state.step,
             )
         self._check_eps_form(state.extra)
+        changes = policy_changes(read_manifest(path, verify=False), self.signature["tables"])
+        if changes and self.env.is_main and not self.cfg.eval.only:
+            log.warning(
+                "resuming dynamic tables under other policy values (%s): their maps decide by "
+                "the new values from step %d on, so the result will differ from an "
+                "uninterrupted run",
+                "; ".join(changes),
+                state.step,
+            )
         return state.step, int(state.extra.get("skipped", 0))
 
     def _check_eps_form(self, extra: dict[str, Any]) -> None:

@@ -20,6 +20,8 @@ from hybridrec.data.spec import SPEC_POLICY_KEYS, parse_spec
 from hybridrec.data.tabular import preprocess_table
 from hybridrec.data.tabular.encode import DYNAMIC_NULL, raw_ids
 from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
+from tests.data.tables import DYNAMIC_SPEC as SPEC
+from tests.data.tables import dynamic_columns as _cols
 from tests.data.tables import write_csv, write_parquet
 
 MASK = (1 << 64) - 1
@@ -85,40 +87,6 @@ def test_integers_pass_through_and_negative_ones_are_refused():
     floats, bad = raw_ids(pa.array([7.0, None, 2.5]))
     assert bad is None and floats.tolist()[:2] == [7, DYNAMIC_NULL]
     assert floats[2] == _reference_hash("2.5")
-
-
-def _cols(n: int = 24) -> dict[str, list]:
-    return {
-        "clicked": [int(i % 3 == 0) for i in range(n)],
-        "x": [float(i) for i in range(n)],
-        "user": [None if i == 5 else (1 << 40) + 7 * (i % 9) for i in range(n)],
-        "item": [f"item{i % 5}" for i in range(n)],
-        "tags": [[(1 << 35) + i % 4, i % 3] if i % 4 else None for i in range(n)],
-    }
-
-
-SPEC = {
-    "label": {"column": "clicked"},
-    "dense": [{"column": "x"}],
-    "sparse": [
-        {
-            "name": "user",
-            "column": "user",
-            "encoding": "dynamic",
-            "capacity": 64,
-            "min_count": 2,
-            "policy": {"admit": "count", "evict": "lru", "buckets": 8},
-        },
-        {"name": "item", "column": "item", "encoding": "dynamic", "capacity": 128},
-        {"name": "tags", "column": "tags", "kind": "list", "encoding": "dynamic", "capacity": 64},
-    ],
-    "tables": [
-        {"name": "user", "width": 4},
-        {"name": "item", "width": 4},
-        {"name": "tags", "width": 4},
-    ],
-    "split": {"by": "rows", "train_fraction": 0.75},
-}
 
 
 @pytest.fixture(scope="module")
