@@ -3,13 +3,15 @@
 Systems that train the same model on the same batches run one after another within each step
 (step_order alternates who goes first); each step's pair of times then met the same load, so
 the ratio of the pair divides out load that comes and goes, and the median of those ratios
-(paired_ratio) is a fair speed ratio where medians of each side taken apart are not. A
-comparison of speed means something only if both train the same model: their losses must
-agree to float32 round-off over the first steps (loss_gaps, parity_failures).
+(paired_ratio, and median_ci for its interval) is a fair speed ratio where medians of each
+side taken apart are not. A comparison of speed means something only if both train the same
+model: their losses must agree to float32 round-off over the first steps (loss_gaps,
+parity_failures).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -72,3 +74,18 @@ def parity_failures(
         for name, (gap, step) in gaps.items()
         if not gap <= tol
     ]
+
+
+def median_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of `xs` (order statistics: the
+    k-th smallest and k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 -
+    level) / 2); (min, max) when there are too few values for `level`. Where a paired
+    ratio's interval holds 1.0, the two systems' speeds are not told apart by the run."""
+    s, n = sorted(xs), len(xs)
+    tail, k, below = (1.0 - level) / 2.0, 0, 0.0
+    while k < n // 2 and below + math.comb(n, k) / 2.0**n <= tail:
+        below += math.comb(n, k) / 2.0**n
+        k += 1
+    if k == 0:
+        return s[0], s[-1]
+    return s[k - 1], s[n - k]

@@ -136,3 +136,59 @@ def test_huge_pages_benchmark_compares_both_kinds_of_pages(tmp_path):
     for phase in ("lookup", "dedupe", "sgd update", "all three"):
         assert f"| {phase} " in text
     assert "transparent huge pages: " in text and "- Git: " in text
+
+
+def test_commits_pairs_two_copies_of_one_checkout(tmp_path):
+    """The same code on both sides: every loss equal, the batches equal, a ratio near 1."""
+    from benchmarks import commits
+
+    out = tmp_path / "paired.md"
+    args = ["--base", str(ROOT), "--new", str(ROOT), "--sharding-modes=table_wise"]
+    args += ["--sharding-worlds=1", "--sharding-args=--model dlrm_tiny --batch-size 256"]
+    args += ["--dynamic=", "--steps=4", "--warmup=1", f"--out={out}"]
+    assert commits.main(args) == 0
+    text = out.read_text()
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| benchmark"))
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    row = dict(zip(cells(lines[head]), cells(lines[head + 2]), strict=True))
+    assert (row["benchmark"], row["variant"], row["W"]) == ("sharding_gloo", "table_wise", "1")
+    assert row["largest loss gap"] == "0 (exact)" and row["checks"] == "ok"
+    # a few steps of a small model on a shared machine: a preempted step can take several
+    # times as long, so only gross errors (units, sides swapped into nonsense) are caught
+    for name in ("new/base (median)", "CPU new/base (median)"):
+        assert 0.1 < float(row[name].strip("*")) < 10.0, (name, row)
+    assert "Machine: " in text and "Host load during the run: " in text and "```bash" in text
+
+
+def test_commits_checks_out_a_commit_as_a_worktree_and_removes_it(tmp_path):
+    from benchmarks import commits
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    co = commits.checkout("HEAD", tmp_path, "base")
+    try:
+        assert co.worktree and (co.path / "hybridrec" / "train" / "trainer.py").is_file()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+        ).stdout.strip()
+        assert co.label.startswith(head)
+    finally:
+        commits.remove(co)
+    assert not co.path.exists()
+    with pytest.raises(SystemExit, match="--new no-such-ref: neither a directory nor a commit"):
+        commits.checkout("no-such-ref", tmp_path, "new")
+
+
+def test_commits_loss_gap_sees_any_difference():
+    from benchmarks.commits import loss_gap
+
+    same = [[0.5, 0.25], [0.75, 0.125]]
+    assert loss_gap(same, [list(r) for r in same]) == (0.0, 0.0)
+    gap, rel = loss_gap(same, [[0.5, 0.25], [0.75, 0.125 + 1e-6]])
+    assert gap == pytest.approx(1e-6) and rel == pytest.approx(8e-6)
+    assert loss_gap(same, [[0.5, float("nan")], [0.75, 0.125]]) == (float("inf"), float("inf"))
+    assert loss_gap([[0.0]], [[1e-9]])[1] == float("inf")
