@@ -81,6 +81,15 @@ def phase_columns(phases: dict[str, float]) -> dict[str, float]:
     return {f"time_ms/{k}": v for k, v in sorted(phases.items())}
 
 
+def embedding_rates(taken: list, env: DistEnv, steps: int) -> dict[str, float]:
+    """The train row's cache and dynamic-table rates over `steps` steps, from every embedding
+    module's taken counters (summed over ranks)."""
+    counters = summed_counters(taken, env)
+    return cache_rates(counters.cache, steps, env.world_size) | dynamic_rates(
+        counters.dynamic, steps
+    )
+
+
 def cache_rates(cache: CacheStats | None, steps: int, world: int) -> dict[str, float]:
     """Host caches over all ranks (counters summed) -> hit rate, rows moved per step (in and
     out), copy bandwidth and time the steps waited on host memory. {} without caches."""

@@ -4,13 +4,11 @@ A step (`train_step`) reads: learning-rate schedule, forward (embeddings, then t
 under bf16 autocast on GPU), loss, the pipeline's look-ahead (hybridrec.train.pipeline),
 backward (which also updates the embedding rows: hybridrec.sparse.fused) and the dense
 optimizer step. `fit` runs steps and after each, when due (hybridrec.train.cadence), logs
-(rank 0: global mean loss, samples/s, phase timings, memory, cache rates), saves and resumes
-(hybridrec.train.resume), evaluates (hybridrec.train.evaluator), and stops on request
-(hybridrec.train.preemption) or at `eval.target_auc` / `eval.target_rmse`; with
-`eval.final_split` it then scores that whole split once (its own metrics row, the last).
-The loss is model.task's, or the model's own (hybridrec.train.objective); model.task=retrieval
-evaluates top-K lists over the whole catalogue (hybridrec.train.topk). The trainer reaches
-embedding modules only through hybridrec.sparse.api.
+(rank 0), saves and resumes (hybridrec.train.resume), evaluates (hybridrec.train.evaluator),
+and stops on request (hybridrec.train.preemption) or at `eval.target_auc` / `target_rmse`;
+with `eval.final_split` it then scores that whole split once (the last metrics row). The loss
+and the top-K and next-item evaluations are model.task's (hybridrec.train.objective). The
+trainer reaches embedding modules only through hybridrec.sparse.api.
 """
 
 from __future__ import annotations
@@ -237,15 +235,13 @@ class Trainer:
         """The model's own collectives are named where they run; what fails outside them is
         DDP's (its gradient all-reduce inside the autograd engine, its bucket rebuild at the
         start of the second forward): named `name`."""
-        if self.env.group is None:
-            return contextlib.nullcontext()
-        return failure.exchange(name, self.env.group)
+        group = self.env.group
+        return contextlib.nullcontext() if group is None else failure.exchange(name, group)
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any rank (a collective: every rank calls it)."""
-        if self.env.group is None:
-            return flag
-        return any_rank(flag, self.env.group, self.env.device, "stop_signal")
+        group = self.env.group
+        return flag if group is None else any_rank(flag, group, self.env.device, "stop_signal")
 
     def check_inputs(self) -> None:
         """Raise if a deferred id check (CUDA, see hybridrec.sparse.ids.IdChecker) met
@@ -285,7 +281,7 @@ class Trainer:
             else:
                 metrics = evaluate(
                     self.score, self.loader(split), self.env, self.cfg.eval.batch_size,
-                    None if whole else self.cfg.eval.batches, self._eval_rows(split),
+                    None if whole else self.cfg.eval.batches, self.source.split_rows(split),
                     self.autocast, self.check_inputs, self.cfg.model.task,
                     chunk=self._eval_chunk(), check_dense=self.dense_checks.get("eval"),
                 )  # fmt: skip
@@ -317,10 +313,6 @@ class Trainer:
             return self.exact.eval_chunk
         return self.local_batch if any(m.prefetches for m in self.embeddings) else None
 
-    def _eval_rows(self, split: str = "eval") -> int | None:
-        """Rows of a held-out split (a file source; None for an endless stream)."""
-        return self.source.split_rows(split)
-
     # -- checkpoints ----------------------------------------------------------------------
     def restore(self) -> None:
         """Resume from a checkpoint (checkpoint.resume) or warm-start (model.init_from)."""
@@ -334,10 +326,7 @@ class Trainer:
                 f"eval.only: no complete checkpoint under checkpoint.dir={self.cfg.checkpoint.dir}"
                 " to evaluate (checkpoint.resume=never, or none saved yet)"
             )
-        metrics = self.evaluate()
-        if metrics:
-            self._record({"step": self.step, "split": self.cfg.data.eval_split, **metrics})
-            console.show_eval(self.step, metrics, self.cfg.data.eval_split)
+        metrics = self._eval_row(self.step)
         self.logger.close()
         return {"train": {}, "eval": metrics}
 
@@ -372,10 +361,7 @@ class Trainer:
         if self.skipped:
             row["skipped_steps"] = self.skipped
         taken = [m.take_metrics() for m in self.embeddings]
-        counters = console.summed_counters(taken, self.env)
-        row.update(console.cache_rates(counters.cache, steps_since, self.env.world_size))
-        row.update(console.dynamic_rates(counters.dynamic, steps_since))
-        return row
+        return row | console.embedding_rates(taken, self.env, steps_since)
 
     def fit(self) -> dict[str, Any]:
         """Train until `train.steps` (resuming if a checkpoint says so); returns the last
