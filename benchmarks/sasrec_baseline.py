@@ -8,7 +8,8 @@ tuning runs.
 The model (Kang and McAuley, ICDM 2018, as the public SASRec.pytorch trains it): an item
 nn.Embedding shared by the input and the output (score = <hidden, item row>), the library's
 SASRec encoder (hybridrec.model.sasrec: learned positions, pre-LN blocks, causal attention,
-dropout; positions "from_end", the paper's left-padded layout), every >= 2-D parameter
+dropout; positions "from_end", the paper's left-padded layout; `--encoder hstu`: the HSTU
+units of hybridrec.model.hstu instead, scores still plain dot products), every >= 2-D parameter
 initialised xavier-normal as SASRec.pytorch does. Training: each epoch every user with at
 least 2 train events once, in a random order, in batches of `--batch`; a user's input is its
 most recent `--max-len` train events before the last and the target at each position the
@@ -21,11 +22,18 @@ retrieval task's loss): at each position a softmax over the batch's target items
 `--negatives` uniform items shared by the batch, logQ-corrected, with temperature
 `--temperature` (hybridrec.train.next_item.next_item_softmax_loss).
 
-Every `--eval-every` epochs the val split is evaluated (hybridrec.train.next_item_eval: the
-full catalogue with the user's input items excluded, and 100 sampled negatives with a fixed
-seed); the parameters of the best val `--select` are kept, training stops after
-`--patience` evaluations without improvement (or at `--epochs`), and the test split is
-evaluated with the kept parameters. `--out` writes every figure as JSON.
+Every `--eval-every` epochs the val split is evaluated (hybridrec.train.next_item_eval: 100
+sampled negatives per user with a fixed seed, and with `--full-val` the full catalogue with
+the user's input items excluded); the parameters of the best val `--select` are kept,
+training stops after `--patience` evaluations without improvement (or at `--epochs`,
+`--max-minutes`, or a SIGUSR1: each ends after the current epoch, evaluating val there),
+and val and test are evaluated with the kept parameters under both protocols. `--out`
+writes every figure as JSON.
+
+Speed on the CPU, without changing what is computed: a batch's rows run through the encoder
+in `--groups` groups of similar lengths, each as wide as its longest sequence (most users
+have far fewer than max-len events; the loss is the batch's, over the same positions), one
+table lookup serves inputs, targets and negatives, and Adam runs fused.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import argparse
 import copy
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,6 +54,7 @@ from torch import nn
 from benchmarks.common import command_line, git_state, hardware
 from hybridrec.config.schema import RetrievalConfig
 from hybridrec.data.sequences import LeaveOneOut, Sequences, read_user_item
+from hybridrec.model.hstu import HSTU
 from hybridrec.model.next_item import last_states, sampled_bce_loss
 from hybridrec.model.sasrec import SASRec
 from hybridrec.train.next_item import next_item_objective, next_item_softmax_loss
@@ -61,14 +71,14 @@ class SASRecModel(nn.Module):
     def __init__(self, num_items: int, args: argparse.Namespace) -> None:
         super().__init__()
         self.items = nn.Embedding(num_items, args.dim)
-        self.encoder = SASRec(
-            args.dim,
-            args.max_len,
-            blocks=args.blocks,
-            heads=args.heads,
-            dropout=args.dropout,
-            positions=args.positions,
-        )
+        layers = {"blocks": args.blocks, "heads": args.heads, "dropout": args.dropout}
+        self.encoder: nn.Module
+        if args.encoder == "sasrec":
+            self.encoder = SASRec(args.dim, args.max_len, positions=args.positions, **layers)
+        else:  # scores stay plain dot products, as SASRec's
+            self.encoder = HSTU(
+                args.dim, args.max_len, positions=args.positions, output_norm="none", **layers
+            )
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[..., D] item rows of ids (PAD -1: zeros)."""
@@ -219,6 +229,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=1, help="attention heads (1)")
     p.add_argument("--dropout", type=float, default=0.5, help="dropout rate (0.5)")
     p.add_argument(
+        "--encoder", choices=("sasrec", "hstu"), default="sasrec", help="block stack (sasrec)"
+    )
+    p.add_argument(
         "--positions", choices=("from_end", "from_start"), default="from_end", help="(from_end)"
     )
     p.add_argument("--lr", type=float, default=0.001, help="Adam learning rate (0.001)")
@@ -229,6 +242,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=5, help="val evaluation period (5)")
     p.add_argument(
         "--patience", type=int, default=6, help="val evaluations without improvement (6)"
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="end training after the first epoch past this wall time, evaluating val\n"
+        "there (kill -USR1 the process does the same at once)",
     )
     p.add_argument("--select", choices=SELECT, default="sampled_ndcg@10", help="val metric")
     p.add_argument(
@@ -292,12 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     negatives: dict = {}
     history, best, best_state, best_epoch, waited, step = [], -math.inf, None, 0, 0, 0
+    stop: list[str] = []  # why training ended early, if it did
+    signal.signal(signal.SIGUSR1, lambda *_: stop.append("SIGUSR1"))
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
         loss, steps = train_epoch(model, opt, split, windows, users, args, rng, softmax, step)
         step += steps
         row = {"epoch": epoch, "loss": loss, "train_s": time.perf_counter() - t0}
-        if epoch % args.eval_every == 0 or epoch == args.epochs:
+        if args.max_minutes and time.perf_counter() - start > 60 * args.max_minutes:
+            stop.append(f"--max-minutes {args.max_minutes}")
+        if epoch % args.eval_every == 0 or epoch == args.epochs or stop:
             val = evaluate(model, split, "val", args, negatives, args.full_val)
             row.update({f"val_{k}": v for k, v in val.items()})
             if val[args.select] > best:
@@ -309,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             took = time.perf_counter() - start
             print(f"epoch {epoch}: loss {loss:.4f}, val {shown} ({took:.0f} s)", flush=True)
         history.append(row)
-        if waited >= args.patience:
+        if waited >= args.patience or stop:
             break
     assert best_state is not None
     model.load_state_dict(best_state)
@@ -323,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "best_epoch": best_epoch,
+        "stopped_by": stop[0] if stop else ("patience" if waited >= args.patience else "epochs"),
         "epochs_run": history[-1]["epoch"],
         "seconds": time.perf_counter() - start,
         "val": val,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ import torch
 
 _REFUSED = re.compile(r"GLOBAL ([\w.]+)|global ([\w.]+)|Unsupported operand (\d+)")
 NUMPY_DATA = "numpy arrays, scalars and dtypes"
+# torch.save's legacy (pre-1.6) format opens with this number, pickled; the zip format with
+# a zip header. Anything else (a plain pickle.dump, text) was not written by torch.save.
+_LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 class UnsafeFileError(ValueError):
@@ -86,6 +91,14 @@ def pickled_globals(path: Path, error: BaseException) -> list[str]:
 
 
 def _refused(path: Path, error: BaseException, numpy_allowed: bool) -> UnsafeFileError:
+    if torch_format(path) is None:  # a plain pickle: no global was even read
+        return UnsafeFileError(
+            Path(path),
+            "refused: it is not a file torch.save wrote (a plain pickle?), the only kind "
+            "hybridrec reads; nothing in it was run",
+            [],
+            convertible=False,
+        )
     names = pickled_globals(path, error)
     other = [g for g in names if g not in _NUMPY_NAMES]
     shown = other or names
@@ -103,11 +116,28 @@ def _refused(path: Path, error: BaseException, numpy_allowed: bool) -> UnsafeFil
     )
 
 
+def torch_format(path: Path) -> str | None:
+    """Which torch.save format file `path` is in: "zip" (torch >= 1.6), "legacy" (the older
+    pickle-based one, which cannot be memory-mapped), or None (not a torch.save file: a plain
+    pickle, text, empty). Reads the first bytes only."""
+    with Path(path).open("rb") as f:
+        head = f.read(32)
+    if head.startswith(_ZIP_MAGIC):
+        return "zip"
+    return "legacy" if _LEGACY_MAGIC in head else None
+
+
 def load_tensors(path: Path, mmap: bool = False) -> Any:
     """torch.load(path) as data only (see module doc). UnsafeFileError: one line, the code
-    in the file never ran. Other errors (truncated, not a torch.save file) pass through."""
+    in the file never ran. Other errors (truncated, not a torch.save file) pass through.
+    `mmap` maps a zip-format file; a legacy-format one (which torch cannot map) is read
+    whole instead."""
+    if mmap and torch_format(path) == "legacy":
+        mmap = False
     try:
-        return torch.load(Path(path), map_location="cpu", mmap=mmap, weights_only=True)
+        with warnings.catch_warnings():  # a plain pickle's protocol: refused below anyway
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(Path(path), map_location="cpu", mmap=mmap, weights_only=True)
     except pickle.UnpicklingError as e:
         if "Weights only load failed" not in str(e):
             raise  # not a refusal: a damaged or foreign file

@@ -15,7 +15,9 @@ dataset's model, and checks a model class, before and after the checks here).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 
@@ -23,16 +25,19 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from hybridrec.config.dynamic import check_dynamic
+from hybridrec.config.next_item import check_sequence_data
 from hybridrec.config.schema import (
     ARCHS,
     DEVICES,
-    SEQUENCE_ARCHS,
     TABLE_DTYPES,
     Config,
     ModelConfig,
     ScheduleConfig,
     fields_at,
 )
+from hybridrec.config.tasks import check_task
+from hybridrec.config.values import choice as _choice
+from hybridrec.config.values import positive as _positive
 from hybridrec.types import (
     ADAM_EPS_FORMS,
     TASKS,
@@ -62,15 +67,26 @@ COMPONENT_KEYS = (
 Choices = Mapping[str, Sequence[str]]
 
 
-def _choice(key: str, value: object, allowed: Sequence[str]) -> None:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
-
-
-def _positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+def _check_finite(node: object, prefix: str = "") -> None:
+    """Every number of the config is finite: a NaN passes every comparison (`_positive`'s
+    `value < 0` is False for it) and an infinity is no setting, so neither reaches a run. Walks
+    the schema's dataclasses and their lists and mappings (model.args, a model class's own
+    keyword arguments, are its class's to check)."""
+    items: Sequence[tuple[str, object]]
+    if dataclasses.is_dataclass(node):
+        items = [(f.name, getattr(node, f.name)) for f in dataclasses.fields(node)]
+    elif isinstance(node, Mapping):
+        items = [(str(k), v) for k, v in node.items()]
+    else:  # a list
+        items = [(f"[{i}]", v) for i, v in enumerate(node)]  # type: ignore[arg-type]
+    for name, value in items:
+        key = f"{prefix}{name}" if name.startswith("[") or not prefix else f"{prefix}.{name}"
+        if key == "model.args":
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value}")
+        if dataclasses.is_dataclass(value) or isinstance(value, (Mapping, list, tuple)):
+            _check_finite(value, key)
 
 
 def _check_pins(c: Config) -> None:
@@ -170,6 +186,7 @@ def check_config(cfg: DictConfig | dict | Config, choices: Choices, world_size: 
     if missing:  # a caller's mistake, not the user's: hybridrec.configure passes them all
         raise TypeError(f"check_config needs the components' choices of {', '.join(missing)}")
     raw = composed(cfg)
+    check_sequence_data(OmegaConf.select(raw, "model.task"), OmegaConf.select(raw, "data.name"))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except ConfigKeyError as e:
@@ -280,91 +297,9 @@ def _check_dot_widths(m: ModelConfig) -> None:
         )
 
 
-def _check_task(c: Config) -> None:
-    """Each stop target reads its task's metric; synthetic data has binary labels only."""
-    task = c.model.task
-    if c.eval.target_auc is not None and task != "binary":
-        raise ValueError(
-            f"eval.target_auc={c.eval.target_auc} needs model.task=binary (a regression model "
-            "reports no AUC); use eval.target_rmse, or unset eval.target_auc"
-        )
-    if c.eval.target_rmse is not None:
-        if task != "regression":
-            raise ValueError(
-                f"eval.target_rmse={c.eval.target_rmse} needs model.task=regression (a binary "
-                "model reports no RMSE); use eval.target_auc, or unset eval.target_rmse"
-            )
-        _positive("eval.target_rmse", c.eval.target_rmse)
-    if task == "regression" and c.data.name == "synthetic":
-        raise ValueError(
-            "model.task=regression needs float labels, but data=synthetic makes binary labels "
-            "only; use a file dataset (data=criteo data.path=...) or model.task=binary"
-        )
-    if task == "retrieval":
-        _check_retrieval(c)
-    _check_next_item(c)
-
-
-def _check_next_item(c: Config) -> None:
-    """model.task=next_item: a sequence model over data=sequences, and back."""
-    m, n = c.model, c.train.next_item
-    seq_arch = m._target_ is None and m.arch in SEQUENCE_ARCHS
-    if m.task == "next_item" and c.data.name != "sequences":
-        raise ValueError(
-            "model.task=next_item learns from users' item sequences: it needs data=sequences "
-            f"(data.path a `user item` file or an interaction table), not data.name={c.data.name}"
-        )
-    if m.task == "next_item" and m._target_ is None and not seq_arch:
-        raise ValueError(
-            f"model.task=next_item needs a sequence model: model.arch=sasrec or hstu, or your "
-            f"own model._target_ (docs/library.md, Sequences), not model.arch={m.arch}"
-        )
-    if seq_arch and m.task != "next_item":
-        raise ValueError(
-            f"model.arch={m.arch} predicts the next item of a sequence: it needs "
-            f"model.task=next_item and data=sequences, not model.task={m.task}"
-        )
-    if c.data.name == "sequences" and m.task != "next_item":
-        raise ValueError(
-            f"data=sequences holds users' item sequences: train them with model.task=next_item "
-            f"(model=sasrec or hstu), not model.task={m.task}"
-        )
-    sequences = [f.name for f in m.tables() if f.sequence] if m.task != "next_item" else []
-    if sequences and m._target_ is None:
-        raise ValueError(
-            f"model.arch={m.arch} pools every feature: its feature {sequences[0]!r} has "
-            "model.pooling=none (a sequence); pool it (sum or mean), or use your own model "
-            "(model._target_) that reads sequences"
-        )
-    _choice("train.next_item.loss", n.loss, ("bce", "softmax"))
-    _positive("train.next_item.negatives", n.negatives, allow_zero=n.loss == "softmax")
-    _positive("data.sequence.max_len", c.data.sequence.max_len)
-
-
-def _check_retrieval(c: Config) -> None:
-    """model.task=retrieval: a two-tower model of a table dataset, its loss and its top-K."""
-    m, r = c.model, c.train.retrieval
-    if c.data.name != "table":
-        raise ValueError(
-            f"model.task=retrieval ranks a dataset's items for its users: it needs data=table "
-            f"(every row one (user, item) interaction, in train/val/test splits), not "
-            f"data.name={c.data.name}"
-        )
-    if not m.built_by_class() or (m._target_ is None and m.arch != "two_tower"):
-        raise ValueError(
-            f"model.task=retrieval needs a model with a user tower and an item tower: "
-            f"model.arch=two_tower or your own model._target_ (docs/library.md), not "
-            f"model.arch={m.arch}"
-        )
-    _positive("train.retrieval.temperature", r.temperature)
-    _positive("train.retrieval.negatives", r.negatives, allow_zero=True)
-    ks = list(c.eval.topk)
-    if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
-        raise ValueError(f"eval.topk must list positive integers (e.g. [10,50]), got {ks}")
-
-
 def _check(c: Config, world_size: int, choices: Choices) -> None:
     m = c.model
+    _check_finite(c)
     _choice("device", c.device, DEVICES)
     _choice("model.arch", m.arch, ARCHS)
     _choice("model.init", m.init, choices["model.init"])
@@ -380,6 +315,7 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
     _choice("train.progress", c.train.progress, ("auto", "bar", "plain"))
     _choice("train.autocast", c.train.autocast, ("bf16", "none"))
     _choice("train.nonfinite", c.train.nonfinite, ("error", "skip"))
+    _choice("train.count_from", c.train.count_from, ("start", "resume"))
     _choice("train.compile", c.train.compile, ("auto", "dense", "graphs", "none"))
     _choice("train.kernels", c.train.kernels, choices["train.kernels"])
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
@@ -407,8 +343,8 @@ def _check(c: Config, world_size: int, choices: Choices) -> None:
         raise ValueError("eval.only with eval.batches=0 evaluates nothing; give a number or null")
     if c.eval.target_auc is not None and not 0.5 < c.eval.target_auc <= 1.0:
         raise ValueError(f"eval.target_auc must be in (0.5, 1], got {c.eval.target_auc}")
-    _check_task(c)
     _check_tables(m)
+    check_task(c)  # after the tables: a sequence check reads them
     _positive("model.num_dense_features", m.num_dense_features, allow_zero=True)
     if m.num_dense_features == 0 and not m.built_by_class():
         raise ValueError(

@@ -90,8 +90,8 @@ def check_override_keys(overrides: list[str]) -> None:
         if key in GROUPS or key.startswith("hydra") or "@" in key or "/" in key:
             continue
         parts = key.split(".")
-        if parts[:2] == ["model", "args"]:  # Hydra alone says "not in struct"
-            raise ValueError(
+        if parts[:2] == ["model", "args"] and not _preset_argument(key, overrides):
+            raise ValueError(  # Hydra alone says "not in struct"
                 f"{key}: model arguments are added with a plus: +{arg} (or all at once: "
                 "'+model.args={name: value, ...}')"
             )
@@ -104,6 +104,20 @@ def check_override_keys(overrides: list[str]) -> None:
                 where = f"under '{parent}'" if parent else "at the top level"
                 raise ValueError(f"unknown config key '{key}'; keys {where}: {', '.join(allowed)}")
     _check_data_keys(overrides)
+
+
+def _preset_argument(key: str, overrides: list[str]) -> bool:
+    """Whether model argument `key` (model.args.<name>) is set by a group file the command
+    line selects (model=sasrec sets model.args.dropout): then `key=value` overrides it, as
+    Hydra takes it, and a plus would be refused."""
+    others = [
+        a for a in overrides if a.split("=", 1)[0].lstrip("+~").split(".")[:2] != ["model", "args"]
+    ]
+    try:
+        args = compose(others).model.get("args") or {}
+    except Exception:  # noqa: BLE001 - the command line's own error is Hydra's to report
+        return False
+    return key.split(".", 2)[2].split(".")[0] in args
 
 
 def _check_data_keys(overrides: list[str]) -> None:

@@ -356,6 +356,12 @@ class TrainLoopConfig:
     steps: int = 3000  # optimizer steps (global batches)
     epochs: float | None = None  # passes over the train split (file data): sets `steps`
     batch_size: int = 1024  # the global batch, split evenly over ranks
+    # where `steps` (or `epochs`) and the training data's batches count from. start: step 0,
+    # so a resumed run ends where the interrupted one would have | resume: the step the run
+    # resumed at (day by day: train.epochs=1 is one more pass over today's data, read from its
+    # first batch); resumed again after a crash or stop (the same dataset), it ends where it
+    # would have
+    count_from: str = "start"
     log_every: int = 100  # log and write metrics.jsonl every this many steps
     check_ids: bool = True  # range-check every id before lookup (cheap; off once data is trusted)
     progress: str = "auto"  # auto (bar on a terminal) | bar | plain

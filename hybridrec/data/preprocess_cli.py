@@ -5,6 +5,8 @@
         --min-count 3
     hybridrec-preprocess --input sample.tsv --output bin --train-fraction 0.9
     hybridrec-preprocess --spec spec.yaml --input events/ --output bin   (your own table)
+    hybridrec-preprocess --spec spec.yaml --input day_2/ --output day_2_bin \
+        --stats-from day_1_bin                 (standardize as yesterday's dataset did)
 
 With --spec, the inputs are Parquet or CSV/TSV tables described by the dataset spec
 (docs/data-spec.md; hybridrec.data.tabular): one line per feature is printed, and the Criteo
@@ -96,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-rows", type=int, default=65536, help="--spec: rows per read batch (memory)"
     )
+    p.add_argument(
+        "--stats-from",
+        default=None,
+        metavar="DIR",
+        help="--spec: standardize with the statistics of dataset DIR (yesterday's, made with "
+        "the same spec) instead of this train split's",
+    )
     return p
 
 
@@ -135,6 +144,7 @@ def _table(args: argparse.Namespace) -> int:
         checksums=args.checksums,
         overwrite=args.overwrite,
         batch_rows=args.batch_rows,
+        stats_from=args.stats_from,
     )
     m = report.manifest
     if report.up_to_date:
@@ -206,6 +216,8 @@ def _error(message: str, code: int) -> int:
 
 def _criteo(args: argparse.Namespace) -> int:
     """Raw Criteo day files (no --spec)."""
+    if args.stats_from is not None:
+        raise UsageError("--stats-from applies to --spec datasets (standardize); Criteo's has none")
     options = PreprocessOptions(
         encoding=args.encoding,
         hash_cap=args.hash_cap,

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrec.config.schema import SEQUENCE_ARCHS
 from hybridrec.data.loader import BatchSource
 from hybridrec.data.sequences import LeaveOneOut, Sequences, read_interaction_table, read_user_item
 from hybridrec.types import Batch
@@ -48,6 +49,13 @@ def _format(path: Path, fmt: str) -> str:
     if fmt != "auto":
         return fmt
     return "table" if path.suffix.lower() in (".parquet", ".csv", ".tsv") else "user_item"
+
+
+def item_id_base(path: str | Path, fmt: str = "auto", item_base: int = 0) -> int:
+    """The data file's id of item row 0 (data.path, data.sequence.format and .item_base): 1
+    for a `user item` file (1-based ids: item i is row i - 1), `item_base` for an
+    interaction table. What an export records, so serving takes the file's own ids."""
+    return 1 if _format(Path(path), fmt) == "user_item" else int(item_base)
 
 
 @functools.lru_cache(maxsize=4)
@@ -98,6 +106,13 @@ def fill_model(raw: DictConfig) -> DictConfig:
     negatives = int(nxt.get("negatives", 1)) if nxt.get("loss", "bce") == "bce" else 0
     keys = sequence_model_keys(read_sequences(data), int(seq.get("max_len", 50)), negatives)
     model = raw.get("model") or OmegaConf.create({})
+    arch = model.get("arch", "dlrm")
+    if model.get("_target_") is None and arch not in SEQUENCE_ARCHS:
+        raise ValueError(
+            f"data=sequences holds users' item sequences: train them with model=sasrec or "
+            f"model=hstu (model.task=next_item), or your own model._target_, not "
+            f"model.arch={arch}"
+        )
     if model.get("task") is None:
         model["task"] = "next_item"
     for key, want in keys.items():

@@ -11,8 +11,9 @@ format when the file names do not tell it (`day_0`).
 
 Invariants checked here: every feature's table listed under `tables` and every listed table
 used, distinct feature names, a binary label rule only for binary tasks, disjoint split
-values, fractions in range. Several features may share one table (a user id and a list of
-followed user ids: the same value must hit the same row), so they encode alike: all
+values, fractions in range, a dynamic table's rows (if given) equal to its capacity. Several
+features may share one table (a user id and a list of followed user ids: the same value must
+hit the same row), so they encode alike: all
 `vocabulary` with one `min_count` (one vocabulary over their train values), all `hashing`
 with one `cap`, all `identity` with one `rows`, or all `dynamic` with one `capacity` and
 policy. `dynamic` (docs/dynamic.md) keeps raw ids: integers as they are, strings hashed
@@ -397,6 +398,14 @@ def _check_names(where: str, sparse: list[SparseSpec], tables: list[TableSpec]) 
     unused = [t.name for t in tables if t.name not in users]
     if unused:
         raise ValueError(f"{where}: tables lists {unused[0]!r}, which no sparse feature uses")
+    for j, t in enumerate(tables):
+        s = users[t.name][0]
+        if s.encoding == "dynamic" and t.rows not in (None, s.capacity):
+            raise ValueError(
+                f"{where}: tables[{j}] ({t.name}).rows={t.rows} differs from sparse["
+                f"{sparse.index(s)}] ({s.name}).capacity={s.capacity}; a dynamic table has "
+                "capacity rows: leave rows out"
+            )
     for table, shared in users.items():
         _check_shared(where, table, shared)
 

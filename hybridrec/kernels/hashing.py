@@ -36,7 +36,10 @@ def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 of int64 `x` (any shape), as int64 bits."""
+    """splitmix64 of integer `x` (any shape; narrower integers are widened to int64 first: in
+    their own dtype the arithmetic would wrap at their width, another hash), as int64 bits."""
+    if x.dtype != torch.int64:
+        x = x.long()
     z = x + _signed(_GOLDEN)
     z = (z ^ _shr(z, 30)) * _signed(_M1)
     z = (z ^ _shr(z, 27)) * _signed(_M2)

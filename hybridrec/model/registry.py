@@ -19,23 +19,31 @@ The contract of a model class (docs/library.md, "Models by config"):
   attribute `task` ("binary", "regression" or "retrieval") states the one it needs, refused
   when the config's differs.
 Every mismatch is one line naming the model, feature and what to do.
+
+A config read from a file (an export's `model_config`: `model_config`) is settings only, and
+a `_target_` in it is never imported: the class is the one its user names (`named_class`),
+compared with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import json
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from torch import nn
 
-from hybridrec.config import ModelConfig
+from hybridrec.config import ARCHS, ModelConfig
 from hybridrec.model.dlrm import DLRM
 from hybridrec.model.retrieval import check_retrieval_model
 from hybridrec.model.sequential import HSTUModel, SASRecModel
 from hybridrec.model.tables import declared_tables
 from hybridrec.model.zoo import TwoTower, WideDeep
-from hybridrec.types import TableConfig
+from hybridrec.types import TASKS, TableConfig
 
 MODELS: dict[str, type[nn.Module]] = {
     "dlrm": DLRM,
@@ -160,3 +168,83 @@ def check_model_config(m: ModelConfig) -> None:
     """Config-time check of a model class's config: it imports, takes model.args, declares
     the dataset's features (builds the declaration, no rows)."""
     make_model(m, model_class(m))
+
+
+def model_config(path: Path, text: object, allow_target: bool = False) -> ModelConfig:
+    """The model config an export carries: a JSON object of ModelConfig fields with a
+    registered `arch`. Anything else (an unknown key or architecture) is refused naming the
+    file; so is a `_target_` (a class to import) unless `allow_target`: the caller then
+    compares it with the class its user named (`named_class`), never importing it."""
+    try:
+        d = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        d = None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: model_config is not a JSON object of model settings; refused")
+    if d.get("_target_") is not None and not allow_target:
+        raise ValueError(
+            f"{path}: model_config '_target_'={d['_target_']!r} is code to import, not model "
+            "settings; refused: nothing an export names is imported (if you trained it, name "
+            "your class: load_export(path, model=YourClass) or model='pkg.Class')"
+        )
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(ModelConfig)})
+    if unknown:
+        raise ValueError(
+            f"{path}: model_config keys {unknown} are not model settings; refused (an export "
+            "carries settings, never code to build)"
+        )
+    arch = d.get("arch", ModelConfig.arch)
+    if arch not in ARCHS:
+        raise ValueError(
+            f"{path}: model_config arch {arch!r} is not one of {', '.join(ARCHS)}; refused"
+        )
+    task = d.get("task", ModelConfig.task)  # exports older than model.task are binary
+    if task not in TASKS:
+        raise ValueError(
+            f"{path}: model_config task {task!r} is not one of {', '.join(TASKS)}; refused"
+        )
+    return ModelConfig(**d)
+
+
+def class_name(model: type | str) -> str:
+    """How a named class is compared with a file's `_target_`: its import path."""
+    return model if isinstance(model, str) else f"{model.__module__}.{model.__qualname__}"
+
+
+def named_class(
+    where: object, cfg: ModelConfig, model: type[nn.Module] | str | None
+) -> type[nn.Module]:
+    """The class to build for `cfg` (the config `where` holds), given the class the caller
+    named: `model` (a class, or its import path, which is imported: the caller named it).
+    A built-in architecture needs none; a `_target_` needs one, equal to it (a class also
+    matches when the target's module, already imported, holds it); ValueError (one line
+    naming both) otherwise. The file's `_target_` itself is never imported."""
+    target = cfg._target_
+    if model is None:
+        if target is not None:
+            raise ValueError(
+                f"{where} was trained with model._target_={target}, a class of your own; "
+                "nothing a file names is imported: name the class, load_export(path, "
+                "model=YourClass) or model='pkg.Class'"
+            )
+        return MODELS[cfg.arch]
+    if not isinstance(model, str) and not (
+        isinstance(model, type) and issubclass(model, nn.Module)
+    ):
+        raise ValueError(
+            f"model= takes an nn.Module class or its import path, got {type(model).__name__}"
+        )
+    name = class_name(model)
+    if target is None:
+        raise ValueError(
+            f"{where} holds the built-in model.arch={cfg.arch}, but model={name} was named; "
+            "drop model= (a built-in model needs no class)"
+        )
+    module, _, attr = target.rpartition(".")
+    loaded = getattr(sys.modules.get(module), attr, None) if module in sys.modules else None
+    if name != target and (isinstance(model, str) or loaded is not model):
+        raise ValueError(
+            f"{where} was trained with model._target_={target}, but model={name} was named; "
+            "name the class it was trained with"
+        )
+    return import_class(model) if isinstance(model, str) else model

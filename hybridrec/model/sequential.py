@@ -51,6 +51,26 @@ class NextItemOutputs:
     negative_ids: torch.Tensor | None = None
 
 
+def encode_grouped(
+    encoder: nn.Module, rows: torch.Tensor, mask: torch.Tensor, groups: int
+) -> torch.Tensor:
+    """encoder(rows [B, L, D], mask [B, L]), computed on `groups` groups of rows of similar
+    lengths, each cut to its longest: rows are independent and a causal encoder's output at
+    an event never reads the PAD positions after it, so the cut columns only save work
+    (most histories are far shorter than L). Positions past a row's events are zeros, as the
+    encoders give them. One host read of the lengths (a sync on CUDA)."""
+    lengths = mask.sum(1)
+    longest = lengths.tolist()
+    if groups <= 1 or max(longest, default=0) == mask.shape[1] and min(longest) == max(longest):
+        return encoder(rows, mask)
+    order = torch.argsort(lengths, stable=True)
+    out = rows.new_zeros(rows.shape)
+    for part in order.chunk(groups):
+        w = max(int(lengths[part].max()), 1)
+        out[part, :w] = encoder(rows[part, :w], mask[part, :w])
+    return out
+
+
 def with_negative_rows(seq: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
     """seq ids [B, C] with negatives [M] appended as ceil(M / C) more rows (-1 past them):
     one lookup gives both. The rows' order is the negatives' order."""
@@ -70,8 +90,11 @@ class NextItemModel(nn.Module):
         self,
         features: Sequence[TableConfig],
         encoder: str = "sasrec",
+        groups: int = 4,
         **encoder_args: object,
     ) -> None:
+        """`groups`: a batch's rows run through the encoder in this many groups of similar
+        lengths (encode_grouped; 1: all together)."""
         super().__init__()
         by_name = {f.name: f for f in features}
         seq = by_name.get("seq")
@@ -82,7 +105,7 @@ class NextItemModel(nn.Module):
             )
         if encoder not in ENCODERS:
             raise ValueError(f"encoder={encoder!r} is not one of: {', '.join(ENCODERS)}")
-        self.max_len = seq.hotness - 1
+        self.max_len, self.groups = seq.hotness - 1, groups
         neg = by_name.get("neg")
         self.per_position = neg.hotness // self.max_len if neg is not None else 0
         self.items = EmbeddingTables.of([f for f in features if f.name in ("seq", "neg")],
@@ -116,7 +139,7 @@ class NextItemModel(nn.Module):
         with; `negatives` [M]: the step's uniform items (softmax objective)."""
         rows, seq, neg, extra = self._rows(ids, negatives)
         mask = seq >= 0
-        hidden = self.encoder(rows[:, :-1], mask[:, :-1])
+        hidden = encode_grouped(self.encoder, rows[:, :-1], mask[:, :-1], self.groups)
         targets = seq[:, 1:]
         train = mask[:, :-1] & (targets >= 0)
         b, length, dim = hidden.shape
@@ -130,7 +153,7 @@ class NextItemModel(nn.Module):
         `seq`; ValueError for a user without one)."""
         rows, seq, _, _ = self._rows(ids)
         mask = seq[:, :-1] >= 0
-        return last_states(self.encoder(rows[:, :-1], mask), mask)
+        return last_states(encode_grouped(self.encoder, rows[:, :-1], mask, self.groups), mask)
 
     def candidates(self, item_ids: torch.Tensor) -> torch.Tensor:
         """[n, D]: the vectors items `item_ids` [n] are scored by (their rows)."""
@@ -147,13 +170,17 @@ class SASRecModel(NextItemModel):
     """model.arch=sasrec: NextItemModel with SASRec's encoder (model.args: blocks, heads,
     dropout, positions, scale_rows)."""
 
-    def __init__(self, features: Sequence[TableConfig], **encoder_args: object) -> None:
-        super().__init__(features, "sasrec", **encoder_args)
+    def __init__(
+        self, features: Sequence[TableConfig], groups: int = 4, **encoder_args: object
+    ) -> None:
+        super().__init__(features, "sasrec", groups, **encoder_args)
 
 
 class HSTUModel(NextItemModel):
     """model.arch=hstu: NextItemModel with HSTU's encoder (model.args: blocks, heads, dqk,
     dv, dropout, attn_dropout, positions, output_norm)."""
 
-    def __init__(self, features: Sequence[TableConfig], **encoder_args: object) -> None:
-        super().__init__(features, "hstu", **encoder_args)
+    def __init__(
+        self, features: Sequence[TableConfig], groups: int = 4, **encoder_args: object
+    ) -> None:
+        super().__init__(features, "hstu", groups, **encoder_args)

@@ -46,6 +46,10 @@ from torch import nn
 
 from hybridrec.types import Dynamic, KeyedIds, Pooling, ShardingPlan, TableConfig
 
+# integer ids narrower than int64, widened before the storage sees them (as int64 ids look up
+# the same rows); float ids go on to the storage's id check, which refuses them
+NARROW_IDS = (torch.int32, torch.int16, torch.int8, torch.uint8)
+
 
 @dataclass(frozen=True)
 class Table:
@@ -272,6 +276,8 @@ class EmbeddingTables(nn.Module):
                     f"ids [B, {want}] of exactly these features; got {list(ids.shape)}"
                 )
             cols = ids
+        if cols.dtype in NARROW_IDS:  # the storage's exchanges count and route in int64
+            cols = cols.long()
         pooled = (self._lookup or self.storage)(cols)
         return Pooled(pooled, self.features, cols)
 

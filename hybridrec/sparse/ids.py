@@ -1,6 +1,9 @@
 """Range checks of a batch's ids [B, H] against each column's table, with a precise error.
 
-Valid: 0 <= id < rows; a jagged table's columns may also hold PAD_ID (-1, "no id").
+Valid: 0 <= id < rows (a dynamic table's raw ids: 0 <= id <= RAW_ID_MAX); a jagged table's
+columns may also hold PAD_ID (-1, "no id"). Ids come in an integer dtype (ID_DTYPES; a model's
+EmbeddingTables widens narrower ones to int64): float ids are refused, as a float32 holds
+integers exactly only up to 2^24 (a raw 40-bit id would already be rounded).
 
 On the CPU a bad id raises at once. On CUDA that would cost a host sync every step, so the
 check is deferred: bad ids are read as 0 and the first one is recorded on the device, raised
@@ -16,9 +19,20 @@ import torch
 
 from hybridrec.types import PAD_ID, TableConfig, hot_offsets
 
+# the largest raw id a dynamic table takes: the range check's bound is exclusive and int64
+# (2^63 - 1 itself cannot be checked against a larger bound), and preprocessing gives ids in
+# [0, 2^63 - 2] (null: 2^63 - 2, hybridrec.data.tabular.encode.DYNAMIC_NULL)
+RAW_ID_MAX = (1 << 63) - 2
+# the dtypes ids may come in (hybridrec.model.tables.NARROW_IDS: the ones widened to int64)
+ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
 
 class IdOutOfRangeError(ValueError):
     """An id outside its table, caught before any kernel reads memory."""
+
+
+class IdDtypeError(ValueError):
+    """Ids that are not integers (float, bool), refused before any kernel reads them."""
 
 
 class IdChecker:
@@ -45,8 +59,8 @@ class IdChecker:
         """Per column [H]: the smallest valid id (PAD_ID for jagged tables) and the rows."""
         if device not in self._limits:
             low = [PAD_ID if t.jagged else 0 for t in self.tables for _ in range(t.hotness)]
-            high = [  # a dynamic table's ids are raw: any id >= 0
-                t.num_rows if t.dynamic is None else (1 << 63) - 1
+            high = [  # a dynamic table's ids are raw: any id in [0, RAW_ID_MAX]
+                t.num_rows if t.dynamic is None else RAW_ID_MAX + 1
                 for t in self.tables
                 for _ in range(t.hotness)
             ]
@@ -57,7 +71,9 @@ class IdChecker:
         return self._limits[device]
 
     def bad_mask(self, ids: torch.Tensor) -> torch.Tensor:
-        """[B, H] bool, True where an id is out of range (no host sync)."""
+        """[B, H] bool, True where an id is out of range (no host sync); IdDtypeError for
+        ids that are not of an integer dtype (ID_DTYPES)."""
+        self.check_dtype(ids)
         if ids.dim() != 2 or ids.shape[1] != self.offsets[-1]:
             raise ValueError(
                 f"ids must be [batch, {self.offsets[-1]}] (one column per id of the "
@@ -65,6 +81,28 @@ class IdChecker:
             )
         low, high = self.limits(ids.device)
         return (ids < low) | (ids >= high)
+
+    def check_dtype(self, ids: torch.Tensor) -> None:
+        """IdDtypeError naming the first feature (a dynamic table's, if any) when ids [B, H]
+        are not of an integer dtype: every feature's ids share the tensor's dtype."""
+        if ids.dtype in ID_DTYPES or not self.tables:
+            return
+        first = next((i for i, t in enumerate(self.tables) if t.dynamic is not None), 0)
+        t = self.tables[first]
+        others = len(self.tables) - 1
+        also = f" and the other {others} feature{'s' * (others > 1)}" if others else ""
+        raw = " (a dynamic table's raw ids are int64)" if t.dynamic is not None else ""
+        floats = (
+            ", converted where they are read, not through a float (a float32 holds integers "
+            "exactly only up to 2^24)"
+            if ids.dtype.is_floating_point
+            else ""
+        )
+        dtype = str(ids.dtype).removeprefix("torch.")
+        raise IdDtypeError(
+            f"feature {first} ({t.name}){also}: ids are {dtype}, not integers{raw}; pass int64 "
+            f"ids (int32, int16, int8 and uint8 are taken too){floats}"
+        )
 
     def first_error(
         self, ids: torch.Tensor, bad: torch.Tensor, sample_base: int = 0
@@ -80,9 +118,10 @@ class IdChecker:
         t = next(i for i in range(len(self.tables)) if self.offsets[i + 1] > col)
         table = self.tables[t]
         if table.dynamic is not None:
+            what = "is negative" if value < 0 else f"is above {RAW_ID_MAX} (2^63 - 2)"
             return IdOutOfRangeError(
-                f"feature {t} ({table.name}): id {value} at {where} is negative; dynamic table "
-                f"{table.table_name!r} takes raw ids >= 0"
+                f"feature {t} ({table.name}): id {value} at {where} {what}; dynamic table "
+                f"{table.table_name!r} takes raw ids 0..{RAW_ID_MAX}"
                 f"{', or -1 for no id' if table.jagged else ''}{then}"
             )
         return IdOutOfRangeError(

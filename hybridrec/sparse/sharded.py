@@ -35,7 +35,7 @@ from hybridrec.sparse.exchange.sample_major import SampleMajor
 from hybridrec.sparse.fused import RowOptimizer
 from hybridrec.sparse.groups import Group, HostOptions, build_groups
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
-from hybridrec.sparse.ids import IdChecker, IdOutOfRangeError
+from hybridrec.sparse.ids import ID_DTYPES, IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import GroupKey, Placement, ShardedLayout
 from hybridrec.sparse.step import Exchange, GroupInput, StepContext, Wire
 from hybridrec.types import ShardingPlan, TableConfig
@@ -240,6 +240,8 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         found one (a flag in the exchange it makes anyway), so all fail together in that
         step, with no collective of their own (`_route`). Deferred on CUDA (IdChecker):
         bad ids read as 0 until check_inputs."""
+        if ids.dtype != torch.int64 and ids.dtype in ID_DTYPES:
+            ids = ids.long()  # narrower integer ids: the exchanges and maps work in int64
         if self.checker is None:
             return ids, None
         sample_base = self.rank * ids.shape[0]

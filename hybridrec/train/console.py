@@ -239,7 +239,8 @@ def show_start(cfg: Config, env: DistEnv, step: int, local_batch: int) -> None:
     if step >= steps:
         log.info(
             "the run is already at step %d >= train.steps=%d: nothing to train (raise "
-            "train.steps to continue, or eval.only=true to evaluate it)",
+            "train.steps to continue, train.count_from=resume to count train.steps or "
+            "train.epochs from the resumed step, or eval.only=true to evaluate it)",
             step,
             steps,
         )

@@ -105,12 +105,15 @@ class DenseChecker:
         )
 
 
-def dataset_locator(source: BatchSource, batch_size: int, split: str = "train") -> Locate:
+def dataset_locator(
+    source: BatchSource, batch_size: int, split: str = "train", first: int = 0
+) -> Locate:
     """Maps (batch index, sample) of a split's stream to where the source read it from (a
-    preprocessed dataset's row; None where the source cannot tell: BatchSource.row_of)."""
+    preprocessed dataset's row; None where the source cannot tell: BatchSource.row_of).
+    `first`: the step whose batch is the split's batch 0 (train.count_from=resume)."""
 
     def locate(batch: int, sample: int) -> str | None:
-        return source.row_of(batch, batch_size, split, sample)
+        return source.row_of(batch - first, batch_size, split, sample)
 
     return locate
 

@@ -5,6 +5,10 @@ sample" mask are gathered from all ranks and the metrics (hybridrec.train.metric
 once over the whole set, those of model.task (binary: AUC, log loss, ...; regression:
 MSE, RMSE, MAE). A file split's last batch is filled by wrapping around to its start;
 samples at global positions past the split's rows are masked out, so every row counts once.
+On one process those wrapped samples are not even scored (the batch is cut to the split's
+end), so what a forward counts (dynamic tables' ids without a row, `unknown_rate`) covers the
+split's rows only; on several ranks every rank's slice is scored whole (the trainer's
+exchanges take equal slices) and the padding's ids are counted by the dynamic maps too.
 An eval batch that the world size does not divide reaches each rank padded to ceil(B/W)
 samples (hybridrec.data.loader.rank_span); the padding is masked out too, so the metrics are
 those of the single-process reference whatever the world size.
@@ -54,15 +58,21 @@ def evaluate(
     try:
         for step, batch in enumerate(itertools.islice(loader, batches)):
             batch = batch.to(env.device)
+            rows = batch.size
+            if world == 1:  # the wrapped rows of a split's last batch need no forward here
+                rows = min(rows, max(0, limit - step * batch_size))
+                batch = batch.slice(0, rows) if rows < batch.size else batch
+            if not rows:
+                continue
             dense = batch.dense
             if check_dense is not None:  # NaN or inf features (hybridrec.train.dense_check)
                 dense = check_dense(dense, step, env.rank * local_batch)
             with autocast:
-                for lo in range(0, batch.size, chunk or batch.size):
-                    hi = lo + (chunk or batch.size)
+                for lo in range(0, rows, chunk or rows):
+                    hi = lo + (chunk or rows)
                     logits.append(score(dense[lo:hi], batch.ids[lo:hi]).float())
             labels.append(batch.labels)
-            real.append(in_batch & (first + step * batch_size < limit))
+            real.append((in_batch & (first + step * batch_size < limit))[:rows])
     finally:
         loader.close()  # type: ignore[attr-defined]
     check_inputs()  # no metrics from batches with bad ids or non-finite dense features

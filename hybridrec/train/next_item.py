@@ -76,7 +76,7 @@ def next_item_softmax_loss(
         log_q=None if log_q is None else log_q[items],
         remove_accidental_hits=remove_accidental_hits,
         valid=valid,
-        denominator=float(counts.sum()) / world_size(group),
+        denominator=max(float(counts.sum()), 1.0) / world_size(group),  # none: a zero loss
     )
 
 

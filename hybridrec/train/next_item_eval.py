@@ -125,8 +125,9 @@ def catalogue_ranks(
     chunk: int = 1 << 16,
 ) -> torch.Tensor:
     """[Q] int64: each held-out item's exact rank over the whole catalogue (item_vectors
-    [N, D], row r = item r), the input items (`seen`: history_codes) excluded; states [Q, D]
-    the users' states. A rank >= k is returned as k (a miss at every K <= k). The rank counts
+    [N, D], row r = item r), the input items (`seen`: history_codes) excluded (a held-out
+    item among them with them: rank k, a miss); states [Q, D] the users' states. A rank >= k
+    is returned as k (a miss at every K <= k). The rank counts
     the items ordered before the target (higher score, or an equal score and a lower id:
     order_keys' order) in one pass per chunk of `chunk` items; the target's score is its own
     entry of the same product, so it is compared with the others bit for bit."""
@@ -156,6 +157,7 @@ def catalogue_ranks(
         sc, ts = scores[sq, si - a], target_score[sq]
         out = (sc > ts) | ((sc == ts) & (si < targets[sq]))
         ranks.index_add_(0, sq, -out.long())
+    ranks[seen_q[seen_item == targets[seen_q]]] = k  # a repeat: excluded with the inputs, a miss
     return ranks.clamp(max=k).cpu()
 
 
@@ -259,6 +261,28 @@ class NextItemEvaluation:
     ) -> dict[str, float]:
         """hr@K and ndcg@K (eval.topk), sampled_hr@10 and sampled_ndcg@10 over the split's
         first `max_users` evaluated users (None: all)."""
+        full, sampled = self.ranks(split, keyed, max_users, chunk)
+        result = {"eval_samples": float(len(full)), "catalogue": float(self.source.num_items)}
+        for ranks, metrics in (
+            (full, RankMetrics(self.ks)),
+            (sampled, RankMetrics([10], "sampled_")),
+        ):
+            metrics.add(ranks)
+            result.update(metrics.result())
+        return result
+
+    @torch.no_grad()
+    def ranks(
+        self,
+        split: str,
+        keyed: Callable[[torch.Tensor], object],
+        max_users: int | None = None,
+        chunk: int = 8192,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(full [Q], sampled [Q]) int64: each of the split's first `max_users` evaluated
+        users' held-out item rank (from 0), in user order, over the whole catalogue (capped
+        at max(eval.topk): a miss) and among its sampled negatives (class docstring), the
+        same on every rank. Collective."""
         from hybridrec.distributed.comm import all_gather_rows
 
         ev, seqs = self.source.eval_split(split), self.source.seqs
@@ -296,11 +320,4 @@ class NextItemEvaluation:
         # [W * rounds, 2, EVAL_USERS] in (rank, round) order -> batch order i = round * W + rank
         every = every.view(world, rounds, 2, EVAL_USERS).transpose(0, 1).reshape(-1, 2, EVAL_USERS)
         full, sampled = (every[:, j].reshape(-1) for j in (0, 1))
-        result = {"eval_samples": float(total), "catalogue": float(self.source.num_items)}
-        for ranks, metrics in (
-            (full, RankMetrics(self.ks)),
-            (sampled, RankMetrics([10], "sampled_")),
-        ):
-            metrics.add(ranks[ranks >= 0][:total])
-            result.update(metrics.result())
-        return result
+        return full[full >= 0][:total], sampled[sampled >= 0][:total]

@@ -86,6 +86,15 @@ class Objective:
             features[item].num_rows,
         )
         self.user_rows = features[names.index(self.user_feature)].num_rows
+        if cfg.train.retrieval.logq and features[item].dynamic is not None:
+            t = features[item].table_name
+            raise ValueError(
+                f"train.retrieval.logq=true corrects each item row's logit by its count in the "
+                f"training rows, but item table {t!r} is dynamic: its raw ids get rows only "
+                f"while training, and the dataset's counts/{t}.npz counts raw ids, not rows; "
+                "set train.retrieval.logq=false (or give the item column a fixed encoding, "
+                "vocabulary or identity, to keep logQ)"
+            )
         self.retrieval = RetrievalObjective(
             cfg.train.retrieval,
             env.group,

@@ -19,12 +19,14 @@ from torch import nn
 
 from hybridrec.builder import model_features
 from hybridrec.config import Config
+from hybridrec.data.dense_stats import dataset_fingerprint, differences, read_dense_stats
 from hybridrec.distributed.env import DistEnv
 from hybridrec.model.tables import declared_features
 from hybridrec.train.checkpoint import (
     CorruptCheckpointError,
     TrainState,
     check_matches,
+    checkpoint_step,
     init_from_export,
     intact_before,
     load_checkpoint,
@@ -33,6 +35,7 @@ from hybridrec.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
+from hybridrec.train.checkpoint.dynamic import KeyName, library_key, policy_changes
 from hybridrec.train.checkpoint.format import dense_module
 from hybridrec.types import ShardingPlan
 
@@ -42,7 +45,7 @@ log = logging.getLogger("hybridrec")
 def stream(cfg: Config) -> dict[str, Any]:
     """What decides which samples global batch k holds."""
     d = cfg.data
-    return {
+    out: dict[str, Any] = {
         "train.batch_size": cfg.train.batch_size,
         "seed": cfg.seed,
         "data.name": d.name,
@@ -53,14 +56,47 @@ def stream(cfg: Config) -> dict[str, Any]:
         "data.teacher_scale": d.teacher_scale,
         "data.label_noise": d.label_noise,
     }
+    if d.name == "sequences":  # also how the file numbers items, which exports record
+        out["data.sequence"] = dataclasses.asdict(d.sequence)
+    return out
+
+
+def dynamic_key(cfg: Config) -> KeyName:
+    """How this run's config sets a dynamic table's key (checkpoint.dynamic.policy_refusal's
+    `key_name`): `model.dynamic.<table>.<key>` and the table's rows (data=table: filled from
+    the dataset spec's policy and capacity, named too); a table a model class declares
+    itself: its Table / Dynamic arguments."""
+    m, spec = cfg.model, cfg.data.name == "table"
+
+    def name(table: str, key: str) -> str:
+        base = table.rsplit(".", 1)[-1]  # checkpoints name tables "<namespace>.<table>"
+        if base not in (m.dynamic or {}) and m.built_by_class():
+            return library_key(table, key)
+        if key == "capacity":
+            return f"model.num_embeddings_per_feature of table {base}" + (
+                " (the spec's capacity)" if spec else ""
+            )
+        if key == "dynamic":
+            return f"model.dynamic.{base}" + (" (the spec's encoding: dynamic)" if spec else "")
+        return f"model.dynamic.{base}.{key}" + (f" (the spec's policy.{key})" if spec else "")
+
+    return name
 
 
 def check_resume(cfg: Config) -> None:
     """Before the model is built: the checkpoint a resume would load holds this model's
-    tables and optimizers (a mismatch otherwise shows only after every table is allocated)."""
+    tables and optimizers, and its dynamic tables' maps fit their policies (a mismatch
+    otherwise shows only after every table is allocated)."""
     path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume)
     if path is not None:
-        check_matches(path, model_features(cfg), cfg.optim.sparse.name, cfg.optim.dense.name)
+        check_matches(
+            path,
+            model_features(cfg),
+            cfg.optim.sparse.name,
+            cfg.optim.dense.name,
+            dynamic_key(cfg),
+            "checkpoint.resume=never, or another checkpoint.dir",
+        )
 
 
 class Checkpointer:
@@ -80,6 +116,30 @@ class Checkpointer:
         self.signature = model_signature(
             self.tables, model, cfg.optim.sparse.name, cfg.optim.dense.name
         )
+        # the training data: its fingerprint (which run a checkpoint continues) and what
+        # standardize applied to it (saved, and compared on resume)
+        table = cfg.data.name == "table" and cfg.data.path
+        self.data_id = dataset_fingerprint(cfg.data.path) if cfg.data.path else None
+        self.dense_stats = read_dense_stats(cfg.data.path) if table else None
+        # the step this run's length and training data count from (train.count_from)
+        self.start = self._count_start() if cfg.train.count_from == "resume" else 0
+
+    def _count_start(self) -> int:
+        """train.count_from=resume: 0 without a checkpoint, else the resumed step; but a
+        checkpoint saved by a run on this very training stream and dataset (its fingerprint:
+        a new day's data at the same path is another) continues that run: the step it
+        counted from, so it ends where it would have (after a crash or a stop, the day's pass
+        still trains once; after it finished, the same command trains nothing more)."""
+        if self.resume_from is None:
+            return 0
+        extra = self.saved_extra()
+        step = checkpoint_step(self.resume_from)
+        run = extra.get("run")
+        same = extra.get("stream") == stream(self.cfg)
+        if same and isinstance(run, dict) and run.get("data") == self.data_id:
+            if run.get("from", step + 1) <= step <= run.get("to", -1):
+                return int(run["from"])
+        return step
 
     def saved_extra(self) -> dict[str, Any]:
         """The `extra` of the checkpoint a resume will load ({} when none)."""
@@ -107,6 +167,18 @@ class Checkpointer:
                 f"checkpoint.resume={older[0]} (or move {path} away)"
             ) from None
         log.info("resumed from %s at step %d", path, state.step)
+        self._check_dense_stats(state.extra)
+        if self.cfg.train.count_from == "resume" and self.env.is_main and not self.cfg.eval.only:
+            log.info(
+                "train.count_from=resume: steps %d..%d, the training data from its batch %d "
+                "(counted from step %d)",
+                state.step + 1,
+                self.cfg.train.steps,
+                state.step - self.start,
+                self.start,
+            )
+            self._check_eps_form(state.extra)  # another stream is this key's purpose: no warning
+            return state.step, int(state.extra.get("skipped", 0))
         saved = state.extra.get("stream")
         changed = [
             f"{k} {saved[k]!r} -> {v!r}"
@@ -122,7 +194,35 @@ class Checkpointer:
                 state.step,
             )
         self._check_eps_form(state.extra)
+        changes = policy_changes(read_manifest(path, verify=False), self.signature["tables"])
+        if changes and self.env.is_main and not self.cfg.eval.only:
+            log.warning(
+                "resuming dynamic tables under other policy values (%s): their maps decide by "
+                "the new values from step %d on, so the result will differ from an "
+                "uninterrupted run",
+                "; ".join(changes),
+                state.step,
+            )
         return state.step, int(state.extra.get("skipped", 0))
+
+    def _check_dense_stats(self, extra: dict[str, Any]) -> None:
+        """Warn when this data's dense columns are standardized with other statistics than
+        the checkpoint's training data (each day's own, say): the same raw value then reaches
+        the model as another input."""
+        saved = extra.get("dense_stats")
+        if saved is None or self.dense_stats is None or not self.env.is_main:
+            return
+        diffs = differences(saved, self.dense_stats)
+        if diffs:
+            was = (extra.get("stream") or {}).get("data.path") or "the checkpoint's dataset"
+            log.warning(
+                "%s is standardized with other statistics than the checkpoint's training data "
+                "(%s): the model sees other inputs for the same raw values; preprocess it with "
+                "--stats-from %s (docs/dynamic.md, Day by day)",
+                self.cfg.data.path,
+                "; ".join(diffs),
+                was,
+            )
 
     def _check_eps_form(self, extra: dict[str, Any]) -> None:
         """Warn when sparse Adam resumes under another eps form than it was saved with. The
@@ -153,7 +253,11 @@ class Checkpointer:
             "skipped": skipped,
             "stream": stream(self.cfg),
             "model": dataclasses.asdict(self.cfg.model),  # for hybridrec.model.load_export
+            # train.count_from: where this run counted from and ends, on which data
+            "run": {"from": self.start, "to": self.cfg.train.steps, "data": self.data_id},
         }
+        if self.dense_stats is not None:  # hybridrec.data.dense_stats
+            extra["dense_stats"] = self.dense_stats
         if self.cfg.optim.sparse.name == "adam":  # what the next resume compares its form with
             extra["sparse_eps_form"] = self.cfg.optim.sparse.eps_form
         if wandb_run_id:

@@ -96,6 +96,9 @@ class Trainer:
         )
         self.checkpoints = Checkpointer(cfg, env, self.model, self.dense_opt, self.plan)
         self.resume_from = self.checkpoints.resume_from
+        # train.count_from=resume: the run's length and its training batches count from here
+        self.first = self.checkpoints.start
+        cfg.train.steps += self.first
         # rows logged after the resumed checkpoint (by a run that crashed) are logged again
         if self.resume_from is not None and env.is_main and self.run_dir is not None:
             truncate_metrics(self.run_dir / "metrics.jsonl", checkpoint_step(self.resume_from))
@@ -282,6 +285,8 @@ class Trainer:
             # dynamic tables: the share of this evaluation's ids that had no row
             taken = [m.take_eval_unknown() for m in self.embeddings]
             unknown = console.summed_counters(taken, self.env)
+            if not metrics:  # an empty split: no row (the source warned), with or without them
+                return {}
             return {**metrics, **console.unknown_rates(unknown.dynamic)}
 
     def evaluate_topk(
@@ -386,7 +391,7 @@ class Trainer:
         console.show_start(cfg, env, self.step, self.local_batch)
         if any(m.prefetches for m in self.embeddings):
             self.warm_start_caches()
-        pipeline = self.pipeline(self.loader("train", self.step))
+        pipeline = self.pipeline(self.loader("train", self.step - self.first))
         profiler = None
         if cfg.train.profile_steps:
             out = (self.run_dir or Path.cwd()) / "profile"
@@ -401,7 +406,8 @@ class Trainer:
             profiler.after_step(self.step)  # a window starting at step 0 (or the resumed one)
         for split, check in self.dense_checks.items():  # the loader's batches: rows are known
             size = cfg.train.batch_size if split == "train" else cfg.eval.batch_size
-            check.locate = dataset_locator(self.source, size, split)
+            offset = self.first if split == "train" else 0
+            check.locate = dataset_locator(self.source, size, split, offset)
         first, start = self.step, time.perf_counter()
         with PreemptionGuard(enabled=bool(cfg.checkpoint.dir)) as guard:
             try:

@@ -138,3 +138,38 @@ def criteo_cfg(path: str, sharding: str, loader: str, world: int):
         "seed=3",
     ]
     return make_config(*overrides, world_size=world)
+
+
+def dynamic_columns(n: int = 24) -> dict[str, list]:
+    """Columns for DYNAMIC_SPEC: raw int64 users past 2^40 (one null), string items, int lists."""
+    return {
+        "clicked": [int(i % 3 == 0) for i in range(n)],
+        "x": [float(i) for i in range(n)],
+        "user": [None if i == 5 else (1 << 40) + 7 * (i % 9) for i in range(n)],
+        "item": [f"item{i % 5}" for i in range(n)],
+        "tags": [[(1 << 35) + i % 4, i % 3] if i % 4 else None for i in range(n)],
+    }
+
+
+DYNAMIC_SPEC = {  # a count-admitted user table in 8 buckets, item and tag tables by default
+    "label": {"column": "clicked"},
+    "dense": [{"column": "x"}],
+    "sparse": [
+        {
+            "name": "user",
+            "column": "user",
+            "encoding": "dynamic",
+            "capacity": 64,
+            "min_count": 2,
+            "policy": {"admit": "count", "evict": "lru", "buckets": 8},
+        },
+        {"name": "item", "column": "item", "encoding": "dynamic", "capacity": 128},
+        {"name": "tags", "column": "tags", "kind": "list", "encoding": "dynamic", "capacity": 64},
+    ],
+    "tables": [
+        {"name": "user", "width": 4},
+        {"name": "item", "width": 4},
+        {"name": "tags", "width": 4},
+    ],
+    "split": {"by": "rows", "train_fraction": 0.75},
+}

@@ -16,11 +16,14 @@ from hybridrec.config import compose
 from hybridrec.configure import validate
 from hybridrec.data.dataset import open_dataset
 from hybridrec.data.manifest import Manifest
+from hybridrec.data.preprocess_cli import main as preprocess_main
 from hybridrec.data.spec import SPEC_POLICY_KEYS, parse_spec
 from hybridrec.data.tabular import preprocess_table
 from hybridrec.data.tabular.encode import DYNAMIC_NULL, raw_ids
 from hybridrec.types import DYNAMIC_ADMIT, DYNAMIC_EVICT, DYNAMIC_UNKNOWN, Dynamic
-from tests.data.tables import write_csv, write_parquet
+from tests.data.tables import DYNAMIC_SPEC as SPEC
+from tests.data.tables import dynamic_columns as _cols
+from tests.data.tables import write_csv, write_parquet, write_spec
 
 MASK = (1 << 64) - 1
 
@@ -85,40 +88,6 @@ def test_integers_pass_through_and_negative_ones_are_refused():
     floats, bad = raw_ids(pa.array([7.0, None, 2.5]))
     assert bad is None and floats.tolist()[:2] == [7, DYNAMIC_NULL]
     assert floats[2] == _reference_hash("2.5")
-
-
-def _cols(n: int = 24) -> dict[str, list]:
-    return {
-        "clicked": [int(i % 3 == 0) for i in range(n)],
-        "x": [float(i) for i in range(n)],
-        "user": [None if i == 5 else (1 << 40) + 7 * (i % 9) for i in range(n)],
-        "item": [f"item{i % 5}" for i in range(n)],
-        "tags": [[(1 << 35) + i % 4, i % 3] if i % 4 else None for i in range(n)],
-    }
-
-
-SPEC = {
-    "label": {"column": "clicked"},
-    "dense": [{"column": "x"}],
-    "sparse": [
-        {
-            "name": "user",
-            "column": "user",
-            "encoding": "dynamic",
-            "capacity": 64,
-            "min_count": 2,
-            "policy": {"admit": "count", "evict": "lru", "buckets": 8},
-        },
-        {"name": "item", "column": "item", "encoding": "dynamic", "capacity": 128},
-        {"name": "tags", "column": "tags", "kind": "list", "encoding": "dynamic", "capacity": 64},
-    ],
-    "tables": [
-        {"name": "user", "width": 4},
-        {"name": "item", "width": 4},
-        {"name": "tags", "width": 4},
-    ],
-    "split": {"by": "rows", "train_fraction": 0.75},
-}
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +173,24 @@ def test_a_bad_dynamic_key_is_one_line_naming_it(change, message):
     with pytest.raises(ValueError) as e:
         parse_spec(d)
     assert "\n" not in str(e.value) and str(e.value).startswith(f"spec: {message}"), e.value
+
+
+def test_table_rows_other_than_the_capacity_is_a_spec_error_exit_2(tmp_path, capsys):
+    """A dynamic table's rows are its capacity: another tables[].rows is a mistake in the spec,
+    so hybridrec-preprocess exits 2 (a usage error) with one line naming the keys, before
+    reading any row (it used to be found after the first pass, exit 1)."""
+    d = json.loads(json.dumps(SPEC))
+    d["tables"][1]["rows"] = 100
+    spec = write_spec(tmp_path / "s.yaml", d)
+    src = write_parquet(tmp_path / "t.parquet", _cols())
+    argv = ["--spec", str(spec), "--input", str(src), "--output", str(tmp_path / "out")]
+    assert preprocess_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"hybridrec-preprocess: error: {spec}: tables[1] (item).rows=100 differs from sparse[1] "
+        "(item).capacity=128; a dynamic table has capacity rows: leave rows out\n"
+    )
+    d["tables"][1]["rows"] = 128  # equal: accepted
+    assert parse_spec(d).table("item").rows == 128
 
 
 def test_a_negative_integer_id_names_the_column_and_row(tmp_path):

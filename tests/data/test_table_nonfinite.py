@@ -105,6 +105,23 @@ def test_nan_and_infinite_labels_are_refused_naming_the_rows(tmp_path):
     )
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_regression_label_beyond_float32_is_refused(tmp_path, fmt):
+    """1e39 is finite in the input but float32 inf once stored: refused naming the row, as a
+    dense value is (it used to be stored as inf, and training then stopped with 'loss became
+    NaN or inf ... lower the learning rates')."""
+    cols = movies()
+    cols["score"] = [float(r) for r in cols["rating"]]
+    cols["score"][6] = 1e39
+    cols["score"][17] = -1e39
+    regression = spec_dict(label={"column": "score", "task": "regression"})
+    assert _fails(tmp_path, cols, regression, fmt) == (
+        "label column 'score' holds 1e+39 at t rows 7, 18, which is not finite in float32 "
+        "(labels are stored as float32, |x| <= 3.4e38); rescale the label or fix or drop such "
+        "rows"
+    )
+
+
 def test_a_nan_category_is_a_null_too(tmp_path):
     """A float column used as a sparse feature: NaN is the null id, in a single feature and
     inside a list, as None is (it was counted as a vocabulary value, then encoded as out of

@@ -108,12 +108,21 @@ def reference(data: Path, case: str) -> dict:
     return train_and_collect(init_distributed("cpu"), make_cfg(data, case, "none", 1))
 
 
+# every case and mode on 1 and 2 ranks; on 3 and 4 ranks (the suite's time), a part of them
+# that still crosses every exchange: row-wise (compact rows back), column-wise, replicated
+LATER = {
+    3: ["sasrec_bce/row_wise", "sasrec_softmax/data_parallel", "dynamic/row_wise"],
+    4: ["sasrec_bce/column_wise", "sasrec_softmax/row_wise", "hstu_bce/auto"],
+}
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_next_item_training_matches_one_process(data, world):
     configs = [
         (f"{case}/{mode}", make_cfg(data, case, mode, world))
         for case, (_, modes) in CASES.items()
         for mode in modes
+        if world < 3 or f"{case}/{mode}" in LATER[world]
     ]
     ranks = run_shared(world, run_cases, configs, timeout=900)
     for name, cfg in configs:

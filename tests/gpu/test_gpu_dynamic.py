@@ -43,8 +43,8 @@ def _train(device: str, steps: int = 8) -> tuple[list[float], dict, float]:
         loss.backward()
         losses.append(float(loss))
     per_step = (time.perf_counter() - start) / (steps - 2)
-    maps = {k: m.slot_id.cpu() for k, m in c.dynamic.items()}
-    rows = {k: w.cpu() for k, (_, w, _) in zip(c.groups, c.shard_views(), strict=True)}
+    maps = {(k, p): m.slot_id.cpu() for k, g in c.groups.items() for p, m in g.dynamic()}
+    rows = {spec.table: w.cpu() for spec, w, _ in c.shard_views()}
     return losses, {"maps": maps, "rows": rows}, per_step
 
 
@@ -55,4 +55,5 @@ def test_dynamic_collection_on_cuda_equals_cpu():
     torch.testing.assert_close(torch.tensor(gpu_losses), torch.tensor(cpu_losses))
     for k in cpu["maps"]:
         assert torch.equal(gpu["maps"][k], cpu["maps"][k]), k
+    for k in cpu["rows"]:
         torch.testing.assert_close(gpu["rows"][k], cpu["rows"][k], rtol=1e-4, atol=1e-5)

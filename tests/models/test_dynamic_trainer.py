@@ -43,7 +43,8 @@ def test_dynamic_tables_train_log_and_export(tmp_path):
     assert evals and 0.0 < evals[-1]["dynamic/a.shared/unknown_rate"] < 1.0
 
     out = tmp_path / "model.pt"
-    assert export_main([str(tmp_path / "ck"), str(out)]) == 0
+    target = "tests.models.user_model.DynamicUser"
+    assert export_main([str(tmp_path / "ck"), str(out), "--model", target]) == 0
     state = torch.load(out, weights_only=True)
     assert state["embeddings.a.shared.slot_id"].shape == (64,)
     assert (state["embeddings.a.shared.slot_id"] >= 0).sum() == 56  # 8 unknown rows
@@ -51,7 +52,7 @@ def test_dynamic_tables_train_log_and_export(tmp_path):
     trainer.model.eval()
     with torch.no_grad():
         want = trainer.score(batch.dense, batch.ids)
-    model = load_export(out, trust_import=True)
+    model = load_export(out, model=target)
     torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-6, atol=1e-6)
     assert model.predict(batch.dense, batch.ids).shape == (32,)
 

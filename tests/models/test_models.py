@@ -31,12 +31,12 @@ TWO_TOWER = (
 USER = ("model._target_=tests.models.user_model.TinyUser", "+model.args.dim=4")
 
 
-def _train_and_export(tmp_path, *overrides):
+def _train_and_export(tmp_path, *overrides, flags=()):
     cfg = make_config(*SMALL, "train.steps=3", f"checkpoint.dir={tmp_path / 'ck'}", *overrides)
     trainer = Trainer(cfg, init_distributed("cpu"))
     trainer.fit()
     out = tmp_path / "model.pt"
-    assert export_main([str(tmp_path / "ck"), str(out)]) == 0
+    assert export_main([str(tmp_path / "ck"), str(out), *flags]) == 0
     batch = trainer.train_batch(7)
     trainer.model.eval()
     with torch.no_grad():
@@ -75,16 +75,22 @@ def test_wide_deep_export_scores_like_the_trainer(tmp_path):
     torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_user_class_is_imported_only_when_the_caller_trusts_it(tmp_path, capsys):
-    out, batch, want = _train_and_export(tmp_path, *USER)
-    assert f"load_export({str(out)!r}, trust_import=True)" in capsys.readouterr().out
+def test_a_user_class_is_built_only_when_the_caller_names_it(tmp_path, capsys):
+    """Nothing an export names is imported: its `_target_` is compared with the class the
+    caller names (tests/train/test_export_open_world.py plants a module to prove it)."""
+    target = "tests.models.user_model.TinyUser"
+    out, batch, want = _train_and_export(tmp_path, *USER, flags=("--model", target))
+    assert f"load_export({str(out)!r}, model={target!r})" in capsys.readouterr().out
     with pytest.raises(
-        ValueError, match=r"'_target_'='tests.models.user_model.TinyUser'.*trust_import=True"
+        ValueError, match=r"'_target_'='tests.models.user_model.TinyUser'.*model="
     ) as e:
         load_export(out)
     assert "\n" not in str(e.value)
-    model = load_export(out, trust_import=True)
+    model = load_export(out, model=target)
     torch.testing.assert_close(model(batch.dense, batch.ids), want, rtol=1e-6, atol=1e-6)
+    from tests.models.user_model import TinyUser
+
+    torch.testing.assert_close(load_export(out, model=TinyUser)(batch.dense, batch.ids), want)
 
 
 @pytest.mark.parametrize(

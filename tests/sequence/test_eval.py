@@ -62,6 +62,9 @@ def test_catalogue_ranks_exclude_the_input_items_and_agree_over_chunks(monkeypat
     assert catalogue_ranks(states, vectors, targets, seen, 1).tolist() == [1, 0]  # 1 = k: a miss
     monkeypatch.setattr(topk, "ITEM_CHUNK_SCORES", 4)  # chunks of 2 items for 2 queries
     assert catalogue_ranks(states, vectors, targets, seen, 3).tolist() == [1, 0]
+    # a held-out item that is also an input item is excluded with them: a miss (rank k)
+    seen = torch.tensor([0 * 6 + 4, 1 * 6 + 5])
+    assert catalogue_ranks(states, vectors, targets, seen, 3).tolist() == [3, 0]
 
 
 def test_history_codes_are_every_input_item():

@@ -154,8 +154,8 @@ def test_manifest_fields_cannot_name_code_or_other_files(ck, tmp_path, capsys):
     """The model config an export carries comes from the manifest: hybridrec-export checks it
     before copying it (settings only, a registered architecture, a `_target_` that is the
     import path of a model class, as training checked it), and load_export refuses a file
-    carrying a Hydra-style _target_ (unless trusted) or an unregistered architecture: never
-    built or called."""
+    carrying a Hydra-style _target_ (unless the caller names that class) or an unregistered
+    architecture: never built or called."""
     marker = tmp_path / "ran"
     step = ck / "step_2"
     mf = step / "manifest.json"
@@ -198,11 +198,15 @@ def test_manifest_fields_cannot_name_code_or_other_files(ck, tmp_path, capsys):
         m = json.loads(json.dumps(original))
         m["extra"]["model"] = {**m["extra"]["model"], **model} if isinstance(model, dict) else model
         mf.write_text(json.dumps(m))
+        # the user names the class the manifest names (else it is refused before any check:
+        # tests/train/test_export_open_world.py); the checks then are training's
+        named = model.get("_target_") if isinstance(model, dict) else None
+        flag = ["--model", named] if named else []
         with pytest.raises(CheckpointError, match=at_export) as e:
-            export_checkpoint(step, tmp_path / "m.pt")
+            export_checkpoint(step, tmp_path / "m.pt", model=named)
         assert _one_line(e).startswith(f"{mf}: ")
         assert not (tmp_path / "m.pt").exists()
-        assert export_main([str(step), str(tmp_path / "m.pt")]) == 1
+        assert export_main([str(step), str(tmp_path / "m.pt"), *flag]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"hybridrec-export: {mf}: ") and err.count("\n") == 1
         # an export file written by other means: load_export's own checks

@@ -39,6 +39,16 @@ def test_config_and_runtime_errors_are_one_line_with_their_exit_codes(tmp_path):
     assert full.returncode != 0 and "Traceback" in full.stderr  # the trace, when asked for
 
 
+def test_a_nan_setting_is_a_config_error_as_a_negative_one_is(tmp_path):
+    """optim.sparse.weight_decay=nan passed the >= 0 check (NaN compares false) and failed in
+    the run, exit 1; -1 exits 2. Both are the config's error now (issue 41)."""
+    for value, shown in (("nan", "nan"), ("-1", None)):
+        out = run_cli(f"optim.sparse.weight_decay={value}", cwd=tmp_path)
+        why = "must be a finite number, got nan" if shown else "must be >= 0, got -1.0"
+        assert out.returncode == 2, out.stderr
+        assert out.stderr == f"hybridrec-train: optim.sparse.weight_decay {why}\n"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_a_config_error(tmp_path):
     """It exited 1 (found when the process group started), docs/training.md says 2: a

@@ -181,9 +181,9 @@ def test_scoring_looks_up_what_the_trained_storage_looks_up(kind):
         assert torch.equal(got, want), (got - want).abs().max()
     if dynamic:  # the evaluation met ids with rows and ids without
         [m] = modules
-        counts = m.take_eval_unknown()
+        counts = m.take_eval_unknown().dynamic
         for t in dynamic:
-            ids, unknown = counts[f"t.{t.name}.ids"], counts[f"t.{t.name}.unknown"]
+            ids, unknown = counts[f"t.{t.name}"].eval_ids, counts[f"t.{t.name}"].eval_unknown
             assert 0 < unknown < ids, (t.name, ids, unknown)
 
 

@@ -420,3 +420,60 @@ def test_the_criteo_sample_is_read_only_where_the_user_names_it(monkeypatch, tmp
     assert sample_path(str(named)) == named
     monkeypatch.setenv(SAMPLE_ENV, str(named))
     assert sample_path(None) == named
+
+
+def _float_keys(node, prefix=""):
+    """(dotted key, type text) of every schema field whose type names float."""
+    import dataclasses
+
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _float_keys(value, f"{prefix}{f.name}.")
+        elif "float" in str(f.type):
+            yield prefix + f.name, str(f.type)
+
+
+def test_every_float_key_refuses_nan_and_infinities():
+    """NaN passes every comparison (`value < 0` is False), so `optim.sparse.weight_decay=nan`
+    passed the >= 0 check and failed inside the run (exit 1) where `=-1` is a config error
+    (exit 2). Every float key of the schema, walked here, refuses nan, inf and -inf in one
+    line naming it; so do the entries of its list and mapping keys."""
+    from omegaconf import OmegaConf
+
+    from hybridrec.config import Config
+
+    containers = {
+        "model.mean_ids": ("model.mean_ids", [1.0, 0.5, 1.0, 1.0, 1.0, 1.0], 1),
+        "optim.sparse.table_weight_decay": (
+            "optim.sparse.table_weight_decay",
+            {"cat_0": 0.0, "cat_2": 0.0},
+            "cat_2",
+        ),
+    }
+    keys = list(_float_keys(Config()))
+    scalars = [k for k, t in keys if t in ("float", "float | None")]
+    assert len(scalars) >= 25 and "optim.sparse.weight_decay" in scalars
+    assert sorted(k for k, t in keys if k not in scalars) == sorted(containers)  # all covered
+    default = OmegaConf.to_container(_compose())
+    for bad in (float("nan"), float("inf")):  # -inf: below, one key (one isfinite check)
+        for key in scalars:
+            d = OmegaConf.create(default)
+            OmegaConf.update(d, key, bad, force_add=True)
+            with pytest.raises(ValueError) as e:
+                validate(d)
+            assert str(e.value) == f"{key} must be a finite number, got {bad}", key
+        for key, (node, good, at) in containers.items():
+            value = list(good) if isinstance(good, list) else dict(good)
+            value[at] = bad
+            d = OmegaConf.create(default)
+            OmegaConf.update(d, node, value, force_add=True)
+            with pytest.raises(ValueError) as e:
+                validate(d)
+            shown = f"[{at}]" if isinstance(at, int) else f".{at}"
+            assert str(e.value) == f"{key}{shown} must be a finite number, got {bad}"
+            value[at] = good[at]
+            OmegaConf.update(d, node, value, force_add=True)
+            validate(d)  # the same config with finite numbers is accepted
+    with pytest.raises(ValueError, match=r"^optim.sparse.weight_decay must be a finite number"):
+        validate(OmegaConf.merge(default, {"optim": {"sparse": {"weight_decay": float("-inf")}}}))

@@ -165,3 +165,19 @@ def test_a_full_bucket_evicts_a_share_at_once_and_then_takes_free_slots():
     m._rebuild()  # the free list and the index are functions of the slots
     assert torch.equal(kept[1], m.n_free) and torch.equal(kept[0][0, :3], m.free[0, :3])
     assert torch.equal(kept[2], m.find(torch.arange(200)))
+
+
+def test_a_state_dict_whose_slot_ids_break_the_map_is_refused_naming_the_table():
+    m = make_map(rows=16, buckets=4, evict="lru")
+    m.step(torch.arange(100, 140))
+    state = m.state_dict()
+    again = make_map(rows=16, buckets=4, evict="lru")
+    again.load_state_dict(state)  # its own state loads
+    assert torch.equal(again.find(torch.arange(100, 140)), m.find(torch.arange(100, 140)))
+    moved = {**state, "slot_id": torch.roll(state["slot_id"], 4)}  # each id a bucket on
+    with pytest.raises(
+        ValueError,
+        match=r"^dynamic table 't': the state dict loaded into its map"
+        r" \(rows 0:16\) does not fit its policy: row 0 \(dyn_slot_id\) holds id",
+    ):
+        make_map(rows=16, buckets=4, evict="lru").load_state_dict(moved)

@@ -26,6 +26,8 @@ def _imports(path: Path) -> set[str]:
         "model",
         "scoring.py",
         "inference.py",
+        "serving.py",
+        "next_item_serving.py",
         "planner",
         "sparse/costs.py",
         "kernels",
@@ -111,7 +113,7 @@ def test_never_imports_torch_distributed(sub):
                 ),
                 (),
             )
-            for sub in ("scoring.py", "inference.py")
+            for sub in ("scoring.py", "inference.py", "serving.py", "next_item_serving.py")
         ],
         ("distributed", ("hybridrec.model", "hybridrec.sparse", "hybridrec.train"), ()),
         # preprocessing's spawned workers import only numpy and pyarrow
@@ -147,6 +149,9 @@ def test_never_imports_torch_distributed(sub):
                 "hybridrec.config.checks",
                 "hybridrec.config.cli",
                 "hybridrec.config.dynamic",
+                "hybridrec.config.next_item",
+                "hybridrec.config.tasks",
+                "hybridrec.config.values",
             ),
         ),
         # the kernels serve embedding storage and the row optimizers alike: they import
@@ -349,7 +354,9 @@ def test_importing_the_planner_loads_no_runtime_module():
         m for m in loaded if any(i.startswith("torch.distributed") for i in _imports(files[m]))
     )
     assert not collective, f"import hybridrec.planner loads {collective} (torch.distributed)"
-    light = {"hybridrec", "hybridrec.types", "hybridrec.sparse", "hybridrec.sparse.costs"}
+    # the value types (with the dynamic policy they re-export, torch-free) and byte sizes
+    light = {"hybridrec", "hybridrec.types", "hybridrec.dynamic_policy", "hybridrec.sparse"}
+    light.add("hybridrec.sparse.costs")
     others = sorted(m for m in loaded - light if not m.startswith("hybridrec.planner"))
     assert not others, f"import hybridrec.planner loads {others}"
 

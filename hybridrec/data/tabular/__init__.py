@@ -10,6 +10,9 @@ Two streamed passes over the inputs (hybridrec.data.tabular.scan), in file order
    it), standardize's mean and std, the longest list;
 2. encode every row (hybridrec.data.tabular.encode) into per-split parts, then assemble.
 Memory: one batch of `batch_rows` rows plus the vocabularies and a count per table row.
+`stats_from` (`--stats-from DIR`): `standardize` uses the mean and standard deviation another
+dataset applied (yesterday's, made with the same spec) instead of this train split's, so one
+raw value gives one input day after day; both are recorded (hybridrec.data.dense_stats).
 A run whose inputs, spec and options match the directory's fingerprint does nothing; another
 dataset there needs `overwrite`. The dataset is built beside the output and swapped in when
 complete (hybridrec.data.preprocess.output): a run that fails or is interrupted leaves the
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybridrec.data.dense_stats import dense_stats
 from hybridrec.data.manifest import FORMAT, MANIFEST, VERSION, Manifest, SourceFile
 from hybridrec.data.preprocess.options import UsageError
 from hybridrec.data.preprocess.output import building, check_output, clear_partial
@@ -47,18 +51,56 @@ class TableReport:
     lines: list[str] = field(default_factory=list)  # one per label, dense and sparse feature
 
 
-def _fingerprint(table: Table, spec: DatasetSpec, block_rows: int, checksums: bool) -> str:
+def _fingerprint(
+    table: Table, spec: DatasetSpec, block_rows: int, checksums: bool, stats: StatsFrom | None
+) -> str:
     files = []
     for _, frag in table.fragments():
         st = Path(frag.path).stat()
         files.append((frag.path, st.st_size, st.st_mtime_ns))
-    ident = {
+    ident: dict = {
         "format": [FORMAT, VERSION, "table"],
         "spec": spec.fingerprint(),
         "options": [block_rows, checksums],
         "inputs": files,
     }
+    if stats is not None:  # only then: a dataset made without keeps its fingerprint
+        ident["stats_from"] = sorted(stats.stats.items())
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class StatsFrom:
+    """`standardize` statistics taken from another dataset: its path and fingerprint, and
+    per standardize column of the spec, (mean, std) as that dataset applied them."""
+
+    path: str
+    fingerprint: str
+    stats: dict[str, tuple[float, float]]
+
+
+def load_stats_from(path: str | Path, spec: DatasetSpec) -> StatsFrom:
+    """The statistics of dataset `path` for the spec's standardize columns; UsageError (one
+    line naming the path and the column) when it is no spec dataset or lacks one of them."""
+    try:
+        m = Manifest.load(path)
+    except ValueError as e:
+        raise UsageError(f"--stats-from {path}: {e}") from None
+    given = {c["column"]: c for c in dense_stats(m) or []}
+    out = {}
+    for d in spec.dense:
+        if d.transform != "standardize":
+            continue
+        c = given.get(d.column)
+        if c is None or c["transform"] != "standardize":
+            has = ", ".join(f"{k} ({v['transform']})" for k, v in given.items()) or "none"
+            raise UsageError(
+                f"--stats-from {path}: the dataset has no standardize statistics of dense column "
+                f"{d.column!r} (its dense columns: {has}); give a dataset preprocessed with this "
+                "spec"
+            )
+        out[d.column] = (c["mean"], c["std"])
+    return StatsFrom(str(Path(path).resolve()), m.fingerprint, out)
 
 
 def preprocess_table(
@@ -69,15 +111,17 @@ def preprocess_table(
     checksums: bool = True,
     overwrite: bool = False,
     batch_rows: int = 65536,
+    stats_from: str | Path | None = None,
 ) -> TableReport:
     """Build (or confirm) the dataset in `output`; see the module docstring."""
     t0 = time.perf_counter()
     if block_rows < 1 or batch_rows < 1:
         raise UsageError(f"block_rows and batch_rows must be >= 1, got {block_rows}, {batch_rows}")
+    stats = load_stats_from(stats_from, spec) if stats_from is not None else None
     table = open_table(inputs, spec)
     output = Path(output)
     check_output(output)
-    fp = _fingerprint(table, spec, block_rows, checksums)
+    fp = _fingerprint(table, spec, block_rows, checksums, stats)
     if (output / MANIFEST).is_file():
         old = Manifest.load(output)
         if old.fingerprint == fp:
@@ -91,7 +135,7 @@ def preprocess_table(
         clear_partial(partial)  # what an interrupted run left
         work = partial / ".work"
         work.mkdir()
-        report = _build(table, spec, partial, work, fp, block_rows, checksums, batch_rows)
+        report = _build(table, spec, partial, work, fp, block_rows, checksums, batch_rows, stats)
         shutil.rmtree(work)
     report.seconds = time.perf_counter() - t0
     return report
@@ -106,6 +150,7 @@ def _build(
     block_rows: int,
     checksums: bool,
     batch_rows: int,
+    stats: StatsFrom | None,
 ) -> TableReport:
     total = table.count_rows() if spec.split.by == "rows" else None
     features = make_features(spec)
@@ -128,6 +173,11 @@ def _build(
                 f"dense column {d.column!r}: its train mean and standard deviation overflow "
                 "(values near the float64 limit); rescale it or use transform: log1p"
             )
+    # the (mean, std) each column is standardized with: this train split's, or --stats-from's
+    applied = [
+        stats.stats[d.column] if stats and d.column in stats.stats else (m.mean, m.std)
+        for d, m in zip(spec.dense, moments, strict=True)
+    ]
     check_shared_values(features)
     for f in features:
         f.finish_counting()
@@ -157,10 +207,10 @@ def _build(
                 columns.plain(batch.column(spec.label.column)), spec.label, file, row0
             )
             dense = np.zeros((batch.num_rows, len(spec.dense)), np.float32)
-            for k, (d, m) in enumerate(zip(spec.dense, moments, strict=True)):
+            for k, (d, (mean, std)) in enumerate(zip(spec.dense, applied, strict=True)):
                 col = columns.plain(batch.column(d.column))
                 values, nulls, nans = columns.dense(col, d, file, row0)
-                dense[:, k] = columns.transform(values, d.transform, m.mean, m.std)
+                dense[:, k] = columns.transform(values, d.transform, mean, std)
                 columns.check_finite(dense[:, k], values, d, file, row0)
                 dense_nulls[k] += int(nulls[keep].sum())
                 dense_nans[k] += int(nans[keep].sum())
@@ -197,21 +247,23 @@ def _build(
     tables = write_counts(output, features)
     described = [f.describe() for f in features]
     dense_desc = []
-    for d, m, nulls, nans in zip(spec.dense, moments, dense_nulls, dense_nans, strict=True):
+    dense_lines = zip(spec.dense, moments, applied, dense_nulls, dense_nans, strict=True)
+    for d, m, (mean, std), nulls, nans in dense_lines:
         rule = {"none": "x", "log1p": "log(1 + max(x, 0))"}.get(
-            d.transform, f"(x - {m.mean!r}) / {m.std if m.std > 0 else 1.0!r}"
+            d.transform, f"(x - {mean!r}) / {std if std > 0 else 1.0!r}"
         )
-        dense_desc.append(
-            {
-                "column": d.column,
-                "transform": d.transform,
-                "rule": rule,
-                "train_mean": m.mean,
-                "train_std": m.std,
-                "nulls": nulls,  # empty cells and NaN
-                "nans": nans,
-            }
-        )
+        desc = {
+            "column": d.column,
+            "transform": d.transform,
+            "rule": rule,
+            "train_mean": mean,  # the statistics applied (hybridrec.data.dense_stats)
+            "train_std": std,
+            "nulls": nulls,  # empty cells and NaN
+            "nans": nans,
+        }
+        if stats is not None and d.column in stats.stats:  # and this train split's own
+            desc.update(stats_from=stats.path, own_mean=m.mean, own_std=m.std)
+        dense_desc.append(desc)
     label = spec.label
     label_rule = (
         f"{label.column} {label.rule['op']} {label.rule['value']!r} -> 1 else 0"
@@ -268,6 +320,11 @@ def _build(
             "block_rows": block_rows,
             "checksums": checksums,
             "spec_fingerprint": spec.fingerprint(),
+            **(
+                {"stats_from": {"path": stats.path, "fingerprint": stats.fingerprint}}
+                if stats is not None
+                else {}
+            ),
         },
         fingerprint=fp,
         skipped_rows=sum(v[2] for v in sources.values()),
@@ -279,8 +336,12 @@ def _build(
     lines = [f"{label.column}: label ({label.task}: {label_rule}), {num_rows} rows"]
     for d in dense_desc:
         nan = f" ({d['nans']} of them NaN)" if d["nans"] else ""
-        lines.append(
-            f"{d['column']}: dense ({d['transform']}), {num_rows} rows, {d['nulls']} nulls{nan}"
-        )
+        how = d["transform"]
+        if "stats_from" in d:
+            how += (
+                f" with mean {d['train_mean']:.6g}, std {d['train_std']:.6g} from "
+                f"{d['stats_from']}; this train split's: {d['own_mean']:.6g}, {d['own_std']:.6g}"
+            )
+        lines.append(f"{d['column']}: dense ({how}), {num_rows} rows, {d['nulls']} nulls{nan}")
     lines += [feature_line(d) for d in described]
     return TableReport(manifest, lines=lines)

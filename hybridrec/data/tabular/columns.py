@@ -7,7 +7,8 @@ counted). Rules (docs/data-spec.md):
 - numbers: integer, float, boolean and decimal columns as is; strings (CSV) parsed as
   numbers; anything else (a list, a struct, text that is not a number) is an error.
 - labels: binary = 0/1 (or true/false), or a rule on the column; regression = any finite
-  number. A null label is an error, and so is a NaN (or, for regression, an infinity).
+  number. A null label is an error, and so is a NaN (or, for regression, an infinity, or a
+  finite value whose stored float32 would not be finite).
 - dense: null (and NaN, which counts as one) -> 0, then the transform (log1p clips
   negatives to 0, as for Criteo); an infinity, or a value whose stored float32 would not be
   finite, is an error naming the rows. No stored value is ever NaN or inf.
@@ -133,7 +134,17 @@ def labels(col: pa.Array, spec: LabelSpec, file: str, row0: int) -> np.ndarray:
                 f"{what} holds {_value(values[i])} at {where(file, row0, i)}; a binary label is 0 "
                 "or 1: give a rule (label.rule: {op: '>=', value: 4}) or task: regression"
             )
-    return values.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32: inf, refused below as a dense value is
+        stored = values.astype(np.float32)
+    over = ~np.isfinite(stored)
+    if over.any():
+        rows = np.flatnonzero(over)
+        raise ValueError(
+            f"{what} holds {values[rows[0]]:g} at {_rows(file, row0, rows)}, which is not finite "
+            "in float32 (labels are stored as float32, |x| <= 3.4e38); rescale the label or fix "
+            "or drop such rows"
+        )
+    return stored
 
 
 def _value(x: float) -> str:

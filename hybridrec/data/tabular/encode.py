@@ -200,11 +200,6 @@ class Feature:
             need = s.capacity
         else:
             need = s.cap if s.encoding == "hashing" else s.rows + 1
-        if s.encoding == "dynamic" and self.table.rows not in (None, need):
-            raise ValueError(
-                f"tables: {self.table.name}.rows={self.table.rows} differs from {self.key}'s "
-                f"capacity={need}; a dynamic table has capacity rows: leave rows out"
-            )
         if self.table.rows is not None and self.table.rows < need:
             who = ", ".join((s.name, *self.shared_with))
             raise ValueError(

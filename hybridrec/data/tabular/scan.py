@@ -5,11 +5,14 @@ Inputs are Parquet files or directories (Spark, pandas, duckdb output; hive-part
 none with the spec's `input.columns`) or directories of them; the format comes from the file
 names (.parquet/.pq, .csv, .tsv/.tab, optionally compressed: .gz, .bz2, .zst) unless the
 spec's `input.format` names it. A CSV row with the wrong number of fields is an error naming
-the file and the row. Files are read in natural order (part-2 before
-part-10), one fragment at a time, in batches of `batch_rows` rows: memory is bounded by the
-batch (and Parquet's row groups), never by the number of rows. CSV columns the spec names
-are read as strings (empty field = null) and converted by hybridrec.data.tabular.columns,
-which can then name the row of a bad value.
+the file and the row. CSV is parsed in blocks of 1 MiB (pyarrow's default); a line longer than
+a block is read by growing the block (x4, up to 1 GiB: `CSV_BLOCKS`) and re-reading the file
+from its start, skipping the rows already read, so no row is read twice; a longer line is an
+error naming the file and its row. Files are read in natural order (part-2 before part-10),
+one fragment at a time, in batches of `batch_rows` rows: memory is bounded by the batch (and
+Parquet's row groups, or the longest CSV line), never by the number of rows. CSV columns the
+spec names are read as strings (empty field = null) and converted by
+hybridrec.data.tabular.columns, which can then name the row of a bad value.
 
 Every batch comes with its file and first row (0-based within the file) and a split code
 per row (0 train, 1 val, 2 test, -1 in no split: dropped), computed in file order so that
@@ -18,8 +21,9 @@ both passes, and every rerun, agree.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +35,12 @@ import pyarrow.dataset as ds
 from hybridrec.data.preprocess.options import UsageError
 from hybridrec.data.spec import DatasetSpec, SplitSpec
 
+log = logging.getLogger(__name__)
+
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+# CSV block sizes in bytes, tried in order when a line does not fit in one (pyarrow's default
+# first; its block size is an int32, and a line over 1 GiB is better stored otherwise)
+CSV_BLOCKS = (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30)
 _COMPRESSED = (".gz", ".bz2", ".zst")
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv", ".tab": "tsv"}
 
@@ -109,14 +118,44 @@ class BadRows:
         )
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+def _long_line(file: str, limit: int) -> int | None:
+    """The 1-based physical line number of the first line of `file` (decompressed) longer than
+    `limit` bytes, or None (a quoted field with newlines spans lines: none may be that long)."""
+    line, length = 1, 0
+    with pa.input_stream(file, compression="detect") as f:
+        while chunk := f.read(1 << 24):
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                if length + end - start > limit:
+                    return line
+                line, length, start = line + 1, 0, end + 1
+            length += len(chunk) - start
+            if length > limit:
+                return line
+    return None
+
+
+def _straddles(e: Exception) -> bool:
+    """pyarrow's error for a CSV line longer than its read block."""
+    return "straddl" in str(e)
+
+
 @dataclass
 class Table:
-    """The opened inputs: one pyarrow dataset per input path, all of one format."""
+    """The opened inputs: one pyarrow dataset per input path, all of one format. CSV/TSV:
+    `csv_format(block_size)` makes the file format, `block` indexes CSV_BLOCKS (grown, for
+    every later read too, when a line does not fit)."""
 
     paths: list[Path]
     datasets: list[ds.Dataset]
     format: str
     bad_rows: BadRows | None = None  # CSV/TSV
+    csv_format: Callable[[int], ds.FileFormat] | None = None  # CSV/TSV
+    block: int = 0
 
     @property
     def schema(self) -> pa.Schema:
@@ -127,25 +166,83 @@ class Table:
             for frag in sorted(d.get_fragments(), key=lambda f: _natural(f.path)):
                 yield d, frag
 
+    def _current(self, frag: ds.Fragment) -> ds.Fragment:
+        """`frag` read with the current block size (the dataset's own until one grew)."""
+        if self.block == 0:
+            return frag
+        fmt = self.csv_format(CSV_BLOCKS[self.block])
+        return fmt.make_fragment(frag.path, frag.filesystem, frag.partition_expression)
+
+    def _grow(self, e: Exception, file: str) -> None:
+        """After pyarrow's straddle error reading `file`: the next block size, or a ValueError
+        naming the file and the long line's row when the largest block was too small."""
+        if not (self.csv_format and _straddles(e)):
+            return
+        if self.block + 1 == len(CSV_BLOCKS):
+            limit = CSV_BLOCKS[-1]
+            line = _long_line(file, limit)
+            where = "a line" if line is None else f"row {line - bool(self.bad_rows.header)}"
+            raise ValueError(
+                f"{file}: {where} is longer than {_mib(limit)}, the largest CSV block read; "
+                "shorten that field (split a long list over rows or columns) or convert the "
+                "file to Parquet"
+            ) from None
+        self.block += 1
+        log.warning(
+            "%s: a line is longer than %s; reading with %s blocks",
+            file,
+            _mib(CSV_BLOCKS[self.block - 1]),
+            _mib(CSV_BLOCKS[self.block]),
+        )
+
     def count_rows(self) -> int:
-        return sum(d.count_rows() for d in self.datasets)
+        total = 0
+        for _, frag in self.fragments():
+            while True:
+                try:
+                    total += self._current(frag).count_rows()
+                    break
+                except pa.ArrowInvalid as e:
+                    self._grow(e, frag.path)
+                    if not (self.csv_format and _straddles(e)):
+                        raise self._unreadable(e, frag.path, None) from None
+        return total
+
+    def _unreadable(self, e: Exception, file: str, row: int | None) -> ValueError:
+        bad = self.bad_rows and self.bad_rows.message(file)
+        if bad:
+            return ValueError(bad)
+        why = " ".join(str(e).split())[:300]
+        return ValueError(
+            f"{file}: cannot be read{'' if row is None else f' after row {row}'}: {why}"
+        )
 
     def batches(
         self, columns: list[str], batch_rows: int
     ) -> Iterator[tuple[str, int, pa.RecordBatch]]:
-        """(file, first row in the file, batch) in file order; unreadable files name themselves."""
+        """(file, first row in the file, batch) in file order; unreadable files name themselves.
+        A CSV line longer than the read block: the file is read again with larger blocks from
+        its start, the `row` rows already yielded skipped."""
         for d, frag in self.fragments():
             row = 0
-            try:
-                for b in frag.to_batches(schema=d.schema, columns=columns, batch_size=batch_rows):
-                    yield frag.path, row, b
-                    row += b.num_rows
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-                bad = self.bad_rows and self.bad_rows.message(frag.path)
-                if bad:
-                    raise ValueError(bad) from None
-                why = " ".join(str(e).split())[:300]
-                raise ValueError(f"{frag.path}: cannot be read after row {row}: {why}") from None
+            while True:
+                skip = row
+                try:
+                    source = self._current(frag)
+                    for b in source.to_batches(
+                        schema=d.schema, columns=columns, batch_size=batch_rows
+                    ):
+                        if skip:
+                            b, skip = b.slice(min(skip, b.num_rows)), max(skip - b.num_rows, 0)
+                            if not b.num_rows:
+                                continue
+                        yield frag.path, row, b
+                        row += b.num_rows
+                    break
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                    self._grow(e, frag.path)
+                    if not (self.csv_format and _straddles(e)):
+                        raise self._unreadable(e, frag.path, row) from None
 
 
 def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
@@ -169,25 +266,37 @@ def open_table(inputs: list[str | Path], spec: DatasetSpec) -> Table:
         bad_rows = BadRows(header)
         names = list(spec.columns() if header else inp.columns)
         delimiter = inp.delimiter if inp and inp.delimiter else "\t" if fmt == "tsv" else ","
-        file_format_ = ds.CsvFileFormat(
-            read_options=pacsv.ReadOptions(column_names=None if header else list(inp.columns)),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=bad_rows),
-            convert_options=pacsv.ConvertOptions(
-                column_types={c: pa.string() for c in names},
-                strings_can_be_null=True,
-                null_values=[""],  # only an empty field: "NA" is a value (as for Criteo)
-            ),
-        )
-    datasets = []
+
+        def csv_format(block_size: int) -> ds.FileFormat:
+            return ds.CsvFileFormat(
+                read_options=pacsv.ReadOptions(
+                    column_names=None if header else list(inp.columns), block_size=block_size
+                ),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter, invalid_row_handler=bad_rows),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in names},
+                    strings_can_be_null=True,
+                    null_values=[""],  # only an empty field: "NA" is a value (as for Criteo)
+                ),
+            )
+
+        file_format_ = csv_format(CSV_BLOCKS[0])
+    table = Table(paths, [], fmt, bad_rows, csv_format if fmt != "parquet" else None)
     for p in paths:
-        try:
-            datasets.append(ds.dataset(str(p), format=file_format_, partitioning="hive"))
-        except (pa.ArrowInvalid, OSError) as e:
-            bad = bad_rows and bad_rows.message(str(p))
-            raise ValueError(
-                bad or f"input {p}: cannot be read as {fmt}: {' '.join(str(e).split())}"
-            ) from None
-    table = Table(paths, datasets, fmt, bad_rows)
+        while True:  # opening reads the first block (a CSV's header and first rows)
+            try:
+                table.datasets.append(ds.dataset(str(p), format=file_format_, partitioning="hive"))
+                break
+            except (pa.ArrowInvalid, OSError) as e:
+                if fmt != "parquet" and _straddles(e):
+                    table._grow(e, str(p))
+                    file_format_ = csv_format(CSV_BLOCKS[table.block])
+                    continue
+                bad = bad_rows and bad_rows.message(str(p))
+                raise ValueError(
+                    bad or f"input {p}: cannot be read as {fmt}: {' '.join(str(e).split())}"
+                ) from None
+    datasets = table.datasets
     for p, d in zip(paths, datasets, strict=True):
         names = d.schema.names
         for key, column in _column_keys(spec):

@@ -48,6 +48,7 @@ from hybridrec.kernels import hashing, native_map
 from hybridrec.kernels.probe import probe
 from hybridrec.sparse.costs import index_entries
 from hybridrec.sparse.dynamic import policy
+from hybridrec.sparse.dynamic.check import slot_id_problem
 from hybridrec.types import Dynamic, ShardSpec, TableConfig
 
 # a full bucket's eviction frees at least this share of its slots (the rest of the victims
@@ -455,9 +456,19 @@ class DynamicMap(nn.Module):
         }
 
     def set_extra_state(self, state: dict) -> None:
+        """load_state_dict's last step (the buffers are loaded by then): the clock and the
+        candidates; ValueError naming the table when the loaded slot ids break the map's
+        invariants (sparse.dynamic.check), before an index is built on them."""
         device = self.slot_id.device
         self.clock = int(state["clock"])
         self.cand_ids = state["cand_ids"].to(device)
         self.cand_counts = state["cand_counts"].to(device)
         self._viewed = False
+        R, start = self.slot_id.numel(), self.b0 * self.S
+        problem = slot_id_problem(self.slot_id.cpu(), self.policy, self.table.num_rows, start, R)
+        if problem:
+            raise ValueError(
+                f"dynamic table {self.table.name!r}: the state dict loaded into its map (rows "
+                f"{start}:{start + R}) does not fit its policy: {problem}"
+            )
         self._rebuild()

@@ -2,7 +2,9 @@
 
     format.py   the on-disk layout (manifest, shard files, dense.pt), checksums, listing
     save.py     atomic saves from every rank; checking checkpoint.dir before training
-    load.py     manifest checks, choosing the resume checkpoint, resharding loads
+    load.py     manifest checks, choosing the resume checkpoint, resharding loads (each saved
+                rectangle checked before it is copied)
+    dynamic.py  what a resume may change of a dynamic table's policy
     export.py   one file with the full model (hybridrec-export), and model.init_from
     convert.py  the one trusted, explicit rewrite of checkpoints holding pickled objects
 

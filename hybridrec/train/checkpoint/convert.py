@@ -1,5 +1,6 @@
 """`python -m hybridrec.train.checkpoint.convert <checkpoint>`: rewrite a checkpoint whose
-files hold numpy data (written by an older hybridrec, or by hand) as tensors and plain data.
+files hold numpy data (written by an older hybridrec, or by hand) as tensors and plain data,
+or are in torch's legacy (pre-1.6) format, as its zip format.
 
 Loading a checkpoint reads data only (hybridrec.safeload) and refuses such files, naming
 this command. The conversion reads them with one allowlist more, numpy's arrays, scalars
@@ -8,11 +9,13 @@ global (a pickled callable such as os.system, an unknown class) is refused with 
 globals listed and the newest intact checkpoint named, and nothing in it runs. Each
 convertible file becomes tensors, numbers, strings, lists and dicts (numpy arrays become
 tensors, numpy scalars numbers), is written beside it, checked to load as data and renamed
-over it; the manifest then gets the new sizes and sha256 sums. Files that already load as
-data are left untouched. `<checkpoint>` is one `step_<N>` directory or a checkpoint.dir
-(all its checkpoints). `--trust`, which older versions required because they unpickled in
-full, is accepted and changes nothing. Exit status: 0 converted (or nothing to do), 2 no
-checkpoint at the path, 1 a file refused or not convertible.
+over it; the manifest then gets the new sizes and sha256 sums. A legacy-format file of data
+is rewritten the same way (it loads, but cannot be memory-mapped). A file torch.save did not
+write (a plain pickle) is refused, as is one torch cannot parse. Files that already load as
+data in the zip format are left untouched. `<checkpoint>` is one `step_<N>` directory or a
+checkpoint.dir (all its checkpoints). `--trust`, which older versions required because they
+unpickled in full, is accepted and changes nothing. Exit status: 0 converted (or nothing to
+do), 2 no checkpoint at the path, 1 a file refused or not convertible.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrec.safeload import UnsafeFileError, load_convertible, load_tensors
+from hybridrec.safeload import UnsafeFileError, load_convertible, load_tensors, torch_format
 from hybridrec.train.checkpoint.format import (
     CheckpointError,
+    CorruptCheckpointError,
     list_checkpoints,
     write_file,
 )
-from hybridrec.train.checkpoint.load import read_manifest, refusal
+from hybridrec.train.checkpoint.load import UNREADABLE, first_sentence, read_manifest, refusal
 
 _ATOMS = (bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype, torch.device)
 
@@ -74,17 +78,25 @@ def convert_checkpoint(path: Path, say: Any = print) -> list[str]:
     converted = []
     for name in sorted(manifest["files"]):
         f = path / name
+        zipped = torch_format(f) == "zip"
         try:
-            load_tensors(f, mmap=True)
-            continue
+            obj = load_tensors(f, mmap=zipped)
+            if zipped:
+                continue
+            say(f"converting {f}: torch's legacy format -> its zip format (memory-mapped loads)")
         except UnsafeFileError as e:
             if not e.convertible:
                 raise CheckpointError(refusal(e, path)) from None
-        say(f"converting {f}: numpy data -> tensors and numbers")
-        try:
-            obj = load_convertible(f)
-        except UnsafeFileError as e:
-            raise CheckpointError(refusal(e, path)) from None
+            say(f"converting {f}: numpy data -> tensors and numbers")
+            try:
+                obj = load_convertible(f)
+            except UnsafeFileError as e:
+                raise CheckpointError(refusal(e, path)) from None
+        except UNREADABLE as e:
+            raise CorruptCheckpointError(
+                f"checkpoint file {f} cannot be read as a torch.save file (truncated or damaged): "
+                f"{type(e).__name__}: {first_sentence(e)}; nothing was converted"
+            ) from None
         tmp = f.with_name(f.name + ".tmp")
         try:
             entry = write_file(plain(obj, str(f)), tmp)

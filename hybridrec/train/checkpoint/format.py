@@ -21,6 +21,7 @@ directory without a complete manifest is never loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -80,9 +81,17 @@ def load_dense_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def table_signature(tables: list[TableConfig]) -> list[dict[str, Any]]:
-    """The tables' part of a model signature: name and shape of each (`tables` may be
-    features: a table several share is one entry)."""
-    return [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in storage_tables(tables)]
+    """The tables' part of a model signature: name and shape of each, and a dynamic table's
+    policy (`dynamic`: Dynamic's fields, what a resume may not change of it is checked
+    against: checkpoint/dynamic.py); `tables` may be features (a table several share is one
+    entry)."""
+    out = []
+    for t in storage_tables(tables):
+        entry: dict[str, Any] = {"name": t.name, "num_rows": t.num_rows, "dim": t.dim}
+        if t.dynamic is not None:
+            entry["dynamic"] = dataclasses.asdict(t.dynamic)
+        out.append(entry)
+    return out
 
 
 def model_signature(

@@ -11,6 +11,7 @@ manifest may list only the checkpoint's own file names.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from torch import nn
 
 from hybridrec.safeload import UnsafeFileError, load_tensors
 from hybridrec.sparse.api import EmbeddingModule, embedding_modules
+from hybridrec.sparse.dynamic.check import map_problem
+from hybridrec.train.checkpoint.dynamic import KeyName, library_key, policy_refusal
 from hybridrec.train.checkpoint.format import (
     CONVERT,
     FILE_NAME,
@@ -34,7 +37,10 @@ from hybridrec.train.checkpoint.format import (
     summarise,
     table_signature,
 )
-from hybridrec.types import TableConfig
+from hybridrec.types import Dynamic, TableConfig
+
+# what torch.load raises for a file it cannot parse (truncated, damaged, not torch.save's)
+UNREADABLE = (RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
 
 
 def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
@@ -54,6 +60,8 @@ def read_manifest(path: Path, verify: bool = True) -> dict[str, Any]:
         raise CheckpointError(
             f"{mf}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
         )
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("shards"), list):
+        raise CorruptCheckpointError(f"{mf} is corrupt: it lacks its files or shards")
     for name in [*manifest["files"], *(s["file"] for s in manifest["shards"])]:
         if not isinstance(name, str) or not FILE_NAME.match(name) or name not in manifest["files"]:
             raise CheckpointError(
@@ -95,21 +103,33 @@ def intact_before(path: Path) -> list[Path]:
                 for name in manifest["files"]:
                     load_tensors(older / name, mmap=True)  # data only (a planted file is not)
                 intact.append(older)
-        except (CheckpointError, UnsafeFileError):
+        except (CheckpointError, UnsafeFileError, *UNREADABLE):
             continue
     return intact
 
 
-def check_matches(path: Path, tables: list[TableConfig], sparse_opt: str, dense_opt: str) -> None:
+def check_matches(
+    path: Path,
+    tables: list[TableConfig],
+    sparse_opt: str,
+    dense_opt: str,
+    key_name: KeyName = library_key,
+    anew: str = "load no checkpoint",
+) -> None:
     """Before any table is built: the checkpoint holds these tables and optimizers (the
-    dense part's shapes are checked once the model exists)."""
-    saved = read_manifest(path, verify=False)["signature"]
+    dense part's shapes are checked once the model exists), and its dynamic tables' maps fit
+    the tables' policies (dynamic.policy_refusal: `key_name` names the keys, `anew` says how
+    to start without the checkpoint)."""
+    manifest = read_manifest(path, verify=False)
     current = {
         "tables": table_signature(tables),
         "sparse_optimizer": sparse_opt,
         "dense_optimizer": dense_opt,
     }
-    diffs = signature_differences(saved, current)
+    refused = policy_refusal(path, manifest, current["tables"], key_name, anew)
+    if refused:
+        raise CheckpointError(refused)
+    diffs = signature_differences(manifest["signature"], current)
     if diffs:
         raise CheckpointError(
             f"checkpoint {path} is for a different model: {summarise(diffs)}; pick the model it "
@@ -136,12 +156,22 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
     return (lo, hi) if lo < hi else None
 
 
-def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[EmbeddingModule]) -> None:
-    """Copy saved rectangles into every local shard (any plan), checking full coverage."""
+def load_embeddings(
+    path: Path,
+    manifest: dict[str, Any],
+    modules: list[EmbeddingModule],
+    dynamic: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """Copy saved rectangles into every local shard (any plan), checking full coverage.
+    Each rectangle is checked before it is copied (check_saved: shapes, dtypes, finite
+    values, and a dynamic table's map against its policy, from `dynamic`: the signature
+    entries of the dynamic tables by name); CorruptCheckpointError naming the file, table and
+    row otherwise."""
     files = ShardFiles(Path(path))
     by_table: dict[str, list[dict[str, Any]]] = {}
     for s in manifest["shards"]:
         by_table.setdefault(s["table"], []).append(s)
+    checked: set[tuple[str, int]] = set()
     for spec, weight, state in shard_views(modules):
         rows, cols = (spec.row_start, spec.row_end), (spec.col_start, spec.col_end)
         covered = 0
@@ -151,11 +181,16 @@ def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[Embeddin
             if r is None or c is None:
                 continue
             src = files(saved["file"])["shards"][saved["index"]]
+            if (saved["file"], saved["index"]) not in checked:
+                problem = check_saved(src, saved, state, (dynamic or {}).get(spec.table))
+                if problem:
+                    raise _refused(path, saved, problem)
+                checked.add((saved["file"], saved["index"]))
             sr, sc = saved["rows"][0], saved["cols"][0]
             dst_r = slice(r[0] - rows[0], r[1] - rows[0])
             dst_c = slice(c[0] - cols[0], c[1] - cols[0])
             src_r, src_c = slice(r[0] - sr, r[1] - sr), slice(c[0] - sc, c[1] - sc)
-            weight[dst_r, dst_c] = src["weight"][src_r, src_c].to(weight.device, weight.dtype)
+            parts = {"weight": (weight, (dst_r, dst_c), src["weight"][src_r, src_c])}
             for name, buf in state.items():
                 if name not in src["state"]:
                     raise CheckpointError(
@@ -163,17 +198,87 @@ def load_embeddings(path: Path, manifest: dict[str, Any], modules: list[Embeddin
                     )
                 saved_state = src["state"][name]
                 if buf.dim() == 1:  # row-wise state [rows]: one value per row, any columns
-                    buf[dst_r] = saved_state[src_r].to(buf.device)
+                    parts[name] = (buf, (dst_r,), saved_state[src_r])
                 else:  # element-wise state [rows, cols], [rows, 1] for a width-1 shard
                     if saved_state.dim() == 1:  # a width-1 shard's, as older versions saved it
                         saved_state = saved_state.unsqueeze(1)
-                    buf[dst_r, dst_c] = saved_state[src_r, src_c].to(buf.device)
+                    parts[name] = (buf, (dst_r, dst_c), saved_state[src_r, src_c])
+            for name, (buf, at, part) in parts.items():
+                row = nonfinite_row(part)
+                if row is not None:
+                    raise _refused(path, saved, f"row {r[0] + row}'s {name} is not finite")
+                buf[at] = part.to(buf.device, buf.dtype)
             covered += (r[1] - r[0]) * (c[1] - c[0])
         if covered != spec.num_rows * spec.width:
             raise CheckpointError(
                 f"checkpoint {path} does not cover table {spec.table} rows {rows[0]}:{rows[1]} "
                 f"cols {cols[0]}:{cols[1]} ({covered} of {spec.num_rows * spec.width} values)"
             )
+
+
+def _refused(path: Path, saved: dict[str, Any], problem: str) -> CorruptCheckpointError:
+    """The one line refusing saved rectangle `saved` (its manifest entry) of checkpoint
+    `path` for `problem`."""
+    (r0, r1), name = saved["rows"], Path(path) / saved["file"]
+    return CorruptCheckpointError(
+        f"checkpoint file {name}: table {saved['table']} rows {r0}:{r1}: {problem}; hybridrec "
+        "never writes that (an edited file?): resume from another checkpoint"
+    )
+
+
+def check_saved(
+    src: dict[str, Any],
+    saved: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    table: dict[str, Any] | None,
+) -> str | None:
+    """What is wrong with saved rectangle `src` (its manifest entry `saved`) for a shard whose
+    optimizer-state views are `state`, None if nothing: its weight [rows, cols] and each state
+    array ([rows] row-wise, [rows, cols] or a width-1 shard's [rows] element-wise) in a dtype
+    of the view's kind (an integer view takes its own dtype only), and a dynamic table's map
+    (`table`: its signature entry) as hybridrec.sparse.dynamic.check states it (1-D arrays,
+    read whole). Values copied are checked finite as they are copied (nonfinite_row)."""
+    (r0, r1), (c0, c1) = saved["rows"], saved["cols"]
+    n, width = r1 - r0, c1 - c0
+    arrays = {"weight": src.get("weight"), **src.get("state", {})}
+    for name, a in arrays.items():
+        if name != "weight" and name not in state:
+            continue  # not read by this model
+        if not isinstance(a, torch.Tensor):
+            return f"{name} is a {type(a).__name__}, not a tensor"
+        view = state.get(name)
+        row_wise = view is not None and view.dim() == 1
+        shapes = [(n,)] if row_wise else [(n, width)] + ([(n,)] if width == 1 else [])
+        if name != "weight" and tuple(a.shape) not in shapes:
+            want = " or ".join(str(list(x)) for x in shapes)
+            return f"{name} has shape {list(a.shape)}, not {want}"
+        if name == "weight" and tuple(a.shape) != (n, width):
+            return f"its weight has shape {list(a.shape)}, not {[n, width]}"
+        want_float = view is None or view.is_floating_point()
+        if a.is_floating_point() != want_float or (not want_float and a.dtype != view.dtype):
+            want = _dtype(view.dtype) if view is not None else "a float"
+            why = " (a float copy has rounded its values)" if a.is_floating_point() else ""
+            return f"{name} is {_dtype(a.dtype)}, not {want}{why}"
+    if table is None or "dyn_slot_id" not in state:
+        return None
+    policy = Dynamic(**table["dynamic"])
+    return map_problem(src.get("state", {}), policy, table["num_rows"], r0, n)
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def nonfinite_row(x: torch.Tensor, chunk: int = 1 << 16) -> int | None:
+    """The first row of x [rows, ...] holding a NaN or an inf, None if none; read in chunks of
+    rows, so no mask as large as a table is made."""
+    if not x.is_floating_point():
+        return None
+    for start in range(0, x.shape[0], chunk):
+        bad = ~torch.isfinite(x[start : start + chunk])
+        if bool(bad.any()):
+            return start + int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
+    return None
 
 
 DENSE_KEYS = ("model", "optimizer", "sparse_step", "rng_cpu", "rng_cuda")
@@ -197,11 +302,15 @@ def load_checkpoint(
 ) -> TrainState:
     """Restore weights, optimizer state and RNG from `path` into this rank's model."""
     manifest = read_manifest(path, verify)
+    refused = policy_refusal(path, manifest, signature["tables"])
+    if refused:
+        raise CheckpointError(refused)
     diffs = signature_differences(manifest["signature"], signature)
     if diffs:
         raise CheckpointError(f"checkpoint {path} is for a different model: {summarise(diffs)}")
     modules = embedding_modules(model)
-    load_embeddings(path, manifest, modules)
+    policies = {t["name"]: t for t in signature["tables"] if "dynamic" in t}
+    load_embeddings(path, manifest, modules, policies)
     dense = load_dense(Path(path))
     load_dense_state(model, dense["model"])
     dense_opt.load_state_dict(dense["optimizer"])
@@ -215,11 +324,23 @@ def load_checkpoint(
 
 def load_file(path: Path, mmap: bool = False) -> Any:
     """A checkpoint file as data only; a file holding anything else is refused with one
-    line (`refusal`)."""
+    line (`refusal`), and one torch cannot read (truncated or damaged after its checksum
+    was taken, or under --no-verify) is a CorruptCheckpointError naming it."""
     try:
         return load_tensors(path, mmap=mmap)
     except UnsafeFileError as e:
         raise CheckpointError(refusal(e, Path(path).parent)) from None
+    except UNREADABLE as e:
+        raise CorruptCheckpointError(
+            f"checkpoint file {path} cannot be read as a torch.save file (truncated or "
+            f"damaged): {type(e).__name__}: {first_sentence(e)}"
+        ) from None
+
+
+def first_sentence(e: BaseException) -> str:
+    """The first sentence of an error's message (torch's run to a paragraph), one line."""
+    text = " ".join(str(e).split())
+    return text.split(". ")[0].rstrip(".")
 
 
 def refusal(e: UnsafeFileError, step_dir: Path) -> str:
@@ -231,6 +352,8 @@ def refusal(e: UnsafeFileError, step_dir: Path) -> str:
             f"It holds numpy data, as an older writer left it: convert it once with {CONVERT} "
             f"{step_dir} (which builds numpy data only, never code)"
         )
+    elif not e.globals:  # not a torch.save file at all (a plain pickle)
+        fix = "It was not written by hybridrec (a foreign file): neither load nor convert it"
     else:
         fix = (
             "That is code, not data hybridrec writes (a planted or foreign file): neither load "
