@@ -41,7 +41,9 @@ exits 1 naming the mode and the step, and writes no report. Timing and ratios ar
 benchmarks/paired.py's, as in benchmarks/torchrec_step.py: per step the systems run one after
 the other on the same batch, each after a barrier, in alternating order; a step's time is the
 slowest rank's; the ratio is the median over steps of (TorchRec's step / hybridrec's step in
-the same step), with quartiles (> 1: hybridrec faster).
+the same step), with quartiles (> 1: hybridrec faster). Each step's CPU time, summed over the
+ranks (each rank's time.process_time(), its gloo threads included: what the step computed,
+not the time other processes on a shared machine held the cores), is paired the same way.
 
 TorchRec is not a dependency of hybridrec: the venv recipe is benchmarks/torchrec_step.py's.
 
@@ -339,7 +341,7 @@ def _keyed(model: nn.Module):  # noqa: ANN202
 
 
 def run_rank(env: DistEnv, args: argparse.Namespace, modes: list[str]) -> dict:
-    """Per mode: this rank's step times and losses of both systems, interleaved in
+    """Per mode: this rank's step times, CPU times and losses of both systems, interleaved in
     alternating order (step_order), every step on the same batch after a barrier."""
     out = {}
     barrier = (lambda: dist.barrier(group=env.group)) if env.group is not None else None
@@ -363,17 +365,19 @@ def run_rank(env: DistEnv, args: argparse.Namespace, modes: list[str]) -> dict:
             "torchrec": _stepper(dense_params, theirs),
         }
         times: dict[str, list[float]] = {k: [] for k in systems}
+        cpu: dict[str, list[float]] = {k: [] for k in systems}
         losses: dict[str, list[float]] = {k: [] for k in systems}
         for i, b in enumerate(batches):
             for name in step_order(list(systems), i):
                 if barrier is not None:
                     barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 loss = systems[name](b)
                 if i >= args.warmup:
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
                 losses[name].append(float(loss))
-        out[mode] = {"times": times, "losses": losses}
+        out[mode] = {"times": times, "cpu": cpu, "losses": losses}
         del ours, inner, theirs, systems
         gc.collect()
     return out
@@ -417,6 +421,9 @@ def summarise(world: int, mode: str, per_rank: list[dict]) -> tuple[list, list[s
     ours = slowest([r["times"]["hybridrec"] for r in per_rank])
     theirs = slowest([r["times"]["torchrec"] for r in per_rank])
     mid, q1, q3 = paired_ratio(theirs, ours)
+    cpu_ours, cpu_theirs = ([sum(ts) for ts in zip(*[r["cpu"][k] for r in per_rank], strict=True)]
+                            for k in ("hybridrec", "torchrec"))  # fmt: skip
+    cpu_mid, cpu_q1, cpu_q3 = paired_ratio(cpu_theirs, cpu_ours)
     losses = [r["losses"] for r in per_rank]
     first = loss_gaps(losses, "hybridrec", PARITY_STEPS)
     whole = loss_gaps(losses, "hybridrec", None)
@@ -426,7 +433,10 @@ def summarise(world: int, mode: str, per_rank: list[dict]) -> tuple[list, list[s
     parity = f"{label}: loss gap to hybridrec, first {PARITY_STEPS} / all steps: {gap}"
     row = [world, "one process" if world == 1 else mode]
     row += [f"{1e3 * median(ours):.2f}", f"{1e3 * median(theirs):.2f}"]
-    row += [f"{mid:.2f} ({q1:.2f}-{q3:.2f})", f"{losses[0]['hybridrec'][-1]:.6f}", gap]
+    row += [f"{mid:.2f} ({q1:.2f}-{q3:.2f})"]
+    row += [f"{1e3 * median(cpu_ours):.2f}", f"{1e3 * median(cpu_theirs):.2f}"]
+    row += [f"{cpu_mid:.2f} ({cpu_q1:.2f}-{cpu_q3:.2f})"]
+    row += [f"{losses[0]['hybridrec'][-1]:.6f}", gap]
     return row, failures, parity
 
 
@@ -460,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     busy1, own1 = cpu_seconds()
     busy, own, wall = busy1 - busy0, own1 - own0, time.monotonic() - t0
     headers = ["W", "mode", "hybridrec ms", "TorchRec EC ms"]
-    headers += ["TorchRec EC / hybridrec, paired (quartiles)", "last loss"]
+    headers += ["TorchRec EC / hybridrec, paired (quartiles)"]
+    headers += ["hybridrec CPU ms", "TorchRec EC CPU ms", "CPU ratio, paired (quartiles)"]
+    headers += ["last loss"]
     headers += [f"max loss gap, first {PARITY_STEPS} / all steps"]
     table = markdown_table(headers, rows)
     print(table)
