@@ -96,6 +96,10 @@ class Pooled(Mapping[str, torch.Tensor]):
         self._ids = ids
         self._where: dict[str, tuple[int, int]] = {}  # rows [a, b), or columns when flat
         self._cols: dict[str, tuple[int, int]] = {}  # the feature's id columns
+        # the features' parts of `tensor`, from one torch.split on first use: its backward is
+        # one cat of the parts' gradients, where a slice per feature costs a zero-filled
+        # gradient of the whole output each (and their sum): per padded position too
+        self._parts: dict[str, torch.Tensor] | None = None
         a = c = 0
         for f in features:
             size = f.slots if tensor.dim() == 3 else f.slots * f.dim
@@ -106,10 +110,13 @@ class Pooled(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise KeyError(f"no feature {name!r} in these tables; they look up {self._names}")
-        f, (a, b) = self._features[name], self._where[name]
+        if self._parts is None:  # every feature's part at once: see _parts
+            sizes = [b - a for a, b in self._where.values()]
+            parts = torch.split(self.tensor, sizes, dim=1)
+            self._parts = dict(zip(self._names, parts, strict=True))
+        f, out = self._features[name], self._parts[name]
         if self.tensor.dim() == 3:
-            return self.tensor[:, a:b] if f.sequence else self.tensor[:, a]
-        out = self.tensor[:, a:b]
+            return out if f.sequence else out.squeeze(1)
         return out.view(-1, f.slots, f.dim) if f.sequence else out
 
     def mask(self, name: str) -> torch.Tensor:

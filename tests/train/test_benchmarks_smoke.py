@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import cache_policy, lookup_update, step
 
@@ -192,3 +193,60 @@ def test_commits_loss_gap_sees_any_difference():
     assert gap == pytest.approx(1e-6) and rel == pytest.approx(8e-6)
     assert loss_gap(same, [[0.5, float("nan")], [0.75, 0.125]]) == (float("inf"), float("inf"))
     assert loss_gap([[0.0]], [[1e-9]])[1] == float("inf")
+
+
+def _user_item_file(path: Path, users: int = 40, items: int = 30) -> Path:
+    """A tiny `user item` file (1-based ids, a user's lines contiguous): 4..14 events each."""
+    g = torch.Generator().manual_seed(0)
+    lines = []
+    for u in range(1, users + 1):
+        n = 4 + int(torch.randint(0, 11, (1,), generator=g))
+        lines += [f"{u} {int(i) + 1}" for i in torch.randint(0, items, (n,), generator=g)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sasrec_step_benchmark_keeps_parity_and_writes_every_row(tmp_path, capsys):
+    """hybridrec's SASRec step and plain PyTorch's (SparseAdam: to 1e-6 over 10 steps; dense
+    Adam: at the first step) train the same model on the same batches, or the run exits 1."""
+    from benchmarks import sasrec_step
+
+    data, out = _user_item_file(tmp_path / "games.txt"), tmp_path / "sasrec.md"
+    args = ["--max-len=8", "--dim=8", "--batch-size=16", "--steps=2", "--warmup=8"]
+    rc = sasrec_step.main([f"--data={data}", *args, f"--out={out}"])
+    assert rc == 0, capsys.readouterr().err
+    text = out.read_text()
+    for name in sasrec_step.NAMES.values():
+        assert f"| {name} " in text
+    assert "Load average (1, 5, 15 min) before:" in text and "- Git: " in text
+
+
+def _has_torchrec() -> bool:
+    from benchmarks import torchrec_step
+
+    return torchrec_step._torchrec_available() is None
+
+
+@pytest.mark.skipif(not _has_torchrec(), reason="needs torchrec and fbgemm-gpu-cpu")
+def test_sequence_torchrec_benchmark_keeps_parity_in_every_mode(tmp_path, capsys):
+    """At 1 and 2 ranks (table- and row-wise) TorchRec's EmbeddingCollection under the same
+    dense part loses within 1e-6 of hybridrec's sequence features over 10 steps, or the
+    run exits 1 and writes nothing."""
+    from benchmarks import sequence_torchrec
+
+    out = tmp_path / "sequence.md"
+    args = ["--world-sizes=1,2", "--items=500", "--categories=20", "--length=8", "--dim=8"]
+    args += ["--batch-size=64", "--steps=2", "--warmup=8", f"--out={out}"]
+    assert sequence_torchrec.main(args) == 0, capsys.readouterr().err
+    text = out.read_text()
+    for row in ("| 1 | one process ", "| 2 | table_wise ", "| 2 | row_wise "):
+        assert row in text
+    assert "Parity: every loss gap to hybridrec within the first 10 steps" in text
+
+
+@pytest.mark.skipif(_has_torchrec(), reason="TorchRec is installed here")
+def test_sequence_torchrec_without_torchrec_says_how_to_get_it(capsys):
+    from benchmarks import sequence_torchrec
+
+    assert sequence_torchrec.main(["--world-sizes=1"]) == 2
+    assert "TorchRec is not importable here" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrec import timing
-from hybridrec.distributed.comm import CommStats, ScaleGrad
+from hybridrec.distributed.comm import CommStats
 from hybridrec.sparse.bags import jagged_means, mean_divisors
 from hybridrec.sparse.exchange.input import build_routes, input_dist
 from hybridrec.sparse.exchange.output import output_dist, reassemble
@@ -65,10 +65,9 @@ class AllToAll:
             )
         assert step.receipt is not None
         divisors = mean_divisors(step.ids, self.means, lay.offsets)
-        out = reassemble(received, step.receipt.kept, replicated, lay, divisors)
-        if wire.keep or lay.world == 1:  # 1/W: in the exchange's backward, or 1
-            return out
-        return ScaleGrad.apply(out, 1.0 / lay.world)
+        # 1/W: in the exchange's backward (wire.keep), or 1 on one rank
+        scale = None if wire.keep or lay.world == 1 else 1.0 / lay.world
+        return reassemble(received, step.receipt.kept, replicated, lay, divisors, scale)
 
     def after_backward(
         self, step: StepContext, grad_send: torch.Tensor, grad_replicated: torch.Tensor

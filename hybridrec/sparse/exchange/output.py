@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from hybridrec.distributed.comm import CommStats, all_to_all
+from hybridrec.distributed.comm import CommStats, ScaleGrad, all_to_all
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
 
@@ -152,7 +152,34 @@ def output_dist(
 
 def _placed(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:
     """[n, w]: zeros with rows [m, w] added at rows `at` [m]."""
-    return rows.new_zeros(n, rows.shape[1]).index_add(0, at, rows)
+    return rows.new_zeros(n, rows.shape[1]).index_add_(0, at, rows)
+
+
+def _table_piece(
+    i: int,
+    received: list[torch.Tensor],
+    kept: dict[int, torch.Tensor],
+    replicated: torch.Tensor,
+    layout: ShardedLayout,
+) -> torch.Tensor:
+    """Feature i's rows for this rank's samples, [B_l * S_i, D_i] ([B_l, S_i * D_i] for a
+    replicated table), from its received units (see `reassemble`)."""
+    t, n = layout.tables[i], replicated.shape[0] * layout.tables[i].slots
+    if i in layout.dp_columns:
+        a, b = layout.dp_columns[i]
+        return replicated[:, a:b]
+    where = layout.table_units[i]
+    traits = layout.plan.tables[layout.storage_of[i]].sharding.traits
+    if traits.concatenated:  # (a sequence's column slices: each at its positions)
+        parts = [_placed(received[p], kept[p], n) if t.sequence else received[p] for p in where]
+        return torch.cat(parts, dim=1)
+    if traits.partial_sums or t.sequence:  # added in shard order
+        first = received[where[0]]
+        piece = first.new_zeros(n, first.shape[1])
+        for p in where:
+            piece.index_add_(0, kept[p], received[p])
+        return piece
+    return received[where[0]]
 
 
 def reassemble(
@@ -161,36 +188,69 @@ def reassemble(
     replicated: torch.Tensor,
     layout: ShardedLayout,
     divisors: dict[int, torch.Tensor],
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Received units [n, w_u] and replicated tables [B_l, sum D_dp] -> pooled [B_l, S, D]
     ([B_l, sum_t S_t * D_t] for mixed widths; S_t: a sequence's length, else 1); `kept`: the
     samples of compact (row-wise) units' rows, the positions of a sequence's; `divisors`:
-    bag lengths [B_l, 1] of jagged mean tables."""
+    bag lengths [B_l, 1] of jagged mean tables; `scale`: the factor of the gradient of what
+    leaves (the 1/W of the gradient-scaling rule; None: 1). One width with sequences:
+    `_sequence_output`."""
+    if layout.sequences and layout.one_width:
+        return _sequence_output(received, kept, replicated, layout, divisors, scale)
     b_local = replicated.shape[0]
     per_table = []
-    for i, t in enumerate(layout.tables):
-        n = b_local * t.slots  # rows: one per sample, or per position of a sequence
-        if i in layout.dp_columns:
-            a, b = layout.dp_columns[i]
-            piece = replicated[:, a:b]
-        else:
-            where = layout.table_units[i]
-            traits = layout.plan.tables[layout.storage_of[i]].sharding.traits
-            if traits.concatenated:  # (a sequence's column slices: each at its positions)
-                parts = [_placed(received[p], kept[p], n) if t.sequence else received[p]
-                         for p in where]  # fmt: skip
-                piece = torch.cat(parts, dim=1)
-            elif traits.partial_sums or t.sequence:  # added in shard order
-                first = received[where[0]]
-                piece = first.new_zeros(n, first.shape[1])
-                for p in where:
-                    piece = piece.index_add(0, kept[p], received[p])
-            else:
-                piece = received[where[0]]
+    for i in range(len(layout.tables)):
+        piece = _table_piece(i, received, kept, replicated, layout)
         per_table.append(piece / divisors[i] if i in divisors else piece)
     if not layout.sequences:
-        return torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)
-    if layout.one_width:
-        width = layout.tables[0].dim
-        return torch.cat([p.view(b_local, -1, width) for p in per_table], dim=1)
-    return torch.cat([p.reshape(b_local, -1) for p in per_table], dim=1)
+        out = torch.stack(per_table, dim=1) if layout.one_width else torch.cat(per_table, dim=1)
+    else:
+        out = torch.cat([p.reshape(b_local, -1) for p in per_table], dim=1)
+    return out if scale is None else ScaleGrad.apply(out, scale)
+
+
+def _sequence_output(
+    received: list[torch.Tensor],
+    kept: dict[int, torch.Tensor],
+    replicated: torch.Tensor,
+    layout: ShardedLayout,
+    divisors: dict[int, torch.Tensor],
+    scale: float | None,
+) -> torch.Tensor:
+    """`reassemble` of a one-width layout with sequences, written into one [B_l * S, D]
+    buffer of zeros: a table- or row-wise unit's received rows are added in place at their
+    rows of it (sample b, the feature's first slot s_f, position j: b * S + s_f + j), in shard
+    order; a replicated, column-wise or mean feature is assembled first (`_table_piece`) and
+    added the same way. So the forward fills and writes the output once (no zeros per
+    sequence and no cat of [B_l, S, D]), the backward only gathers each unit's rows from the
+    output's gradient, and the gradient's `scale` multiplies the rows as they arrived (one
+    per id, not per padded position) or a mean's quotient: the same products as on the whole
+    output, so the same bits."""
+    b_local, width = replicated.shape[0], layout.tables[0].dim
+    slots = sum(t.slots for t in layout.tables)
+    out = replicated.new_zeros(b_local * slots, width)
+    sample_row = torch.arange(b_local, device=out.device) * slots
+    first = 0  # the feature's first slot
+    for i, t in enumerate(layout.tables):
+        traits = layout.plan.tables[layout.storage_of[i]].sharding.traits
+        if i in layout.dp_columns or i in divisors or traits.concatenated:
+            piece = _table_piece(i, received, kept, replicated, layout)
+            piece = piece / divisors[i] if i in divisors else piece
+            if scale is not None:
+                piece = ScaleGrad.apply(piece, scale)
+            at = (
+                sample_row.view(-1, 1) + torch.arange(first, first + t.slots, device=out.device)
+            ).view(-1)
+            out.index_add_(0, at, piece.reshape(-1, width))
+        else:
+            for p in layout.table_units[i]:
+                rows = received[p] if scale is None else ScaleGrad.apply(received[p], scale)
+                if p not in kept:  # a row per sample, in sample order
+                    at = sample_row + first
+                else:  # kept: samples b (row-wise), or positions b * S_f + j (a sequence)
+                    b, j = kept[p].div(t.slots, rounding_mode="floor"), kept[p] % t.slots
+                    at = sample_row.index_select(0, b) + (j + first)
+                out.index_add_(0, at, rows)
+        first += t.slots
+    return out.view(b_local, slots, width)
