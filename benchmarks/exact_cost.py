@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from benchmarks import sharding_gloo
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             n = len(exact_losses[base])
             parity.append(
                 f"- {model}: exact mode's {n} losses at W={world} "
-                + ("equal W={base}'s, bit for bit".format(base=base) if same else "DIFFER")
+                + (f"equal W={base}'s, bit for bit" if same else "DIFFER")
             )
             if not same:
                 failures.append(f"{model}: exact W={world} losses differ from W={base}")
