@@ -26,6 +26,11 @@ set -euo pipefail
 OUT=${1:?usage: examples/dynamic/run.sh OUT_DIR [hybridrec-train overrides ...]}
 shift
 source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute, PY
+EXACT=${EXACT:-0}
+case $EXACT in
+  0 | 1) ;;
+  *) echo "examples/dynamic/run.sh: EXACT=$EXACT; set EXACT=1 (exact mode) or 0" >&2; exit 2 ;;
+esac
 
 # shellcheck disable=SC2086  # STREAM_ARGS is a list of words
 "$PY" examples/dynamic/make_stream.py "$OUT" ${STREAM_ARGS:-}
@@ -41,11 +46,9 @@ done
 TRAIN=(data=table data.shuffle=false train.epochs=1 train.batch_size=512 optim.sparse.lr=0.2
   optim.dense.name=sgd optim.dense.lr=0.1 data.eval_split=test eval.every=0 eval.batches=null
   train.log_every=2 train.progress=plain)
-case ${EXACT:-0} in
-  0) ;;
-  1) TRAIN+=(train.exact=true) ;;  # train.exact_shards (8 by default) divides the batch of 512
-  *) echo "examples/dynamic/run.sh: EXACT=$EXACT; set EXACT=1 (exact mode) or 0" >&2; exit 2 ;;
-esac
+if [ "$EXACT" = 1 ]; then
+  TRAIN+=(train.exact=true)  # train.exact_shards (8 by default) divides the batch of 512
+fi
 train() {  # train RUN_NAME KIND NPROC [overrides]
   local run=$OUT/run_$1 kind=$2 nproc=$3
   shift 3
