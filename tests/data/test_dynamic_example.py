@@ -1,10 +1,14 @@
 """examples/dynamic: the drifting stream is deterministic, its ids are raw 40-bit values that
-appear and fade, and report.py turns the runs' metrics into result.json."""
+appear and fade, report.py turns the runs' metrics into result.json, and EXACT=1 run.sh on a
+small stream gives the 1-rank run's losses on 2 ranks, bit for bit."""
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -40,8 +44,9 @@ def test_the_stream_is_deterministic_and_its_ids_drift(tmp_path):
     assert 0.5 < info["bayes_auc_last_day"] < 1.0
 
 
-def _run(path: Path, losses: dict[int, float], auc: float) -> None:
-    path.mkdir(parents=True)
+def _run(path: Path, losses: dict[int, float], auc: float, exact: bool = False) -> None:
+    (path / ".hydra").mkdir(parents=True)  # the composed config hybridrec.main writes
+    (path / ".hydra" / "config.yaml").write_text(f"train: {{exact: {exact}, exact_shards: 4}}\n")
     rows = [{"step": s, "split": "train", "loss": v} for s, v in losses.items()]
     rows.append({"step": max(losses), "split": "eval", "auc": auc})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -66,3 +71,45 @@ def test_report_writes_the_aucs_and_the_largest_relative_loss_gap(tmp_path):
     (tmp_path / "run_dynamic_np2" / "metrics.jsonl").unlink()
     with pytest.raises(SystemExit, match="run_dynamic_np2/metrics.jsonl is missing"):
         REPORT["main"](tmp_path)
+
+
+def test_report_says_the_mode_and_refuses_runs_of_two_modes(tmp_path):
+    (tmp_path / "stream.json").write_text(json.dumps({"bayes_auc_last_day": 0.9}))
+    for name in ("dynamic", "dynamic_np2"):
+        _run(tmp_path / f"run_{name}", {2: 0.5, 4: 0.4}, 0.70, exact=True)
+    _run(tmp_path / "run_hashing", {2: 0.5, 4: 0.45}, 0.66)
+    _run(tmp_path / "run_unbounded", {2: 0.5, 4: 0.41}, 0.703)
+    result = REPORT["main"](tmp_path)
+    assert result["mode"] == "exact" and result["exact_shards"] == 4
+    assert result["max_rel_loss_diff_1_vs_2_ranks"] == 0 and result["goals"]["rel_loss_diff_is_0"]
+    (tmp_path / "run_dynamic_np2" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "split": "train", "loss": 0.4}) + "\n" for s in (2, 4))
+    )
+    assert REPORT["main"](tmp_path)["goals"]["rel_loss_diff_is_0"] is False  # 0.5 != 0.4
+    config = tmp_path / "run_dynamic_np2" / ".hydra" / "config.yaml"
+    config.write_text("train: {exact: false, exact_shards: 4}\n")  # the 2-rank run: default
+    with pytest.raises(SystemExit, match="trained in different modes"):
+        REPORT["main"](tmp_path)
+
+
+@pytest.mark.slow
+def test_exact_run_sh_gives_the_one_rank_losses_on_two_ranks(tmp_path):
+    """EXACT=1 examples/dynamic/run.sh as written on an 8-day stream of 1024 rows a day (14
+    steps of 512): every logged loss of the 2-rank dynamic run equals the 1-rank run's."""
+    env = {
+        **os.environ,
+        "EXACT": "1",
+        "STREAM_ARGS": "--rows-per-day 1024 --users 1500 --items 200",
+        "VENV": str(Path(sys.executable).parents[1]),
+    }
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "examples" / "dynamic" / "run.sh"), str(out)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["mode"] == "exact" and result["exact_shards"] == 8
+    assert result["steps_compared"] == 7  # steps 2, 4, .., 14
+    assert result["max_rel_loss_diff_1_vs_2_ranks"] == 0.0
+    assert result["goals"]["rel_loss_diff_is_0"] is True

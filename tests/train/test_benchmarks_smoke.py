@@ -250,3 +250,29 @@ def test_sequence_torchrec_without_torchrec_says_how_to_get_it(capsys):
 
     assert sequence_torchrec.main(["--world-sizes=1"]) == 2
     assert "TorchRec is not importable here" in capsys.readouterr().err
+
+
+def test_exact_cost_pairs_the_modes_and_checks_exact_parity_across_world_sizes(tmp_path):
+    """dlrm_tiny at W=1 and 2, a few steps: a row per W with both modes' times and a ratio,
+    the memory rows, and exact mode's losses equal across W (else the run exits 1)."""
+    from benchmarks import exact_cost
+
+    out = tmp_path / "exact.md"
+    args = ["--models=dlrm_tiny", "--batch-size=64", "--steps=2", "--warmup=1"]
+    assert exact_cost.main([*args, "--memory-steps=1", f"--out={out}"]) == 0
+    text = out.read_text()
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| model "))
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    for w, line in zip((1, 2), lines[head + 2 : head + 4], strict=True):
+        row = dict(zip(cells(lines[head]), cells(line), strict=True))
+        assert (row["model"], row["W"]) == ("dlrm_tiny", str(w))
+        assert 0.1 < float(row["CPU exact/default (IQR)"].split()[0]) < 100.0, row
+        assert float(row["largest rel. loss gap default vs exact"].split()[0]) < 1e-4, row
+    mem = [cells(ln)[1:3] for ln in lines if ln.startswith("| dlrm_tiny") and ln.count("|") == 7]
+    assert mem == [["1", "default"], ["1", "exact"], ["2", "default"], ["2", "exact"]]
+    assert "- dlrm_tiny: exact mode's 3 losses at W=2 equal W=1's, bit for bit" in text
+    assert "Machine: " in text and "```bash" in text
