@@ -190,9 +190,13 @@ def test_row_split_across_parse_blocks(tmp_path):
 
 
 def _readme_preprocess_commands() -> list[list[str]]:
-    """The Criteo `hybridrec-preprocess` commands of the README's bash blocks, as argv lists
-    (a `--spec` command preprocesses a table: tests/data/test_table_train.py runs it)."""
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    """The Criteo `hybridrec-preprocess` commands of the README's bash blocks and docs/data.md's
+    1TB hashing one, as argv lists (a `--spec` command preprocesses a table:
+    tests/data/test_table_train.py runs it)."""
+    readme = (REPO / "README.md").read_text()
+    hashing = (REPO / "docs" / "data.md").read_text()
+    hashing = hashing[hashing.index("hybridrec-preprocess --input /data/criteo/raw") :]
+    text = (readme + "\n" + hashing.split("```")[0]).replace("\\\n", " ")
     return [
         shlex.split(line)[1:]
         for line in text.splitlines()
@@ -201,7 +205,7 @@ def _readme_preprocess_commands() -> list[list[str]]:
 
 
 def test_readme_preprocess_examples_run_on_the_shipped_sample(tmp_path, sample_tsv):
-    """The README's commands, with the shipped sample as the input (the raw directory then
+    """The README's commands (and the 1TB one it points to), with the shipped sample as the input (the raw directory then
     holds that one file): one input file defaults to a row split, with a note, instead of
     failing on a day split that has no day to hold out."""
     commands = _readme_preprocess_commands()
