@@ -79,7 +79,7 @@ def evaluate(
     if not logits:
         return {}
     local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(real).float()])
-    if env.group is not None:
+    if env.group is not None and world > 1:  # (one rank sliced its last batch: no reorder)
         # [3, W * n]: rank p's columns at block p, then in global sample order (batch by
         # batch, rank by rank): the metrics' sums in the order one process adds them
         local = all_gather_rows(local.T.contiguous(), env.group, name="eval_gather").T
