@@ -26,7 +26,7 @@ from hybridrec.distributed.exact_sum import fold_columns
 from hybridrec.kernels.segment import dedupe
 from hybridrec.sparse.exact.update import canonical_order
 from hybridrec.sparse.exchange.output import group_grads
-from hybridrec.sparse.exchange.row_stats import RowStats
+from hybridrec.sparse.exchange.row_stats import RowStats, column_slots
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
@@ -49,13 +49,8 @@ def share_seen_rows(
     world, peers, units = layout.world, layout.peers, layout.local_units
     out: RowStats = step.row_stats
     grads = group_grads(grad, step, world)
-    slot_units: dict[Slot, list[int]] = {}
-    for key, ks in layout.group_units.items():
-        for k, pos in zip(ks, layout.input_slots(key), strict=True):
-            if k in peers:
-                slot_units.setdefault((key, pos), []).append(k)
-    # in (table, shard) order, the order every rank lists the same tables' shards in
-    order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
+    slot_units = column_slots(layout)
+    order = list(slot_units)
     seen: dict[Slot, torch.Tensor] = {}
     for key, pos in order:
         inp = step.lookups[key]

@@ -43,6 +43,19 @@ class RowStats:
         return self.by_group.pop(key, None)
 
 
+def column_slots(layout: ShardedLayout) -> dict[tuple[GroupKey, int], list[int]]:
+    """This rank's slots of column shards, (group, slot position) -> their units, in (table,
+    shard) order: the order every rank lists the same tables' shards in."""
+    peers, units = layout.peers, layout.local_units
+    slot_units: dict[tuple[GroupKey, int], list[int]] = {}
+    for key, ks in layout.group_units.items():
+        for k, pos in zip(ks, layout.input_slots(key), strict=True):
+            if k in peers:
+                slot_units.setdefault((key, pos), []).append(k)
+    order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
+    return {x: slot_units[x] for x in order}
+
+
 def share_row_stats(
     grad: torch.Tensor,
     step: StepContext,
@@ -59,13 +72,8 @@ def share_row_stats(
     world, peers, units = layout.world, layout.peers, layout.local_units
     out: RowStats = step.row_stats
     grads = group_grads(grad, step, world)
-    slot_units: dict[tuple[GroupKey, int], list[int]] = {}  # (group, slot position) -> units
-    for key, ks in layout.group_units.items():
-        for k, pos in zip(ks, layout.input_slots(key), strict=True):
-            if k in peers:
-                slot_units.setdefault((key, pos), []).append(k)
-    # in (table, shard) order, the order every rank lists the same tables' shards in
-    order = sorted(slot_units, key=lambda x: (units[slot_units[x][0]].slot[0], x[0], x[1]))
+    slot_units = column_slots(layout)
+    order = list(slot_units)
     partial: dict[tuple[GroupKey, int], torch.Tensor] = {}
     for key, pos in order:
         inp = step.lookups[key]
