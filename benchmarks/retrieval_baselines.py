@@ -12,7 +12,9 @@ Models, each fitted on the train interactions only (every rating is a positive):
   last digit; and BPR at implicit's defaults (100 iterations, learning rate 0.01), which the
   issue's 64-factor BPR does not use;
 - EASE (Steck 2019), l2 300: B = I - P / diag(P), P = (X^T X + l2 I)^-1, diag(B) = 0;
-- two-tower: a plain PyTorch two-tower of the ids (`two_tower`), in-batch softmax with logQ.
+- two-tower: a plain PyTorch two-tower of the ids (`two_tower`), in-batch softmax with logQ;
+- two-tower + history: the same with the user's history (`history_tower`: the user's row plus
+  the mean of its latest items' rows), the examples/retrieval preset's model in plain PyTorch.
 Any prepare.py directory is accepted: `prepare.py OUT --min-rating 4` gives the second split
 (examples/retrieval/README.md), on which these same settings are the check that defaults carry.
 Scoring (the protocol the trainer's evaluator uses): every catalogue item is scored
@@ -39,6 +41,7 @@ import pyarrow.parquet as pq
 from benchmarks.common import command_line, git_state, hardware, markdown_table
 
 KS = (10, 50)
+HISTORY_LEN = 50  # the history two-tower's input: as examples/retrieval/spec.yaml's max_len
 METRICS = ("hr@10", "ndcg@10", "hr@50")
 # issue 32's table: test HR@10, NDCG@10, HR@50
 ISSUE = {
@@ -60,6 +63,48 @@ class Split:
     train: np.ndarray  # [U, I] bool: the user has the item in train
     val: np.ndarray  # [U] column of each user's val item
     test: np.ndarray  # [U] column of each user's test item
+    rows: Rows | None = None  # per interaction, with its history (prepare.py's `history`)
+
+
+@dataclass
+class Rows:
+    """The interactions as index arrays (users by Split.users, items by column), each with the
+    columns of the items its user met before it, the most recent first, padded with -1."""
+
+    train_user: np.ndarray  # [N] row of Split.users
+    train_item: np.ndarray  # [N] column
+    train_history: np.ndarray  # [N, L] columns, -1 padded
+    val_history: np.ndarray  # [U, L]: the input of each user's val query
+    test_history: np.ndarray  # [U, L]: of its test query (the val item included)
+
+
+def load_rows(data: Path, users: np.ndarray, items: np.ndarray, max_len: int) -> Rows | None:
+    """Rows from interactions.parquet (None when it has no `history` column), histories cut
+    to their `max_len` most recent items."""
+    table = pq.read_table(data / "interactions.parquet")
+    if "history" not in table.column_names:
+        return None
+    hist = table["history"].combine_chunks()
+    offsets, values = hist.offsets.to_numpy(), np.searchsorted(items, hist.values.to_numpy())
+    padded = np.full((table.num_rows, max_len), -1, np.int64)
+    for r in range(table.num_rows):
+        h = values[offsets[r] : offsets[r + 1]][:max_len]
+        padded[r, : len(h)] = h
+    user = np.searchsorted(users, table["user_id"].to_numpy())
+    split = np.asarray(table["split"].to_pylist())
+    by_user = {}
+    for name in ("val", "test"):
+        per_user = np.full((len(users), max_len), -1, np.int64)
+        per_user[user[split == name]] = padded[split == name]
+        by_user[name] = per_user
+    train = split == "train"
+    return Rows(
+        user[train],
+        np.searchsorted(items, table["movie_id"].to_numpy()[train]),
+        padded[train],
+        by_user["val"],
+        by_user["test"],
+    )
 
 
 def load(data: Path) -> Split:
@@ -80,12 +125,14 @@ def load(data: Path) -> Split:
     cols = col(lists.values.to_numpy())
     train = np.zeros((held.num_rows, len(items)), bool)
     train[rows, cols] = True
+    users = held["user_id"].to_numpy()
     return Split(
-        held["user_id"].to_numpy(),
+        users,
         items,
         train,
         col(held["val_movie"].to_numpy()),
         col(held["test_movie"].to_numpy()),
+        load_rows(data, users, items, HISTORY_LEN),
     )
 
 
@@ -121,13 +168,18 @@ def metrics(rank: np.ndarray) -> dict[str, float]:
     return out
 
 
-def evaluate(scores: np.ndarray, split: Split) -> dict[str, dict[str, float]]:
-    """Val (train items excluded) and test (train items and the val item excluded)."""
+def evaluate(
+    scores: np.ndarray | tuple[np.ndarray, np.ndarray], split: Split
+) -> dict[str, dict[str, float]]:
+    """Val (train items excluded) and test (train items and the val item excluded); `scores`
+    [U, I], or a pair (val queries', test queries') for a model whose query reads the
+    user's history, which differs between the two."""
+    val, test = scores if isinstance(scores, tuple) else (scores, scores)
     with_val = split.train.copy()
     with_val[np.arange(len(split.val)), split.val] = True
     return {
-        "val": metrics(ranks(scores, split.val, split.train)),
-        "test": metrics(ranks(scores, split.test, with_val)),
+        "val": metrics(ranks(val, split.val, split.train)),
+        "test": metrics(ranks(test, split.test, with_val)),
     }
 
 
@@ -224,6 +276,65 @@ def two_tower(
         return (q @ torch.nn.functional.normalize(item, dim=1).T).double().numpy()
 
 
+def history_tower(
+    split: Split,
+    seed: int,
+    dim: int = 32,
+    temperature: float = 0.2,
+    epochs: int = 20,
+    lr: float = 0.01,
+    batch: int = 1024,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`two_tower` with the user's history, in plain PyTorch: the examples/retrieval preset's
+    model (two_tower with combine=sum) written out. Query = normalize(user row + the mean of
+    the rows of the user's HISTORY_LEN most recent earlier items in a table of its own);
+    candidates = normalize(item row); a softmax over the batch's items with logQ correction,
+    torch.optim.Adam over the three tables, `epochs` shuffled passes over the train rows. The
+    val query reads the val row's history (the train items), the test query the test row's
+    (the val item added). Returns the (val, test) score matrices [U, I]."""
+    import torch
+
+    if split.rows is None:
+        raise ValueError("the history two-tower needs prepare.py's `history` column")
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    rows = split.rows
+    users, items = torch.from_numpy(rows.train_user), torch.from_numpy(rows.train_item)
+    history = torch.from_numpy(rows.train_history)
+    counts = torch.from_numpy(split.train.sum(0)).double()
+    log_q = (batch * counts / counts.sum()).clamp(min=1e-12).log().float()
+    n_users, n_items = split.train.shape
+    user = torch.nn.Parameter(torch.randn(n_users, dim) * 0.1)
+    past = torch.nn.Parameter(torch.randn(n_items, dim) * 0.1)  # the history's own rows
+    item = torch.nn.Parameter(torch.randn(n_items, dim) * 0.1)
+    opt = torch.optim.Adam([user, past, item], lr=lr)
+
+    def query(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        mask = (h >= 0).float()
+        rows_h = past[h.clamp(min=0)] * mask[..., None]
+        mean = rows_h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1)  # an empty one: zeros
+        return torch.nn.functional.normalize(user[u] + mean, dim=1)
+
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(users), generator=g)
+        for a in range(0, len(order), batch):
+            b = order[a : a + batch]
+            c = torch.nn.functional.normalize(item[items[b]], dim=1)
+            logits = query(users[b], history[b]) @ c.T / temperature - log_q[items[b]]
+            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(b)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        c = torch.nn.functional.normalize(item, dim=1)
+        everyone = torch.arange(n_users)
+        return tuple(  # type: ignore[return-value]
+            (query(everyone, torch.from_numpy(h)) @ c.T).double().numpy()
+            for h in (rows.val_history, rows.test_history)
+        )
+
+
 # name -> (fit-and-score, its settings, deterministic)
 MODELS = {
     "popularity": (popularity, "train counts", True),
@@ -235,6 +346,12 @@ MODELS = {
         two_tower,
         "PyTorch, 32 wide, cosine, in-batch softmax + logQ, tau 0.05, Adam 0.01, batch 1024, "
         "10 epochs",
+        False,
+    ),
+    "two-tower + history": (
+        history_tower,
+        f"PyTorch, the user's row + mean of its {HISTORY_LEN} latest items' rows, 32 wide, "
+        "cosine, softmax + logQ, tau 0.2, Adam 0.01, batch 1024, 20 epochs",
         False,
     ),
 }

@@ -71,6 +71,31 @@ def leave_last_out(user: np.ndarray, movie: np.ndarray, timestamp: np.ndarray) -
     return codes
 
 
+HISTORY = 200  # the most recent earlier movies kept per rating
+
+
+def histories(
+    user: np.ndarray, movie: np.ndarray, timestamp: np.ndarray, keep: int = HISTORY
+) -> pa.ListArray:
+    """Per rating (in the input's order), the movies the user rated before it in the split's
+    order (timestamp, then movie_id), the most recent first, at most `keep`: what a model may
+    know of the user when that rating is predicted (a val row's history is the user's train
+    movies, a test row's adds the val movie; a train row never sees its own movie or later)."""
+    order = np.lexsort((movie, timestamp, user))
+    u, m = user[order], movie[order].astype(np.int64)
+    start = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1]  # each user's first position
+    pos = np.arange(len(u)) - np.repeat(start, np.diff(np.r_[start, len(u)]))  # within user
+    length = np.minimum(pos, keep)
+    offsets = np.r_[0, np.cumsum(length)]
+    # position i's history: sorted positions i-1, i-2, ..., i-length[i]
+    back = np.arange(offsets[-1]) - np.repeat(offsets[:-1], length)
+    values = m[np.repeat(np.arange(len(u)), length) - 1 - back]
+    sorted_lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values))
+    inverse = np.empty(len(order), np.int64)
+    inverse[order] = np.arange(len(order))
+    return sorted_lists.take(pa.array(inverse))  # back to the input's order
+
+
 def check_pairs(user: np.ndarray, movie: np.ndarray) -> None:
     """Implicit feedback is a set of (user, movie) pairs: a repeated pair is refused."""
     pairs = user.astype(np.int64) * (int(movie.max()) + 1) + movie
@@ -143,6 +168,9 @@ def build(tables: dict[str, pa.Table], min_rating: float | None = None) -> dict[
     interactions = joined.drop_columns(["_row", "_item"])
     for name in ("release_year", "genres"):
         interactions = interactions.append_column(name, catalogue[name].take(item))
+    interactions = interactions.append_column(  # after the joins: they carry no list column
+        "history", histories(user, movie, data["timestamp"].to_numpy())
+    )
     if min_rating is not None:  # which split this is, for whoever reads the files later
         interactions = interactions.replace_schema_metadata({"min_rating": f"{min_rating:g}"})
     return {

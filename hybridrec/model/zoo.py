@@ -6,7 +6,10 @@ returning one raw output per sample, [B] fp32; the loss is model.task's (hybridr
 
 - TwoTower: a user tower and an item tower, each the embeddings of its features
   (`user_features`, `item_features`: lists of feature names) through an MLP (`tower_mlp`;
-  empty: the concatenated embeddings; `normalize`: unit-length vectors, a cosine score),
+  empty: the concatenated embeddings; `normalize`: unit-length vectors, a cosine score).
+  `combine=sum` adds the user tower's vectors instead of concatenating them (each as wide as
+  the item tower): a user id plus the mean of the items it met before, as SVD++ does, where
+  the history is a list feature sharing the item table;
   scored as dot(user, item) + user bias + item bias + global bias. The biases are width-1
   tables over the same features (sum-pooled), "user_bias.<table>" and "item_bias.<table>";
   the global bias is a dense weight (the dense optimizer's), starting at `label_mean` (the
@@ -77,8 +80,12 @@ class TwoTower(nn.Module):
         task: str = "binary",
         normalize: bool = False,
         label_mean: float | None = None,
+        combine: str = "concat",
     ) -> None:
         super().__init__()
+        if combine not in ("concat", "sum"):
+            raise ValueError(f"model.args.combine must be concat or sum, got {combine!r}")
+        self.combine = combine
         known = [f.name for f in features]
         users = _feature_list("user_features", user_features, known)
         items = _feature_list("item_features", item_features, known)
@@ -97,6 +104,14 @@ class TwoTower(nn.Module):
         if not self.retrieval:  # a softmax over items ignores a user's bias
             self.user_bias, self.item_bias = mirror(features, users, 1), mirror(features, items, 1)
         widths = [sum(f.dim for f in t.features) for t in (self.users, self.items)]
+        if combine == "sum":
+            dims = {f.name: f.dim for f in self.users.features}
+            if len(set(dims.values())) > 1:
+                raise ValueError(
+                    f"model.args.combine=sum adds the user features' vectors, which need one "
+                    f"width; got {dims}: give their tables one width or use combine=concat"
+                )
+            widths[0] = next(iter(dims.values()))
         tower = list(tower_mlp)
         if not tower and widths[0] != widths[1]:
             raise ValueError(
@@ -112,7 +127,8 @@ class TwoTower(nn.Module):
 
     def query(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
         """The user tower: [b, D] (unit length with `normalize`)."""
-        u = self.user_mlp(self.users(ids).tensor.flatten(1))
+        pooled = self.users(ids).tensor  # [b, F, D]
+        u = self.user_mlp(pooled.sum(1) if self.combine == "sum" else pooled.flatten(1))
         return nn.functional.normalize(u, dim=1) if self.normalize else u
 
     def candidates(self, item_ids: torch.Tensor) -> torch.Tensor:

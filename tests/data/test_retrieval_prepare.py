@@ -95,6 +95,17 @@ def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
     assert inter["age"].to_pylist() == [age[u] for u in users]
     assert inter["release_year"].to_pylist() == [1990 + m for m in inter["movie_id"].to_pylist()]
 
+    # history: per rating, the user's earlier movies in the split's order, most recent first
+    events = defaultdict(list)
+    for r in ratings.to_pylist():
+        events[r["user_id"]].append((r["timestamp"], r["movie_id"]))
+    for r, got in zip(ratings.to_pylist(), inter["history"].to_pylist(), strict=True):
+        order = sorted(events[r["user_id"]])
+        before = order[: order.index((r["timestamp"], r["movie_id"]))]
+        assert got == [m for _, m in reversed(before)][: PREPARE["HISTORY"]]
+    val_rows = [h for h, s in zip(inter["history"].to_pylist(), want, strict=True) if s == "val"]
+    assert sorted(val_rows[0]) == ref[inter["user_id"][want.index("val")].as_py()][0]
+
     # heldout: one row per user (ascending) with what evaluation scores and excludes
     assert held["user_id"].to_pylist() == [1, 2, 3]
     for row in held.to_pylist():
@@ -104,6 +115,16 @@ def test_the_split_is_leave_last_out_by_timestamp_then_movie_id(tmp_path):
     # items: the catalogue, every movie of the items file, ascending
     assert items["movie_id"].to_pylist() == list(range(1, 13))
     assert items["genres"][0].as_py() == [g for i, g in enumerate(GENRES) if 1 % 3 == i % 3]
+
+
+def test_a_history_keeps_the_most_recent_movies():
+    user, movie, ts = (
+        np.array([5, 5, 2, 5, 5]),
+        np.array([9, 3, 4, 8, 1]),
+        np.array([4, 1, 7, 2, 3]),
+    )
+    got = PREPARE["histories"](user, movie, ts, keep=2).to_pylist()
+    assert got == [[1, 8], [], [], [3], [8, 3]]  # user 5 in time order: 3, 8, 1, 9
 
 
 def test_the_catalogue_file_and_a_min_rating_split(tmp_path, capsys):
