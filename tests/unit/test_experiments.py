@@ -70,6 +70,8 @@ def test_every_preset_composes_and_validates(name, tmp_path):
         table = {"user_id": [1 + i % 3 for i in range(n)], "movie_id": list(range(1, n + 1))}
         table |= {"rating": [float(1 + i % 5) for i in range(n)], "label": [1.0] * n}
         table["split"] = ["train"] * 8 + ["val"] * 2 + ["test"] * 2
+        if example == "retrieval":  # prepare.py's history: the movies before, latest first
+            table["history"] = [list(range(i, 0, -1))[:3] for i in range(n)]
         pq.write_table(pa.table(table), tmp_path / "t.parquet")
         preprocess_table(load_spec(spec), [tmp_path / "t.parquet"], tmp_path / "bin")
         dataset = [f"data.path={tmp_path / 'bin'}"]
