@@ -44,11 +44,15 @@ class AllToAll:
     ) -> None:
         self.layout, self.stores, self.group, self.stats = layout, stores, group, stats
         self.routes = build_routes(layout, device)
+        # the input dist exchanges its payload sizes first: each rank's B_l can ride along
+        self.shares_batch = layout.has_counted and layout.world > 1
         self.means = jagged_means(layout.tables)  # divided by bag lengths after the exchange
 
-    def route(self, ids: torch.Tensor, flag: bool | None) -> tuple[StepContext, bool]:
+    def route(
+        self, ids: torch.Tensor, flag: bool | None, share_batch: bool = False
+    ) -> tuple[StepContext, bool]:
         lookups, receipt, flagged = input_dist(
-            ids, self.layout, self.routes, self.group, self.stats, flag=flag
+            ids, self.layout, self.routes, self.group, self.stats, flag, share_batch
         )
         return StepContext(ids, lookups, receipt), flagged
 

@@ -46,7 +46,7 @@ from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.hashing import bucket_of
 from hybridrec.sparse.bags import pooling_scale
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
-from hybridrec.sparse.step import GroupInput, Receipt
+from hybridrec.sparse.step import GroupInput, Receipt, UnequalBatches
 
 
 @dataclass(frozen=True)
@@ -309,18 +309,35 @@ def input_dist(
     group: dist.ProcessGroup,
     stats: CommStats | None,
     flag: bool | None = None,
+    share_batch: bool = False,
 ) -> tuple[dict[GroupKey, GroupInput], Receipt, bool]:
     """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0) -> this step's
     group lookups over the global batch, the Receipt for the pooled rows coming back, and
     whether some rank flagged a bad id. `flag` None: ids are not checked at once here (a
-    deferred check, on CUDA): every flag is 0 and none is read (no host sync)."""
+    deferred check, on CUDA): every flag is 0 and none is read (no host sync).
+    `share_batch` (with counted units): each rank's B_l rides the sizes exchange, a second
+    column, so every rank learns all of them without a collective of their own (the
+    collection's check that they are equal); when they differ every rank raises
+    UnequalBatches before the ids cross. Only the sizes' bytes are counted as
+    "input_dist.counts"; the B_l's as "batch_sizes"."""
     b_local, world = ids.shape[0], layout.world
     packed = pack(ids, routes, bool(flag))
     in_splits = packed.in_splits
     if layout.has_counted:
         sizes = torch.tensor(in_splits, dtype=torch.int64, device=ids.device)
         ones = [1] * world
-        out_splits = all_to_all(sizes, ones, ones, group, stats, "input_dist.counts").tolist()
+        if not share_batch:
+            out_splits = all_to_all(sizes, ones, ones, group, stats, "input_dist.counts").tolist()
+        else:
+            sizes = torch.stack([sizes, torch.full_like(sizes, b_local)], dim=1)  # [W, 2]
+            got = all_to_all(sizes, ones, ones, group, None, "input_dist.counts").tolist()
+            if stats is not None:
+                stats.add("input_dist.counts", 8 * (world - 1), 8 * (world - 1))
+                stats.add("batch_sizes", 8 * (world - 1), 8 * (world - 1))
+            out_splits = [n for n, _ in got]
+            batches = [b for _, b in got]
+            if len(set(batches)) > 1:
+                raise UnequalBatches(batches)
     else:
         out_splits = [1 + b_local * sum(routes.hotness)] * world
     send = torch.cat(packed.chunks) if packed.chunks else ids.new_empty(0)
