@@ -211,23 +211,32 @@ class Bucketed:
 def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     """Route the counted features' ids [B_l, C of H] in one pass: the id group of each id
     (a search over every range), one stable sort by id group, and the (group, sample) pairs
-    of the sorted ids for the counts and the samples."""
+    of the sorted ids for the counts and the samples. With jagged columns the PAD_IDs are
+    dropped first (in no group; a padded sequence is mostly them): the search and the sort
+    see only the real ids, in the same (sample, column) order, so the same result."""
     b_local, n_groups = ids.shape[0], routes.starts.numel()
     if n_groups == 0:
         return Bucketed(ids.new_zeros(0, b_local), [], [], [])
     sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
     n_cols = sel.shape[1]
+    real = None  # jagged: the real ids' flat positions b * C + c [N], and sel those ids [N]
+    if routes.jagged:
+        real = (sel.reshape(-1) >= 0).nonzero().squeeze(1)
+        sel, real_col = sel.reshape(-1).index_select(0, real), real.remainder(n_cols)
+
+    def column(x: torch.Tensor) -> torch.Tensor:  # a per-column value [C], for each id of sel
+        return x if real is None else x.index_select(0, real_col)
+
     key = sel
     if routes.dynamic is not None:  # a dynamic table's raw id goes where its bucket lives
-        is_dyn, size, buckets = routes.dynamic
+        is_dyn, size, buckets = (column(x) for x in routes.dynamic)
         pseudo = bucket_of(sel, buckets) * size  # its bucket's first row
         key = torch.where(is_dyn & (sel >= 0), pseudo, sel)
-    shifted = (key + routes.col_base).reshape(-1)
+    shifted = (key + column(routes.col_base)).reshape(-1)
     group = _searchsorted(routes.starts, shifted)
-    if routes.jagged:  # PAD_ID: in no group (sorted last, then dropped)
-        group = torch.where(sel.reshape(-1) >= 0, group, n_groups)
-    order = _stable_order(group, n_groups + 1)
-    in_group = group.index_select(0, order)
+    sort = _stable_order(group, n_groups + 1)  # into sel's ids
+    in_group = group.index_select(0, sort)
+    order = sort if real is None else real.index_select(0, sort)  # flat positions b * C + c
     pair = in_group * b_local + order.div(n_cols, rounding_mode="floor")  # non-decreasing
     pairs, per_pair = torch.unique_consecutive(pair, return_counts=True)
     counts = ids.new_zeros((n_groups + 1) * b_local).index_put_((pairs,), per_pair)
@@ -236,10 +245,10 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     sizes = torch.cat([counts.sum(1), torch.bincount(pair_group, minlength=n_groups + 1)])
     sizes = sizes.tolist()
     n_ids, n_pairs = sum(sizes[:n_groups]), sum(sizes[n_groups : 2 * n_groups])
-    order, in_group = order[:n_ids], in_group[:n_ids]
-    local = shifted.index_select(0, order) - routes.starts.index_select(0, in_group)
+    order, in_group, sort = order[:n_ids], in_group[:n_ids], sort[:n_ids]
+    local = shifted.index_select(0, sort) - routes.starts.index_select(0, in_group)
     if routes.dynamic is not None:  # ... carrying the raw id itself
-        raw = sel.reshape(-1).index_select(0, order)
+        raw = sel.reshape(-1).index_select(0, sort)
         dyn = routes.dynamic[0].index_select(0, order.remainder(n_cols))
         local = torch.where(dyn, raw, local)
     samples = pairs[:n_pairs] - pair_group[:n_pairs] * b_local
