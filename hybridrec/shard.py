@@ -112,9 +112,10 @@ def parallelize(
     storage dtype; `comm_dtype`: pooled embeddings in the all-to-alls (fp32 exact; bf16/fp16
     halve the bytes). `autocast`: the autocast dtype the forward runs under, if any (only
     for the bytes the printed plan counts). `equal_batches`: you promise that every rank feeds
-    as many samples at every step; otherwise each step first shares the ranks' batch sizes (a
-    small all-gather), so that a last, uneven evaluation batch works and an uneven training
-    batch is one clear error on every rank. `stats`: counts the bytes each exchange moves.
+    as many samples at every step; otherwise each step first shares the ranks' batch sizes (in
+    the input dist's sizes exchange where it makes one, else a small all-gather), so that a
+    last, uneven evaluation batch works and an uneven training batch is one clear error on
+    every rank. `stats`: counts the bytes each exchange moves.
     `exact_shards`: exact mode (hybridrec.exact, docs/exact.md): the global batch is cut into
     this many micro-shards (the world size must divide it, and it the batch size), every
     sum over samples runs in one canonical order, so any world size gives one process's

@@ -37,7 +37,7 @@ from hybridrec.sparse.groups import Group, HostOptions, build_groups
 from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.sparse.ids import ID_DTYPES, IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import GroupKey, Placement, ShardedLayout
-from hybridrec.sparse.step import Exchange, GroupInput, StepContext, Wire
+from hybridrec.sparse.step import Exchange, GroupInput, StepContext, UnequalBatches, Wire
 from hybridrec.types import ShardingPlan, TableConfig
 
 
@@ -255,13 +255,15 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             raise error
         return ids.masked_fill(bad, 0), error
 
-    def _route(self, ids: torch.Tensor, error: IdOutOfRangeError | None) -> StepContext:
+    def _route(
+        self, ids: torch.Tensor, error: IdOutOfRangeError | None, share_batch: bool = False
+    ) -> StepContext:
         """The exchange's route of checked ids; raises, on every rank, if any rank found a
-        bad one."""
+        bad one (`share_batch`: UnequalBatches first, if the ranks' B_l differ)."""
         at_once = self.checker is not None and not self.checker.deferred(ids)
         flag = (error is not None) if at_once else None  # deferred: no flag to read
         with timing.phase("input_dist"):
-            step, flagged = self.exchange.route(ids, flag)
+            step, flagged = self.exchange.route(ids, flag, share_batch)
         if error is not None:
             raise error
         if flagged:
@@ -290,10 +292,17 @@ class ShardedEmbeddingCollection(EmbeddingModule):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]) fp32 (or the hand-off
         dtype; jagged tables' columns padded with PAD_ID). Without `equal_batches`, several
-        ranks first share their B_l (a small all-gather): in training they must be equal
-        (every rank raises, naming them), under no_grad any sizes work (padded, then cut)."""
+        ranks first share their B_l (in the input dist's sizes exchange where it makes one, else a
+        small all-gather): in training they must be equal (every rank raises, naming them),
+        under no_grad any sizes work (padded, then cut)."""
         if self.world > 1 and not self.equal_batches and self._staged is None:
-            sizes = self._batch_sizes(ids.shape[0])
+            if self.all_to_all.shares_batch:  # the sizes ride the input dist's own exchange
+                try:
+                    return self._embed(ids, share_batch=True)
+                except UnequalBatches as unequal:
+                    sizes = unequal.sizes
+            else:
+                sizes = self._batch_sizes(ids.shape[0])
             if len(set(sizes)) > 1:
                 if torch.is_grad_enabled():
                     raise ValueError(
@@ -313,10 +322,11 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         local = torch.tensor([n], dtype=torch.int64, device=self.device)
         return all_gather_rows(local, self.group, name="batch_sizes").tolist()
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """forward, once every rank holds as many samples (see forward): the step's stages
-        in order (module docstring), each handing the next the StepContext."""
-        step = self._staged_or_routed(ids)
+    def _embed(self, ids: torch.Tensor, share_batch: bool = False) -> torch.Tensor:
+        """forward, once every rank holds as many samples (see forward; `share_batch`: the
+        route checks it, raising UnequalBatches): the step's stages in order (module
+        docstring), each handing the next the StepContext."""
+        step = self._staged_or_routed(ids, share_batch)
         if self.layout.dynamic:
             with timing.phase("dynamic_map"):
                 step = map_raw_ids(step, self.groups, self.training and torch.is_grad_enabled())
@@ -326,12 +336,13 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             pooled = {key: self._lookup(key, inp, step) for key, inp in step.lookups.items()}
         return self.exchange.deliver(pooled, step)
 
-    def _staged_or_routed(self, ids: torch.Tensor) -> StepContext:
+    def _staged_or_routed(self, ids: torch.Tensor, share_batch: bool = False) -> StepContext:
         """What prefetch() staged for this batch (checked to be these ids), or the ids
         checked and routed now."""
         staged, self._staged = self._staged, None
         if staged is None:  # ids may come from the host (a no-op when on the device already)
-            return self._route(*self._check_ids(ids.to(self.device, non_blocking=True)))
+            checked = self._check_ids(ids.to(self.device, non_blocking=True))
+            return self._route(*checked, share_batch=share_batch)
         if not staged.matches(ids):
             raise RuntimeError(
                 "the staged batch does not match the forward's ids: prefetch() was given "

@@ -115,13 +115,26 @@ class StepContext:
         return bool(torch.equal(ids.to(given.device), given))
 
 
+class UnequalBatches(Exception):
+    """Raised on every rank alike by a route told to share the ranks' batch sizes, when they
+    differ (before any id is exchanged): `sizes`, every rank's B_l, in rank order."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__(f"the ranks' batch sizes differ: {sizes}")
+        self.sizes = sizes
+
+
 class Exchange(Protocol):
     """How a batch's ids reach this rank's groups and their pooled rows come back."""
 
-    def route(self, ids: torch.Tensor, flag: bool | None) -> tuple[StepContext, bool]:
+    def route(
+        self, ids: torch.Tensor, flag: bool | None, share_batch: bool = False
+    ) -> tuple[StepContext, bool]:
         """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0; None: a
         deferred check, nothing to share) -> (the step's context with every local group's
-        lookup, whether some rank flagged a bad id)."""
+        lookup, whether some rank flagged a bad id). `share_batch` (the all-to-all's, where its
+        `shares_batch`: its sizes exchange carries them): every rank also learns the others'
+        B_l, and all raise UnequalBatches when they differ."""
         ...
 
     def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> torch.Tensor:

@@ -21,7 +21,13 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats
 from hybridrec.sparse.bags import jagged_means, mean_divisors
 from hybridrec.sparse.exchange.input import build_routes, input_dist
-from hybridrec.sparse.exchange.output import output_dist, reassemble
+from hybridrec.sparse.exchange.output import (
+    exchange_rows,
+    output_dist,
+    place_rows,
+    reassemble,
+    rows_in_place,
+)
 from hybridrec.sparse.exchange.replicated import replicated_lookup, sync_replicas
 from hybridrec.sparse.exchange.row_stats import share_row_stats
 from hybridrec.sparse.fused import FusedEmbedding
@@ -44,11 +50,16 @@ class AllToAll:
     ) -> None:
         self.layout, self.stores, self.group, self.stats = layout, stores, group, stats
         self.routes = build_routes(layout, device)
+        # the input dist exchanges its payload sizes first: each rank's B_l can ride along
+        self.shares_batch = layout.has_counted and layout.world > 1
         self.means = jagged_means(layout.tables)  # divided by bag lengths after the exchange
+        self.in_place = rows_in_place(layout)  # the output built by place_rows
 
-    def route(self, ids: torch.Tensor, flag: bool | None) -> tuple[StepContext, bool]:
+    def route(
+        self, ids: torch.Tensor, flag: bool | None, share_batch: bool = False
+    ) -> tuple[StepContext, bool]:
         lookups, receipt, flagged = input_dist(
-            ids, self.layout, self.routes, self.group, self.stats, flag=flag
+            ids, self.layout, self.routes, self.group, self.stats, flag, share_batch
         )
         return StepContext(ids, lookups, receipt), flagged
 
@@ -59,14 +70,18 @@ class AllToAll:
             if wire.keep:
                 replicated = replicated.to(wire.dtype)
         step = step.replace(replicas=replicas)
+        assert step.receipt is not None
+        # 1/W: in the exchange's backward (wire.keep), or 1 on one rank
+        scale = None if wire.keep or lay.world == 1 else 1.0 / lay.world
+        if self.in_place:  # the flat received rows straight into the output
+            with timing.phase("output_dist"):
+                recv, _ = exchange_rows(pooled, replicated, step, lay, self.group, self.stats, self)
+            return place_rows(recv, step.receipt.kept, lay, step.ids.shape[0], scale)
         with timing.phase("output_dist"):
             received, replicated = output_dist(
                 pooled, replicated, step, lay, self.group, self.stats, self
             )
-        assert step.receipt is not None
         divisors = mean_divisors(step.ids, self.means, lay.offsets)
-        # 1/W: in the exchange's backward (wire.keep), or 1 on one rank
-        scale = None if wire.keep or lay.world == 1 else 1.0 / lay.world
         return reassemble(received, step.receipt.kept, replicated, lay, divisors, scale)
 
     def after_backward(

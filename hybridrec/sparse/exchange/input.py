@@ -46,7 +46,7 @@ from hybridrec.distributed.comm import CommStats, all_to_all
 from hybridrec.kernels.hashing import bucket_of
 from hybridrec.sparse.bags import pooling_scale
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
-from hybridrec.sparse.step import GroupInput, Receipt
+from hybridrec.sparse.step import GroupInput, Receipt, UnequalBatches
 
 
 @dataclass(frozen=True)
@@ -211,23 +211,32 @@ class Bucketed:
 def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     """Route the counted features' ids [B_l, C of H] in one pass: the id group of each id
     (a search over every range), one stable sort by id group, and the (group, sample) pairs
-    of the sorted ids for the counts and the samples."""
+    of the sorted ids for the counts and the samples. With jagged columns the PAD_IDs are
+    dropped first (in no group; a padded sequence is mostly them): the search and the sort
+    see only the real ids, in the same (sample, column) order, so the same result."""
     b_local, n_groups = ids.shape[0], routes.starts.numel()
     if n_groups == 0:
         return Bucketed(ids.new_zeros(0, b_local), [], [], [])
     sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
     n_cols = sel.shape[1]
+    real = None  # jagged: the real ids' flat positions b * C + c [N], and sel those ids [N]
+    if routes.jagged:
+        real = (sel.reshape(-1) >= 0).nonzero().squeeze(1)
+        sel, real_col = sel.reshape(-1).index_select(0, real), real.remainder(n_cols)
+
+    def column(x: torch.Tensor) -> torch.Tensor:  # a per-column value [C], for each id of sel
+        return x if real is None else x.index_select(0, real_col)
+
     key = sel
     if routes.dynamic is not None:  # a dynamic table's raw id goes where its bucket lives
-        is_dyn, size, buckets = routes.dynamic
+        is_dyn, size, buckets = (column(x) for x in routes.dynamic)
         pseudo = bucket_of(sel, buckets) * size  # its bucket's first row
         key = torch.where(is_dyn & (sel >= 0), pseudo, sel)
-    shifted = (key + routes.col_base).reshape(-1)
+    shifted = (key + column(routes.col_base)).reshape(-1)
     group = _searchsorted(routes.starts, shifted)
-    if routes.jagged:  # PAD_ID: in no group (sorted last, then dropped)
-        group = torch.where(sel.reshape(-1) >= 0, group, n_groups)
-    order = _stable_order(group, n_groups + 1)
-    in_group = group.index_select(0, order)
+    sort = _stable_order(group, n_groups + 1)  # into sel's ids
+    in_group = group.index_select(0, sort)
+    order = sort if real is None else real.index_select(0, sort)  # flat positions b * C + c
     pair = in_group * b_local + order.div(n_cols, rounding_mode="floor")  # non-decreasing
     pairs, per_pair = torch.unique_consecutive(pair, return_counts=True)
     counts = ids.new_zeros((n_groups + 1) * b_local).index_put_((pairs,), per_pair)
@@ -236,10 +245,10 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     sizes = torch.cat([counts.sum(1), torch.bincount(pair_group, minlength=n_groups + 1)])
     sizes = sizes.tolist()
     n_ids, n_pairs = sum(sizes[:n_groups]), sum(sizes[n_groups : 2 * n_groups])
-    order, in_group = order[:n_ids], in_group[:n_ids]
-    local = shifted.index_select(0, order) - routes.starts.index_select(0, in_group)
+    order, in_group, sort = order[:n_ids], in_group[:n_ids], sort[:n_ids]
+    local = shifted.index_select(0, sort) - routes.starts.index_select(0, in_group)
     if routes.dynamic is not None:  # ... carrying the raw id itself
-        raw = sel.reshape(-1).index_select(0, order)
+        raw = sel.reshape(-1).index_select(0, sort)
         dyn = routes.dynamic[0].index_select(0, order.remainder(n_cols))
         local = torch.where(dyn, raw, local)
     samples = pairs[:n_pairs] - pair_group[:n_pairs] * b_local
@@ -309,18 +318,35 @@ def input_dist(
     group: dist.ProcessGroup,
     stats: CommStats | None,
     flag: bool | None = None,
+    share_batch: bool = False,
 ) -> tuple[dict[GroupKey, GroupInput], Receipt, bool]:
     """ids [B_l, H] (checked; `flag`: this rank found out-of-range ones, now 0) -> this step's
     group lookups over the global batch, the Receipt for the pooled rows coming back, and
     whether some rank flagged a bad id. `flag` None: ids are not checked at once here (a
-    deferred check, on CUDA): every flag is 0 and none is read (no host sync)."""
+    deferred check, on CUDA): every flag is 0 and none is read (no host sync).
+    `share_batch` (with counted units): each rank's B_l rides the sizes exchange, a second
+    column, so every rank learns all of them without a collective of their own (the
+    collection's check that they are equal); when they differ every rank raises
+    UnequalBatches before the ids cross. Only the sizes' bytes are counted as
+    "input_dist.counts"; the B_l's as "batch_sizes"."""
     b_local, world = ids.shape[0], layout.world
     packed = pack(ids, routes, bool(flag))
     in_splits = packed.in_splits
     if layout.has_counted:
         sizes = torch.tensor(in_splits, dtype=torch.int64, device=ids.device)
         ones = [1] * world
-        out_splits = all_to_all(sizes, ones, ones, group, stats, "input_dist.counts").tolist()
+        if not share_batch:
+            out_splits = all_to_all(sizes, ones, ones, group, stats, "input_dist.counts").tolist()
+        else:
+            sizes = torch.stack([sizes, torch.full_like(sizes, b_local)], dim=1)  # [W, 2]
+            got = all_to_all(sizes, ones, ones, group, None, "input_dist.counts").tolist()
+            if stats is not None:
+                stats.add("input_dist.counts", 8 * (world - 1), 8 * (world - 1))
+                stats.add("batch_sizes", 8 * (world - 1), 8 * (world - 1))
+            out_splits = [n for n, _ in got]
+            batches = [b for _, b in got]
+            if len(set(batches)) > 1:
+                raise UnequalBatches(batches)
     else:
         out_splits = [1 + b_local * sum(routes.hotness)] * world
     send = torch.cat(packed.chunks) if packed.chunks else ids.new_empty(0)

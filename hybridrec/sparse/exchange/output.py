@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrec.distributed.comm import CommStats, ScaleGrad, all_to_all
+from hybridrec.sparse.bags import jagged_means
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
 
@@ -123,6 +124,28 @@ def output_dist(
     """The local groups' pooled rows -> every unit's rows for this rank's samples, [n, w_u] in
     received order (n = B_l, or a compact unit's kept samples); `replicated` [B_l, sum D_dp]
     passes through the same autograd node, whose backward ends with `work.after_backward`."""
+    recv, replicated = exchange_rows(pooled, replicated, step, layout, group, stats, work)
+    assert step.receipt is not None
+    units = []
+    for q, rows in enumerate(step.receipt.recv_rows):
+        for n, u in zip(rows, layout.units_on[q], strict=True):
+            units.append(n * u.shard.width)
+    parts = torch.split(recv, units)
+    widths = [u.shard.width for us in layout.units_on for u in us]
+    return [part.view(-1, w) for part, w in zip(parts, widths, strict=True)], replicated
+
+
+def exchange_rows(
+    pooled: dict[GroupKey, torch.Tensor],
+    replicated: torch.Tensor,
+    step: StepContext,
+    layout: ShardedLayout,
+    group: dist.ProcessGroup,
+    stats: CommStats | None,
+    work: AfterBackward,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`output_dist`'s exchange: (every unit's rows for this rank's samples, flat, in
+    received order (source rank, then its units in order), `replicated` passed through)."""
     world = layout.world
     assert step.receipt is not None, "the all-to-all's step context carries its receipt"
     if step.lookups:
@@ -138,16 +161,60 @@ def output_dist(
         sum(n * u.shard.width for n, u in zip(rows, units, strict=True))
         for rows, units in zip(step.receipt.recv_rows, layout.units_on, strict=True)
     ]
-    recv, replicated = OutputExchange.apply(
-        send, replicated, (out_splits, in_splits), group, stats, step, work
-    )
-    units = []
-    for q, chunk in enumerate(torch.split(recv, out_splits)):
-        rows = step.receipt.recv_rows[q]
-        sizes = [n * u.shard.width for n, u in zip(rows, layout.units_on[q], strict=True)]
-        for n, u, part in zip(rows, layout.units_on[q], torch.split(chunk, sizes), strict=True):
-            units.append(part.view(n, u.shard.width))
-    return units, replicated
+    return OutputExchange.apply(send, replicated, (out_splits, in_splits), group, stats, step, work)
+
+
+def rows_in_place(layout: ShardedLayout) -> bool:
+    """Whether `place_rows` builds this layout's output: one width, with sequences, and every
+    feature's units received as its rows of that width (no replicated, column-wise or jagged
+    mean feature), each feature's shards in received order (the order its partial sums add)."""
+    if not (layout.one_width and layout.sequences) or layout.dp_tables:
+        return False
+    means = jagged_means(layout.tables)
+    for f, where in layout.table_units.items():
+        traits = layout.plan.tables[layout.storage_of[f]].sharding.traits
+        if traits.concatenated or f in means or where != sorted(where):
+            return False
+    return True
+
+
+def place_rows(
+    recv: torch.Tensor,
+    kept: dict[int, torch.Tensor],
+    layout: ShardedLayout,
+    b_local: int,
+    scale: float | None,
+) -> torch.Tensor:
+    """`reassemble` of a layout `rows_in_place` accepts, from the flat received rows: every
+    unit's rows added into one [B_l * S, D] buffer of zeros by one index_add_ in received
+    order, a row at b * S + s_f + j (sample b, the feature's first slot s_f, position j: a
+    sequence's kept b * L_f + j, a compact unit's kept sample b, else every sample in order),
+    with the gradient's `scale` on the received rows. The same sums in the same order as
+    `_sequence_output` (a row-wise feature's shards in received order are its shard order),
+    but no split of the received buffer (nor its cats in the backward) and one index_add_."""
+    width = layout.tables[0].dim
+    slots = sum(t.slots for t in layout.tables)
+    first = [0]
+    for t in layout.tables:
+        first.append(first[-1] + t.slots)
+    at, position = [], 0
+    for units in layout.units_on:
+        for u in units:
+            f, length = u.table_index, layout.tables[u.table_index].slots
+            k = kept.get(position)
+            if k is None:  # a row per sample, in sample order
+                at.append(torch.arange(b_local, device=recv.device) * slots + first[f])
+            elif length == 1:  # a compact unit's samples
+                at.append(k * slots + first[f])
+            else:  # a sequence's positions b * L + j
+                b, j = k.div(length, rounding_mode="floor"), k.remainder(length)
+                at.append(b * slots + (j + first[f]))
+            position += 1
+    rows = recv.view(-1, width)
+    if scale is not None:
+        rows = ScaleGrad.apply(rows, scale)
+    out = rows.new_zeros(b_local * slots, width).index_add_(0, torch.cat(at), rows)
+    return out.view(b_local, slots, width)
 
 
 def _placed(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:

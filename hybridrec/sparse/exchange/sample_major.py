@@ -120,8 +120,11 @@ class SampleMajor:
         self.means, self.offsets = jagged_means(layout.tables), hot_offsets(layout.tables)
         self.slots = slot_offsets(layout.tables)
 
-    def route(self, ids: torch.Tensor, flag: bool | None) -> tuple[StepContext, bool]:
-        """The group's lookup of ids [B, H]: one rank, so no rank to flag a bad id to."""
+    def route(
+        self, ids: torch.Tensor, flag: bool | None, share_batch: bool = False
+    ) -> tuple[StepContext, bool]:
+        """The group's lookup of ids [B, H]: one rank, so no rank to flag a bad id to (nor
+        batch size to share)."""
         return StepContext(ids, {self.key: sample_major_inputs(ids, self.layout)}), False
 
     def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> torch.Tensor:
