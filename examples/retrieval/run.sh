@@ -29,8 +29,8 @@ source "$(dirname "$0")/../env.sh"  # ROOT (the working directory), OUT absolute
 #    before it val (sorted by timestamp, then movie id).
 "$PY" examples/retrieval/prepare.py "$OUT" ${MIN_RATING:+--min-rating "$MIN_RATING"}
 
-# 2. Preprocess: user and movie ids as themselves, no dense column (--overwrite: step 1 has
-#    just rewritten the input).
+# 2. Preprocess: user and movie ids as themselves, each rating's history of earlier movies, no
+#    dense column (--overwrite: step 1 has just rewritten the input).
 "$PY" -m hybridrec.data.preprocess_cli --spec examples/retrieval/spec.yaml \
   --input "$OUT/interactions.parquet" --output "$OUT/bin" --overwrite
 
