@@ -9,7 +9,7 @@ the group's lookup of the whole global batch as one process would make it (featu
 samples in global order, each sample's ids in column order: the canonical order), then updates
 like any group (hybridrec.sparse.exact.update.exact_update): the same bits on every replica and
 at any world size. The cost: B * (H_g ids + S_g * D values) gathered per step, instead of the
-rows the ranks touched.
+rows the ranks touched; every group's ids and gradients travel in one all-gather.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-from hybridrec.distributed.comm import CommStats, all_gather_rows
+from hybridrec.distributed.comm import CommStats
+from hybridrec.distributed.packed import all_gather_packed
 from hybridrec.sparse.bags import bag_ids, pooling_scale
 from hybridrec.sparse.exact.update import exact_update
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
@@ -38,12 +39,16 @@ def sync_replicas_exact(
     """grad [B_l, sum of the replicated tables' widths] of this rank's samples, ids [B_l, H]
     their ids -> the same canonical update on every replica (module docstring)."""
     columns, offsets = layout.dp_columns, layout.offsets
-    for key, idx in layout.dp_group_tables.items():
-        emb = stores[key]
-        cols = torch.cat([ids[:, offsets[i] : offsets[i + 1]] for i in idx], dim=1)
-        grads = torch.cat([grad[:, slice(*columns[i])] for i in idx], dim=1)
-        all_cols = all_gather_rows(cols.contiguous(), group, stats, "dp_ids")
-        all_grads = all_gather_rows(grads.contiguous(), group, stats, "dp_grads")
+    keys = list(layout.dp_group_tables)
+    local = []  # per group its ids and its bags' gradients, all gathered in one collective
+    for key in keys:
+        idx = layout.dp_group_tables[key]
+        local.append(torch.cat([ids[:, offsets[i] : offsets[i + 1]] for i in idx], dim=1))
+        local.append(torch.cat([grad[:, slice(*columns[i])] for i in idx], dim=1))
+    gathered = all_gather_packed(local, group, stats, "dp_grads.exact")
+    for n, key in enumerate(keys):
+        idx, emb = layout.dp_group_tables[key], stores[key]
+        all_cols, all_grads = gathered[2 * n], gathered[2 * n + 1]
         batch = all_cols.shape[0]
         inputs, per_bag = [], []
         at_col = at_grad = 0
