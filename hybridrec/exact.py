@@ -45,7 +45,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from hybridrec import timing
-from hybridrec.distributed.exact_sum import exact_all_reduce
+from hybridrec.distributed.comm import world_size
+from hybridrec.distributed.exact_sum import exact_all_reduce, gathers_all, tree_sum_rows
 from hybridrec.distributed.packed import all_gather_packed
 from hybridrec.model.tables import EmbeddingTables
 from hybridrec.shard import declarations
@@ -115,8 +116,10 @@ class ExactForward:
         lookups: list[tuple[torch.Tensor, list[torch.Tensor]]],
         position: tuple[int, int, int],
         group: Any,
+        storages: list[ExactCollection],
     ) -> None:
         self.model, self.outputs, self.targets = model, outputs, targets
+        self._storages = storages
         self._micro, self._gathered, self._lookups = micro, gathered, lookups
         self._position, self._group = position, group
 
@@ -151,12 +154,27 @@ class ExactForward:
                 row_grads[k].append(g if g is not None else torch.zeros_like(r))
         for (pooled, _), grad in zip(self._lookups, row_grads, strict=True):
             torch.autograd.backward(pooled, torch.cat(grad))
-        if not params:
-            return
+        # the replicated tables' inputs (hybridrec.sparse.exact.replicas) travel with the
+        # dense partials when those take exact_all_reduce's one-all-gather way: one collective
+        pending = [s.all_to_all.take_replica_inputs() for s in self._storages]
+        extra = [t for p in pending for t in p]
+        world, group = world_size(self._group), self._group
         with timing.phase("dense_grads"):
-            total = exact_all_reduce(parts, self._group, name="dense_grads (exact)")
-        for p, g in zip(params, total.split(sizes), strict=True):
-            p.grad = g.view_as(p)
+            if params and gathers_all(world, m_local, parts.shape[1]):
+                gathered = all_gather_packed([parts, *extra], group, name="dense_grads (exact)")
+                total, rest = tree_sum_rows(gathered[0]), gathered[1:]
+            else:
+                rest = all_gather_packed(extra, group, name="dp_grads (exact)")
+                total = (
+                    exact_all_reduce(parts, group, name="dense_grads (exact)") if params else None
+                )
+        at = 0
+        for storage, inputs in zip(self._storages, pending, strict=True):
+            storage.all_to_all.finish_replicas(rest[at : at + len(inputs)])
+            at += len(inputs)
+        if total is not None:
+            for p, g in zip(params, total.split(sizes), strict=True):
+                p.grad = g.view_as(p)
 
 
 def _leaves(out: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
@@ -280,7 +298,7 @@ def exact_forward(
         values.append(value)
     return ExactForward(
         model, rebuild(values), list(whole), outputs, gathered, lookups,
-        (rank * m_local, m_local, m), group,
+        (rank * m_local, m_local, m), group, [s for _, s in found],
     )  # fmt: skip
 
 

@@ -76,6 +76,12 @@ def fold_columns(x: torch.Tensor) -> torch.Tensor:
 GATHER_BELOW = 1 << 20  # M * P values up to which exact_all_reduce gathers every partial
 
 
+def gathers_all(world: int, m_local: int, n: int, gather_below: int = GATHER_BELOW) -> bool:
+    """Whether `exact_all_reduce` of [m_local, n] on `world` ranks takes its one-all-gather
+    way (module docstring): the M * P partials are at most `gather_below` values."""
+    return world * m_local * n <= gather_below
+
+
 def exact_all_reduce(
     parts: torch.Tensor,
     group: dist.ProcessGroup | None,
@@ -91,7 +97,7 @@ def exact_all_reduce(
     if world == 1:
         return tree_sum_rows(parts)
     m_local, n = parts.shape
-    if world * m_local * n <= gather_below:  # [M, P] in global order on every rank
+    if gathers_all(world, m_local, n, gather_below):  # [M, P] in global order on every rank
         return tree_sum_rows(all_gather_rows(parts, group, stats, name))
     chunk = -(-n // world)
     padded = parts.new_zeros(m_local, world * chunk)

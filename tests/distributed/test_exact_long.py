@@ -34,7 +34,7 @@ from tests.distributed.test_exact import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_exact")]
 
-M, STEPS = 12, 300
+M, STEPS = 12, 200
 CASE = ("host", None, "adam", "lfu")  # dynamic tables in host memory, caches that evict
 WORLDS = (2, 3, 4)
 

@@ -9,7 +9,8 @@ the group's lookup of the whole global batch as one process would make it (featu
 samples in global order, each sample's ids in column order: the canonical order), then updates
 like any group (hybridrec.sparse.exact.update.exact_update): the same bits on every replica and
 at any world size. The cost: B * (H_g ids + S_g * D values) gathered per step, instead of the
-rows the ranks touched; every group's ids and gradients travel in one all-gather.
+rows the ranks touched; hybridrec.exact gathers every group's ids and gradients in the
+dense partial gradients' collective.
 """
 
 from __future__ import annotations
@@ -17,37 +18,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 
-from hybridrec.distributed.comm import CommStats
-from hybridrec.distributed.packed import all_gather_packed
 from hybridrec.sparse.bags import bag_ids, pooling_scale
 from hybridrec.sparse.exact.update import exact_update
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 
 
-@torch.no_grad()
-def sync_replicas_exact(
-    grad: torch.Tensor,
-    ids: torch.Tensor,
-    layout: ShardedLayout,
-    stores: Mapping[GroupKey, FusedEmbedding],
-    group: dist.ProcessGroup,
-    stats: CommStats | None,
-) -> None:
+def replica_inputs(
+    grad: torch.Tensor, ids: torch.Tensor, layout: ShardedLayout
+) -> list[torch.Tensor]:
     """grad [B_l, sum of the replicated tables' widths] of this rank's samples, ids [B_l, H]
-    their ids -> the same canonical update on every replica (module docstring)."""
+    their ids -> per replicated group (layout.dp_group_tables' order) its ids [B_l, H_g] and its
+    bags' gradients [B_l, W_g]: what every rank gathers (`update_replicas` takes them
+    gathered, [B, ...], in rank order)."""
     columns, offsets = layout.dp_columns, layout.offsets
-    keys = list(layout.dp_group_tables)
-    local = []  # per group its ids and its bags' gradients, all gathered in one collective
-    for key in keys:
-        idx = layout.dp_group_tables[key]
+    local = []
+    for idx in layout.dp_group_tables.values():
         local.append(torch.cat([ids[:, offsets[i] : offsets[i + 1]] for i in idx], dim=1))
         local.append(torch.cat([grad[:, slice(*columns[i])] for i in idx], dim=1))
-    gathered = all_gather_packed(local, group, stats, "dp_grads.exact")
-    for n, key in enumerate(keys):
-        idx, emb = layout.dp_group_tables[key], stores[key]
+    return local
+
+
+@torch.no_grad()
+def update_replicas(
+    gathered: list[torch.Tensor],
+    layout: ShardedLayout,
+    stores: Mapping[GroupKey, FusedEmbedding],
+) -> None:
+    """`replica_inputs` of every rank, gathered in rank order ([B, ...] each) -> the same
+    canonical update on every replica (module docstring)."""
+    for n, (key, idx) in enumerate(layout.dp_group_tables.items()):
+        emb = stores[key]
         all_cols, all_grads = gathered[2 * n], gathered[2 * n + 1]
         batch = all_cols.shape[0]
         inputs, per_bag = [], []
