@@ -18,7 +18,9 @@ Memory, in separate processes (one per model, W and mode, so one mode's freed me
 serve the other): the resident set after the model is built, and the peak resident set over
 `--memory-steps` steps on top of it (the high-water mark reset after the build through
 /proc/self/clear_refs), the largest over ranks. Exact mode holds M/W micro-shards' partial
-dense gradients at once (M * P / W values for P dense parameters, also given).
+dense gradients at once (M * P / W values for P dense parameters), or all M of them where
+its collective gathers them (M * P <= 2^20 values: hybridrec.distributed.exact_sum), also
+given.
 
 Parity: exact mode at W=1 and W=2 must give the same loss, bit for bit, at every step
 (timed and warmup); the default mode must be close to exact mode (the largest relative gap
@@ -50,6 +52,7 @@ from benchmarks.common import (
 from benchmarks.paired import median_ci, paired_ratio, slowest, step_order
 from hybridrec.config import Config
 from hybridrec.distributed import DistEnv
+from hybridrec.distributed.exact_sum import gathers_all
 from hybridrec.train.trainer import Trainer
 from tests.distributed.harness import spawn
 
@@ -184,8 +187,13 @@ def main(argv: list[str] | None = None) -> int:
                 mem = spawn(world, memory, cfgs[mode], args.memory_steps, timeout=args.timeout)
                 built = max(r["built"] for r in mem) / 1024
                 peak = max(r["peak"] - r["built"] for r in mem) / 1024
-                partials = args.exact_shards // world if mode == "exact" else 1
-                values = mem[0]["dense_params"] * partials
+                dense = mem[0]["dense_params"]
+                partials = 1
+                if mode == "exact":  # M/W partials, or all M once gathered (exact_all_reduce)
+                    per_rank = args.exact_shards // world
+                    gathered = world > 1 and gathers_all(world, per_rank, dense)
+                    partials = args.exact_shards if gathered else per_rank
+                values = dense * partials
                 mem_rows.append([model, world, mode, f"{built:.0f}", f"{peak:.1f}", f"{values:,}"])
             gc.collect()
             load.append(load_average())
@@ -253,7 +261,7 @@ def report(args, host, code, load, rows, mem_rows, parity, other_cores) -> str:
             "## Memory (separate processes, the largest rank)",
             "",
             "grad values: dense gradient values a rank holds at once (P, or exact mode's M/W "
-            "partials of P).",
+            "partials of P, all M once gathered).",
             "",
             markdown_table(MEM_HEAD, mem_rows),
             "",

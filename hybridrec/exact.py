@@ -45,8 +45,9 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from hybridrec import timing
-from hybridrec.distributed.comm import all_gather_rows
-from hybridrec.distributed.exact_sum import exact_all_reduce
+from hybridrec.distributed.comm import world_size
+from hybridrec.distributed.exact_sum import exact_all_reduce, gathers_all, tree_sum_rows
+from hybridrec.distributed.packed import all_gather_packed
 from hybridrec.model.tables import EmbeddingTables
 from hybridrec.shard import declarations
 from hybridrec.sparse.exact import ExactCollection
@@ -115,8 +116,10 @@ class ExactForward:
         lookups: list[tuple[torch.Tensor, list[torch.Tensor]]],
         position: tuple[int, int, int],
         group: Any,
+        storages: list[ExactCollection],
     ) -> None:
         self.model, self.outputs, self.targets = model, outputs, targets
+        self._storages = storages
         self._micro, self._gathered, self._lookups = micro, gathered, lookups
         self._position, self._group = position, group
 
@@ -130,6 +133,7 @@ class ExactForward:
         params = [p for p in self.model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in params]
         parts = torch.empty(m_local, sum(sizes))
+        row_grads: list[list[torch.Tensor]] = [[] for _ in self._lookups]
         for j, outs in enumerate(self._micro):
             at = (first + j) * m
             tensors, seeds = [], []
@@ -137,26 +141,40 @@ class ExactForward:
                 if g is not None and outs[i].requires_grad:
                     tensors.append(outs[i])
                     seeds.append(g[at : at + m])
-            for p in params:
-                p.grad = None
-            if tensors:
-                torch.autograd.backward(tensors, seeds)
-            flat = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(n)
-                    for p, n in zip(params, sizes, strict=True)]  # fmt: skip
-            if flat:
+            rows = [r[j] for _, r in self._lookups]
+            # the partial gradients by value (autograd.grad: the bits .grad would accumulate
+            # from None), straight into this micro-shard's row of `parts`
+            got = (torch.autograd.grad(tensors, params + rows, seeds, allow_unused=True)
+                   if tensors else (None,) * (len(params) + len(rows)))  # fmt: skip
+            if params:
+                flat = [g.reshape(-1) if g is not None else p.new_zeros(n)
+                        for g, p, n in zip(got, params, sizes, strict=False)]  # fmt: skip
                 torch.cat(flat, out=parts[j])
-        for pooled, rows in self._lookups:
-            grad = torch.cat([r.grad if r.grad is not None else torch.zeros_like(r)
-                              for r in rows])  # fmt: skip
-            torch.autograd.backward(pooled, grad)
-        if not params:
-            return
+            for k, (g, r) in enumerate(zip(got[len(params) :], rows, strict=True)):
+                row_grads[k].append(g if g is not None else torch.zeros_like(r))
+        for (pooled, _), grad in zip(self._lookups, row_grads, strict=True):
+            torch.autograd.backward(pooled, torch.cat(grad))
+        # the replicated tables' inputs (hybridrec.sparse.exact.replicas) travel with the
+        # dense partials when those take exact_all_reduce's one-all-gather way: one collective
+        pending = [s.all_to_all.take_replica_inputs() for s in self._storages]
+        extra = [t for p in pending for t in p]
+        world, group = world_size(self._group), self._group
         with timing.phase("dense_grads"):
-            total = exact_all_reduce(parts, self._group, name="dense_grads (exact)")
+            if params and gathers_all(world, m_local, parts.shape[1]):
+                gathered = all_gather_packed([parts, *extra], group, name="dense_grads (exact)")
+                total, rest = tree_sum_rows(gathered[0]), gathered[1:]
+            else:
+                rest = all_gather_packed(extra, group, name="dp_grads (exact)")
+                total = (
+                    exact_all_reduce(parts, group, name="dense_grads (exact)") if params else None
+                )
         at = 0
-        for p, n in zip(params, sizes, strict=True):
-            p.grad = total[at : at + n].view_as(p)
-            at += n
+        for storage, inputs in zip(self._storages, pending, strict=True):
+            storage.all_to_all.finish_replicas(rest[at : at + len(inputs)])
+            at += len(inputs)
+        if total is not None:
+            for p, g in zip(params, total.split(sizes), strict=True):
+                p.grad = g.view_as(p)
 
 
 def _leaves(out: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
@@ -186,25 +204,19 @@ def _columns(tables: EmbeddingTables, ids: KeyedIds | torch.Tensor) -> torch.Ten
     return tables.select(ids) if isinstance(ids, KeyedIds) else ids
 
 
-def _gather(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """Every rank's [n, ...] in rank order (bool as bytes: not every backend moves bool)."""
-    if x.dtype == torch.bool:
-        return all_gather_rows(x.to(torch.uint8), group, name="exact_gather").bool()
-    return all_gather_rows(x.contiguous(), group, name="exact_gather")
-
-
 @contextlib.contextmanager
 def _micro_shard(
     found: Sequence[tuple[EmbeddingTables, ExactCollection]],
     replays: Sequence[_Replay],
     seed: int,
 ) -> Iterator[None]:
-    """One micro-shard's forward: each declaration served its replay, a seeded stream."""
+    """One micro-shard's forward: each declaration served its replay, the CPU generator
+    seeded (the caller forks the random state once for all micro-shards: exact mode is CPU
+    only, and torch.manual_seed's lazy seeding of the other devices costs ms per call)."""
     with contextlib.ExitStack() as stack:
         for (tables, _), replay in zip(found, replays, strict=True):
             stack.enter_context(tables.lookup_through(replay))
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         yield
 
 
@@ -247,22 +259,22 @@ def exact_forward(
         lookups.append((pooled, rows))
         replays.append((tables, cols, rows))
     outputs: list[list[Any]] = []
-    for j in range(m_local):  # 2. the model per micro-shard
-        sl = slice(j * m, (j + 1) * m)
-        mine = [_Replay(type(t).__name__, c[sl], rows[j]) for t, c, rows in replays]
-        with _micro_shard(found, mine, micro_seed(storage.seed, step, rank * m_local + j)):
-            out = model(dense[sl].clone(), _slice_ids(ids, sl), **kwargs)
-        flat, rebuild = _leaves(out)
-        kinds = [isinstance(x, torch.Tensor) for x in flat]
-        if outputs and kinds != [isinstance(x, torch.Tensor) for x in outputs[0]]:
-            raise ValueError("exact mode: the model's outputs differ in structure by micro-shard")
-        outputs.append(flat)
-    gathered: list[torch.Tensor | None] = []  # 3. the global batch's outputs, everywhere
-    values = []
+    with torch.random.fork_rng(devices=[]):  # 2. the model per micro-shard
+        for j in range(m_local):
+            sl = slice(j * m, (j + 1) * m)
+            mine = [_Replay(type(t).__name__, c[sl], rows[j]) for t, c, rows in replays]
+            with _micro_shard(found, mine, micro_seed(storage.seed, step, rank * m_local + j)):
+                out = model(dense[sl].clone(), _slice_ids(ids, sl), **kwargs)
+            flat, rebuild = _leaves(out)
+            kinds = [isinstance(x, torch.Tensor) for x in flat]
+            if outputs and kinds != [isinstance(x, torch.Tensor) for x in outputs[0]]:
+                raise ValueError(
+                    "exact mode: the model's outputs differ in structure by micro-shard"
+                )
+            outputs.append(flat)
+    local = []  # 3. the global batch's outputs and targets, everywhere: one all-gather
     for i, leaf in enumerate(outputs[0]):
         if not isinstance(leaf, torch.Tensor):
-            gathered.append(None)
-            values.append(leaf)
             continue
         bad = [tuple(o[i].shape) for o in outputs if o[i].dim() == 0 or o[i].shape[0] != m]
         if bad:
@@ -270,14 +282,23 @@ def exact_forward(
                 f"exact mode: every tensor the model returns must hold its micro-shard's {m} "
                 f"samples along dim 0 (the loss runs on them gathered), got {list(bad[0])}"
             )
-        whole = _gather(torch.cat([o[i].detach() for o in outputs]), group)
+        local.append(torch.cat([o[i].detach() for o in outputs]))
+    whole = iter(all_gather_packed([*local, *targets], group, name="exact_gather"))
+    gathered: list[torch.Tensor | None] = []
+    values = []
+    for leaf in outputs[0]:
+        if not isinstance(leaf, torch.Tensor):
+            gathered.append(None)
+            values.append(leaf)
+            continue
+        value = next(whole)
         if leaf.requires_grad:
-            whole.requires_grad_()
-        gathered.append(whole if leaf.requires_grad else None)
-        values.append(whole)
+            value = value.detach().requires_grad_()  # a leaf of its own: the loss's input
+        gathered.append(value if leaf.requires_grad else None)
+        values.append(value)
     return ExactForward(
-        model, rebuild(values), [_gather(t, group) for t in targets], outputs, gathered, lookups,
-        (rank * m_local, m_local, m), group,
+        model, rebuild(values), list(whole), outputs, gathered, lookups,
+        (rank * m_local, m_local, m), group, [s for _, s in found],
     )  # fmt: skip
 
 

@@ -4,8 +4,12 @@
 and hands the trainer the whole global batch's outputs, batch and ids, gathered on every rank:
 model.task's loss (hybridrec.train.objective) then runs on them as one process's would, with no
 collective inside (next_item's position count is of the gathered batch: its objective is
-built without the group in exact mode). `backward(loss)` finishes the step. Evaluation scores
-`eval_chunk` samples per forward, an eval micro-shard: the shapes one process sees.
+built without the group in exact mode). Only what the loss reads is gathered: the labels, and
+the batch's dense features and ids only for a model that defines its own loss (model.task's
+losses and next_item's read the outputs and labels alone; a Batch then carries 0 rows of
+dense and ids, so a read of them fails loudly). `backward(loss)` finishes the step.
+Evaluation scores `eval_chunk` samples per forward, an eval micro-shard: the shapes one
+process sees.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class ExactTraining:
         keyed: Callable[[torch.Tensor], KeyedIds],
     ) -> None:
         self.model, self.keyed = model, keyed
+        # a model's own loss may read the batch's dense features and ids: then they are
+        # gathered too (hybridrec.train.objective's own_loss: the same test)
+        self.inputs = callable(getattr(type(model), "loss", None))
         self.eval_chunk = cfg.eval.batch_size // cfg.train.exact_shards
         local = cfg.train.batch_size // env.world_size
         hosted = any(s.prefetches for _, s in exact_tables(model))
@@ -48,10 +55,15 @@ class ExactTraining:
     def forward(
         self, dense: torch.Tensor, batch: Batch, keyed: KeyedIds, extra: dict[str, Any]
     ) -> tuple[Any, Batch, KeyedIds]:
-        """This rank's batch -> (the global batch's outputs, its batch, its ids by feature)."""
-        step = exact_forward(self.model, dense, keyed, dense, batch.ids, batch.labels, **extra)
+        """This rank's batch -> (the global batch's outputs, its batch, its ids by feature;
+        without `inputs`, 0 rows of dense and ids)."""
+        if self.inputs:
+            step = exact_forward(self.model, dense, keyed, dense, batch.ids, batch.labels, **extra)
+            dense_all, ids_all, labels_all = step.targets
+        else:
+            step = exact_forward(self.model, dense, keyed, batch.labels, **extra)
+            dense_all, ids_all, (labels_all,) = dense[:0], batch.ids[:0], step.targets
         self._step = step
-        dense_all, ids_all, labels_all = step.targets
         return step.outputs, Batch(dense_all, ids_all, labels_all), self.keyed(ids_all)
 
     def backward(self, loss: torch.Tensor) -> None:

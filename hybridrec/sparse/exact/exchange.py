@@ -10,7 +10,8 @@ the three steps whose sums depend on the plan or the world size made canonical.
 - No 1/W: exact mode scales the loss, not the embeddings' gradients (hybridrec.exact).
 - The backward's work after its all-to-all: column shards' full-row statistics over the whole
   row (hybridrec.sparse.exact.row_stats) and replicated tables' update over the whole global
-  batch (hybridrec.sparse.exact.replicas).
+  batch (hybridrec.sparse.exact.replicas), whose inputs hybridrec.exact gathers with the dense
+  gradients (`take_replica_inputs`, `finish_replicas`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hybridrec import timing
 from hybridrec.distributed.comm import CommStats
 from hybridrec.kernels.lookup import pool_fp32
 from hybridrec.sparse.bags import mean_divisors, pooling_scale
-from hybridrec.sparse.exact.replicas import sync_replicas_exact
+from hybridrec.sparse.exact.replicas import replica_inputs, update_replicas
 from hybridrec.sparse.exact.row_stats import share_seen_rows
 from hybridrec.sparse.exchange.all_to_all import AllToAll
 from hybridrec.sparse.exchange.input import build_routes
@@ -82,6 +83,7 @@ class ExactAllToAll(AllToAll):
         super().__init__(layout, stores, group, stats, device)
         self.routes = build_routes(layout, device, rows_per_id=True)
         self.dtype, self.shared = dtype, shared
+        self.replicas_pending: list[torch.Tensor] = []  # after_backward's, until taken
         plan = layout.plan.tables
         self.per_id = [  # pooled row-wise features: a row per id comes back
             f
@@ -127,13 +129,25 @@ class ExactAllToAll(AllToAll):
     def after_backward(
         self, step: StepContext, grad_send: torch.Tensor, grad_replicated: torch.Tensor
     ) -> None:
-        """The output dist's backward work after its all-to-all, in this order on every rank:
-        column shards' full-row statistics, then the replicated tables' update."""
+        """The output dist's backward work after its all-to-all, on every rank: column shards'
+        full-row statistics; the replicated tables' inputs kept for `take_replica_inputs`
+        (their update waits for the dense gradients' collective, which carries them)."""
         if step.row_stats is not None:
             share_seen_rows(
                 grad_send, step, self.layout, self.group, self.stats, self.stores, self.shared
             )
         if self.layout.dp_tables:
-            sync_replicas_exact(
-                grad_replicated, step.ids, self.layout, self.stores, self.group, self.stats
-            )
+            self.replicas_pending = replica_inputs(grad_replicated, step.ids, self.layout)
+
+    def take_replica_inputs(self) -> list[torch.Tensor]:
+        """The replicated tables' inputs of this step's backward (`replica_inputs`: [] when
+        none), handed over once: the caller gathers them from every rank (hybridrec.exact: in
+        the dense gradients' collective) and calls `finish_replicas` with them, every step."""
+        pending, self.replicas_pending = self.replicas_pending, []
+        return pending
+
+    def finish_replicas(self, gathered: list[torch.Tensor]) -> None:
+        """The replicated tables' canonical update from `take_replica_inputs` of every rank,
+        gathered in rank order."""
+        if gathered:
+            update_replicas(gathered, self.layout, self.stores)

@@ -9,7 +9,8 @@ the group's lookup of the whole global batch as one process would make it (featu
 samples in global order, each sample's ids in column order: the canonical order), then updates
 like any group (hybridrec.sparse.exact.update.exact_update): the same bits on every replica and
 at any world size. The cost: B * (H_g ids + S_g * D values) gathered per step, instead of the
-rows the ranks touched.
+rows the ranks touched; hybridrec.exact gathers every group's ids and gradients in the
+dense partial gradients' collective.
 """
 
 from __future__ import annotations
@@ -17,33 +18,39 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 
-from hybridrec.distributed.comm import CommStats, all_gather_rows
 from hybridrec.sparse.bags import bag_ids, pooling_scale
 from hybridrec.sparse.exact.update import exact_update
 from hybridrec.sparse.fused import FusedEmbedding, LookupInput
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 
 
+def replica_inputs(
+    grad: torch.Tensor, ids: torch.Tensor, layout: ShardedLayout
+) -> list[torch.Tensor]:
+    """grad [B_l, sum of the replicated tables' widths] of this rank's samples, ids [B_l, H]
+    their ids -> per replicated group (layout.dp_group_tables' order) its ids [B_l, H_g] and its
+    bags' gradients [B_l, W_g]: what every rank gathers (`update_replicas` takes them
+    gathered, [B, ...], in rank order)."""
+    columns, offsets = layout.dp_columns, layout.offsets
+    local = []
+    for idx in layout.dp_group_tables.values():
+        local.append(torch.cat([ids[:, offsets[i] : offsets[i + 1]] for i in idx], dim=1))
+        local.append(torch.cat([grad[:, slice(*columns[i])] for i in idx], dim=1))
+    return local
+
+
 @torch.no_grad()
-def sync_replicas_exact(
-    grad: torch.Tensor,
-    ids: torch.Tensor,
+def update_replicas(
+    gathered: list[torch.Tensor],
     layout: ShardedLayout,
     stores: Mapping[GroupKey, FusedEmbedding],
-    group: dist.ProcessGroup,
-    stats: CommStats | None,
 ) -> None:
-    """grad [B_l, sum of the replicated tables' widths] of this rank's samples, ids [B_l, H]
-    their ids -> the same canonical update on every replica (module docstring)."""
-    columns, offsets = layout.dp_columns, layout.offsets
-    for key, idx in layout.dp_group_tables.items():
+    """`replica_inputs` of every rank, gathered in rank order ([B, ...] each) -> the same
+    canonical update on every replica (module docstring)."""
+    for n, (key, idx) in enumerate(layout.dp_group_tables.items()):
         emb = stores[key]
-        cols = torch.cat([ids[:, offsets[i] : offsets[i + 1]] for i in idx], dim=1)
-        grads = torch.cat([grad[:, slice(*columns[i])] for i in idx], dim=1)
-        all_cols = all_gather_rows(cols.contiguous(), group, stats, "dp_ids")
-        all_grads = all_gather_rows(grads.contiguous(), group, stats, "dp_grads")
+        all_cols, all_grads = gathered[2 * n], gathered[2 * n + 1]
         batch = all_cols.shape[0]
         inputs, per_bag = [], []
         at_col = at_grad = 0
