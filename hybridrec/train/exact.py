@@ -28,7 +28,8 @@ from hybridrec.types import Batch, KeyedIds
 
 class ExactTraining:
     """Exact mode's forward and backward for the trainer (module docstring); `keyed(ids)`:
-    a batch's ids by feature."""
+    a batch's ids by feature; `own_loss`: whether the model defines its own loss, which may
+    read the batch's dense features and ids (then they are gathered too: Objective.own_loss)."""
 
     def __init__(
         self,
@@ -36,11 +37,9 @@ class ExactTraining:
         env: DistEnv,
         model: nn.Module,
         keyed: Callable[[torch.Tensor], KeyedIds],
+        own_loss: bool,
     ) -> None:
-        self.model, self.keyed = model, keyed
-        # a model's own loss may read the batch's dense features and ids: then they are
-        # gathered too (hybridrec.train.objective's own_loss: the same test)
-        self.inputs = callable(getattr(type(model), "loss", None))
+        self.model, self.keyed, self.inputs = model, keyed, own_loss
         self.eval_chunk = cfg.eval.batch_size // cfg.train.exact_shards
         local = cfg.train.batch_size // env.world_size
         hosted = any(s.prefetches for _, s in exact_tables(model))

@@ -85,7 +85,8 @@ class Trainer:
         # the loss (model.task's or the model's own; a mean over this rank's slice), and for
         # retrieval the forward's negatives and the dataset's interactions
         self.objective = Objective(cfg, env, self.model, self.source, self.features)
-        self.exact = ExactTraining(cfg, env, self.model, self.keyed) if cfg.train.exact else None
+        exact, own_loss = cfg.train.exact, self.objective.own_loss
+        self.exact = ExactTraining(cfg, env, self.model, self.keyed, own_loss) if exact else None
         self._stage_step = 0  # the training step whose batch the pipeline stages
         self.local_batch = cfg.train.batch_size // env.world_size
         cuda = env.device.type == "cuda"
