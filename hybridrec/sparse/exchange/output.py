@@ -26,6 +26,7 @@ from hybridrec.distributed.comm import CommStats, ScaleGrad, all_to_all
 from hybridrec.sparse.bags import jagged_means
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
+from hybridrec.types import slot_offsets
 
 
 class AfterBackward(Protocol):
@@ -193,10 +194,8 @@ def place_rows(
     `_sequence_output` (a row-wise feature's shards in received order are its shard order),
     but no split of the received buffer (nor its cats in the backward) and one index_add_."""
     width = layout.tables[0].dim
-    slots = sum(t.slots for t in layout.tables)
-    first = [0]
-    for t in layout.tables:
-        first.append(first[-1] + t.slots)
+    first = slot_offsets(layout.tables)  # each feature's first slot
+    slots = first[-1]
     at, position = [], 0
     for units in layout.units_on:
         for u in units:
