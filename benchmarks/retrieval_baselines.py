@@ -32,8 +32,10 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -232,6 +234,41 @@ def bpr_defaults(split: Split, seed: int) -> np.ndarray:
     return bpr(split, seed, iterations=100, learning_rate=0.01)
 
 
+def fit_softmax(
+    split: Split,
+    params: list,
+    query: Callable,
+    item: Any,
+    items: Any,
+    seed: int,
+    temperature: float,
+    epochs: int,
+    lr: float,
+    batch: int,
+) -> None:
+    """The two-towers' training: torch.optim.Adam over `params`, `epochs` passes over the
+    train rows in an order shuffled by `seed`, each batch b of rows a softmax over its items
+    (the rows' `items[b]`, their vectors normalize(item[...])) of the queries `query(b)`
+    [b, D] divided by `temperature`, with logQ correction (minus log(batch x the item's share
+    of train))."""
+    import torch
+
+    counts = torch.from_numpy(split.train.sum(0)).double()
+    log_q = (batch * counts / counts.sum()).clamp(min=1e-12).log().float()
+    opt = torch.optim.Adam(params, lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(len(items), generator=g)
+        for a in range(0, len(order), batch):
+            b = order[a : a + batch]
+            c = torch.nn.functional.normalize(item[items[b]], dim=1)
+            logits = query(b) @ c.T / temperature - log_q[items[b]]
+            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(b)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
 def two_tower(
     split: Split,
     seed: int,
@@ -253,24 +290,13 @@ def two_tower(
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     users, items = (torch.from_numpy(a) for a in np.nonzero(split.train))
-    counts = torch.from_numpy(split.train.sum(0)).double()
-    log_q = (batch * counts / counts.sum()).clamp(min=1e-12).log().float()
     user = torch.nn.Parameter(torch.randn(split.train.shape[0], dim) * 0.1)
     item = torch.nn.Parameter(torch.randn(split.train.shape[1], dim) * 0.1)
-    opt = torch.optim.Adam([user, item], lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        order = torch.randperm(len(users), generator=g)
-        for a in range(0, len(order), batch):
-            rows = order[a : a + batch]
-            u, i = users[rows], items[rows]
-            q = torch.nn.functional.normalize(user[u], dim=1)
-            c = torch.nn.functional.normalize(item[i], dim=1)
-            logits = q @ c.T / temperature - log_q[i]
-            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(rows)))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+
+    def query(b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(user[users[b]], dim=1)
+
+    fit_softmax(split, [user, item], query, item, items, seed, temperature, epochs, lr, batch)
     with torch.no_grad():
         q = torch.nn.functional.normalize(user, dim=1)
         return (q @ torch.nn.functional.normalize(item, dim=1).T).double().numpy()
@@ -301,13 +327,10 @@ def history_tower(
     rows = split.rows
     users, items = torch.from_numpy(rows.train_user), torch.from_numpy(rows.train_item)
     history = torch.from_numpy(rows.train_history)
-    counts = torch.from_numpy(split.train.sum(0)).double()
-    log_q = (batch * counts / counts.sum()).clamp(min=1e-12).log().float()
     n_users, n_items = split.train.shape
     user = torch.nn.Parameter(torch.randn(n_users, dim) * 0.1)
     past = torch.nn.Parameter(torch.randn(n_items, dim) * 0.1)  # the history's own rows
     item = torch.nn.Parameter(torch.randn(n_items, dim) * 0.1)
-    opt = torch.optim.Adam([user, past, item], lr=lr)
 
     def query(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         mask = (h >= 0).float()
@@ -315,17 +338,10 @@ def history_tower(
         mean = rows_h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1)  # an empty one: zeros
         return torch.nn.functional.normalize(user[u] + mean, dim=1)
 
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        order = torch.randperm(len(users), generator=g)
-        for a in range(0, len(order), batch):
-            b = order[a : a + batch]
-            c = torch.nn.functional.normalize(item[items[b]], dim=1)
-            logits = query(users[b], history[b]) @ c.T / temperature - log_q[items[b]]
-            loss = torch.nn.functional.cross_entropy(logits, torch.arange(len(b)))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    fit_softmax(
+        split, [user, past, item], lambda b: query(users[b], history[b]), item, items, seed,
+        temperature, epochs, lr, batch,
+    )  # fmt: skip
     with torch.no_grad():
         c = torch.nn.functional.normalize(item, dim=1)
         everyone = torch.arange(n_users)

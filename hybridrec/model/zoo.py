@@ -8,8 +8,8 @@ returning one raw output per sample, [B] fp32; the loss is model.task's (hybridr
   (`user_features`, `item_features`: lists of feature names) through an MLP (`tower_mlp`;
   empty: the concatenated embeddings; `normalize`: unit-length vectors, a cosine score).
   `combine=sum` adds the user tower's vectors instead of concatenating them (each as wide as
-  the item tower): a user id plus the mean of the items it met before, as SVD++ does, where
-  the history is a list feature sharing the item table;
+  the item tower): a user id plus the mean of the items it met before, as SVD++ does (the
+  history a list feature of item ids, its rows the user tower's own table, `users.<table>`);
   scored as dot(user, item) + user bias + item bias + global bias. The biases are width-1
   tables over the same features (sum-pooled), "user_bias.<table>" and "item_bias.<table>";
   the global bias is a dense weight (the dense optimizer's), starting at `label_mean` (the
@@ -127,7 +127,7 @@ class TwoTower(nn.Module):
 
     def query(self, dense: torch.Tensor, ids: KeyedIds) -> torch.Tensor:
         """The user tower: [b, D] (unit length with `normalize`)."""
-        pooled = self.users(ids).tensor  # [b, F, D]
+        pooled = self.users(ids).tensor  # [b, F, D] at one width (combine=sum's), else [b, sum D]
         u = self.user_mlp(pooled.sum(1) if self.combine == "sum" else pooled.flatten(1))
         return nn.functional.normalize(u, dim=1) if self.normalize else u
 
