@@ -11,7 +11,8 @@ per position, on dynamic items) through the library (hybridrec.parallelize(exact
 hybridrec.exact_step). On 2 ranks, where a run is cheapest, the rest: replicated tables,
 auto's mix (split, replicated, jagged, a table two features share), host memory behind caches
 that evict, Adagrad, the other dynamic and sequence plans, next_item (SASRec's sampled BCE
-with dropout), the Criteo sample (data=criteo_sample, at 1 and 2 ranks; skipped without the
+with dropout), a model with its own loss (tests/retrieval/models.L2MF: MSE plus L2 on the rows
+it looked up, the branch that also gathers the ranks' dense features and ids), the Criteo sample (data=criteo_sample, at 1 and 2 ranks; skipped without the
 file), and the long runs: LONG_STEPS steps of the trainer's auto plan and of the sequence
 model with dynamic items in host memory. Last, a checkpoint saved on 2 ranks, resumed on 3
 under another plan, equal to the run that never stopped.
@@ -43,6 +44,7 @@ from tests.distributed.exact_helpers import (
 )
 from tests.distributed.harness import run_shared
 from tests.equivalence import host_cfg, jagged_cfg, make_cfg, snapshot
+from tests.retrieval.tables import small_dataset
 from tests.sequence.files import write_user_item
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed/test_exact")]
@@ -112,6 +114,17 @@ def next_item_cfg(data: Path, sharding: str, world: int) -> Config:
     )  # fmt: skip
 
 
+def own_loss_cfg(data: Path, sharding: str, world: int) -> Config:
+    """A user's model with its own loss (L2MF over a small ratings table, data=table)."""
+    return make_config(
+        "data=table", f"data.path={data}", "model._target_=tests.retrieval.models.L2MF",
+        f"sharding={sharding}", "optim.sparse.name=adagrad", "optim.sparse.lr=0.1",
+        "optim.dense.name=adam", "optim.dense.lr=0.01", "train.batch_size=24",
+        f"train.steps={STEPS}", "eval.batch_size=10", "device=cpu", "seed=5",
+        world_size=world,
+    )  # fmt: skip
+
+
 def runs_at(world: int, name: str) -> bool:
     """Whether case `name` runs at `world` ranks (0: its one-process reference)."""
     return world in (0, 2) or name in EVERY_WORLD
@@ -140,6 +153,9 @@ def trainer_cfg(name: str, world: int, data: Path | None = None) -> Config:
     if name == "next_item":
         assert data is not None
         return exact(next_item_cfg(data, "none" if ref else "row_wise", ranks), 4)
+    if name == "own_loss":
+        assert data is not None
+        return exact(own_loss_cfg(data, "none" if ref else "row_wise", ranks))
     if name == "long":
         return exact(jagged_cfg("none" if ref else LONG_TRAINER[0], LONG_TRAINER[1], ranks), LONG_M)
     if name == "checkpoint":  # saved on 2 ranks row-wise, resumed on 3 column-wise
@@ -174,10 +190,13 @@ def jobs(env: DistEnv, todo: list[tuple[str, Any, tuple]]) -> dict[str, Any]:
     return {label: functions[fn](env, *args) for label, fn, args in todo}
 
 
-def todo(world: int, data: Path, ck: Path, cache: Path | None) -> list[tuple[str, str, tuple]]:
+def todo(
+    world: int, data: Path, ck: Path, cache: Path | None, table: Path
+) -> list[tuple[str, str, tuple]]:
     """The jobs of `world` ranks (world 0: the one-process references); `cache`: the Criteo
-    sample's preprocessing cache, None without the sample."""
-    out = [(f"trainer {n}", "trainer", (trainer_cfg(n, world), STEPS))
+    sample's preprocessing cache, None without the sample; `table`: own_loss's ratings."""
+    out = [("own_loss", "trainer", (trainer_cfg("own_loss", world, table), STEPS))]
+    out += [(f"trainer {n}", "trainer", (trainer_cfg(n, world), STEPS))
            for n in TRAINER if runs_at(world, n)]  # fmt: skip
     out += [(f"library {n}", "library", ((("none", None, *c[2:]) if not world else c), STEPS, M))
             for n, c in LIBRARY.items() if runs_at(world, n)]  # fmt: skip
@@ -201,14 +220,15 @@ def runs(tmp_path_factory) -> dict[int, dict[str, list[Any]]]:
     """Per world size (0: the references, one process), per job, the per-rank results."""
     root = tmp_path_factory.mktemp("exact")
     data, ck = write_user_item(root / "events.txt"), root / "checkpoints"
+    table = small_dataset(root / "ratings")
     cache = root / "criteo_cache" if os.environ.get(SAMPLE_ENV) else None
     torch.set_num_threads(1)
     one = init_distributed("cpu")
-    out: dict[Any, Any] = {"data": data, "root": root}
+    out: dict[Any, Any] = {"data": data, "root": root, "table": table}
     for world in (0, 1):  # in this process: no group
-        out[world] = {k: [v] for k, v in jobs(one, todo(world, data, ck, cache)).items()}
+        out[world] = {k: [v] for k, v in jobs(one, todo(world, data, ck, cache, table)).items()}
     for world in (2, 3, 4):  # the checkpoint's save on 2 before its resume on 3
-        ranks = run_shared(world, jobs, todo(world, data, ck, cache), timeout=1500)
+        ranks = run_shared(world, jobs, todo(world, data, ck, cache, table), timeout=1500)
         out[world] = {label: [r[label] for r in ranks] for label in ranks[0]}
     return out
 
@@ -241,6 +261,17 @@ def test_next_item_is_one_process_bit_for_bit(runs):
     assert per_rank[0]["losses"] == ref["losses"], f"{label}: losses"
     assert all(r["eval"] == ref["eval"] for r in per_rank), f"{label}: evaluation"
     assert_same_tables(trainer_cfg("next_item", 2, runs["data"]), ref, per_rank, label)
+    assert_same_dense(ref, per_rank, label)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_a_model_with_its_own_loss_is_one_process_bit_for_bit(runs, world):
+    """The own-loss branch (the model's loss reads its outputs with the batch's dense
+    features and ids, gathered from every rank): losses, evaluation, rows, dense weights."""
+    ref, per_rank, label = runs[0]["own_loss"][0], runs[world]["own_loss"], f"W={world} own"
+    assert per_rank[0]["losses"] == ref["losses"], f"{label}: losses"
+    assert all(r["eval"] == ref["eval"] for r in per_rank), f"{label}: evaluation"
+    assert_same_tables(trainer_cfg("own_loss", world, runs["table"]), ref, per_rank, label)
     assert_same_dense(ref, per_rank, label)
 
 
