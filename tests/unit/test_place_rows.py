@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hybridrec.planner import Topology, plan_sharding
-from hybridrec.sparse.exchange.input import build_routes, pack
 from hybridrec.sparse.exchange.output import place_rows, reassemble, rows_in_place
+from hybridrec.sparse.exchange.routing import build_routes, pack
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import PAD_ID, Pooling, TableConfig
 

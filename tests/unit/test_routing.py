@@ -1,4 +1,5 @@
-"""The input dist's routing (hybridrec.sparse.exchange.input) on W simulated ranks, no processes.
+"""The input dist's routing (hybridrec.sparse.exchange.routing and .input) on W simulated
+ranks, no processes.
 
 Every rank packs its ids (`pack`), each rank's received buffer is put together from what the
 others packed for it, and `group_inputs` turns it into the group lookups. The result is held
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from hybridrec.planner import Topology, plan_sharding
-from hybridrec.sparse.exchange.input import build_routes, group_inputs, pack
+from hybridrec.sparse.exchange.input import group_inputs
+from hybridrec.sparse.exchange.routing import build_routes, pack
 from hybridrec.sparse.layout import ShardedLayout
 from hybridrec.types import PAD_ID, Pooling, TableConfig
 

@@ -29,9 +29,9 @@ from hybridrec.sparse.bags import mean_divisors, pooling_scale
 from hybridrec.sparse.exact.replicas import replica_inputs, update_replicas
 from hybridrec.sparse.exact.row_stats import share_seen_rows
 from hybridrec.sparse.exchange.all_to_all import AllToAll
-from hybridrec.sparse.exchange.input import build_routes
 from hybridrec.sparse.exchange.output import output_dist, reassemble
 from hybridrec.sparse.exchange.replicated import replicated_lookup
+from hybridrec.sparse.exchange.routing import build_routes
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext

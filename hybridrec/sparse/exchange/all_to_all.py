@@ -20,7 +20,7 @@ import torch.distributed as dist
 from hybridrec import timing
 from hybridrec.distributed.comm import CommStats
 from hybridrec.sparse.bags import jagged_means, mean_divisors
-from hybridrec.sparse.exchange.input import build_routes, input_dist
+from hybridrec.sparse.exchange.input import input_dist
 from hybridrec.sparse.exchange.output import (
     exchange_rows,
     output_dist,
@@ -29,6 +29,7 @@ from hybridrec.sparse.exchange.output import (
     rows_in_place,
 )
 from hybridrec.sparse.exchange.replicated import replicated_lookup, sync_replicas
+from hybridrec.sparse.exchange.routing import build_routes
 from hybridrec.sparse.exchange.row_stats import share_row_stats
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
