@@ -109,9 +109,14 @@ def check_override_keys(overrides: list[str]) -> None:
 def _preset_argument(key: str, overrides: list[str]) -> bool:
     """Whether model argument `key` (model.args.<name>) is set by a group file the command
     line selects (model=sasrec sets model.args.dropout): then `key=value` overrides it, as
-    Hydra takes it, and a plus would be refused."""
+    Hydra takes it, and a plus would be refused. Hydra's flags and own keys (a rank's
+    `--config-path=`, `hydra.run.dir=`: the launcher passes them) are not composed."""
     others = [
-        a for a in overrides if a.split("=", 1)[0].lstrip("+~").split(".")[:2] != ["model", "args"]
+        a
+        for a in overrides
+        if not a.startswith("-")
+        and not a.lstrip("+~").startswith("hydra.")
+        and a.split("=", 1)[0].lstrip("+~").split(".")[:2] != ["model", "args"]
     ]
     try:
         args = compose(others).model.get("args") or {}

@@ -103,6 +103,12 @@ def test_a_group_files_model_argument_is_overridden_without_a_plus():
     from hybridrec.config.cli import check_override_keys
 
     check_override_keys(["model=sasrec", "model.args.dropout=0.3"])
+    # as a launched rank gets it: Hydra's flags and keys around the same override
+    check_override_keys([
+        "--config-path=conf", "--config-name=train", "experiment=sasrec_games",
+        "data.path=x", "model.args.dropout=0.7", "hydra.run.dir='/tmp/run'",
+        "hydra.output_subdir=null",
+    ])  # fmt: skip
     check_override_keys(["data=sequences", "data.path=x", "model.args.blocks=3"])
     with pytest.raises(
         ValueError, match=r"model.args.depth: model arguments are added with a plus"
