@@ -45,3 +45,22 @@ def test_baseline_trains_selects_on_val_and_reports_test(tmp_path, loss):
             assert 0.0 <= result[split][key] <= 1.0, (split, key)
         assert result[split]["eval_users"] == 60
     assert [row["epoch"] for row in result["history"]] == [1, 2, 3]
+
+
+def test_the_side_by_side_benchmark_reports_both_and_the_checks(tmp_path):
+    """benchmarks/sasrec_games.py: the preset on 2 ranks beside the baseline, one report with
+    both sides' val and test rows, the full-catalogue ratio and the issue's three checks."""
+    from benchmarks import sasrec_games
+
+    out = tmp_path / "report.md"
+    argv = [
+        f"--data={tiny_file(tmp_path / 'seq.txt')}", f"--work={tmp_path / 'work'}",
+        f"--out={out}", "--set", "train.epochs=null", "train.steps=4", "train.batch_size=8",
+        "model.embedding_dim=8", "train.retrieval.negatives=8", "eval.every=2",
+        "--baseline", "--max-len=8", "--dim=8", "--batch=16", "--epochs=1", "--eval-every=1",
+    ]  # fmt: skip
+    assert sasrec_games.main(argv) == 0
+    text = out.read_text()
+    assert text.count("| test ") == 3  # the baseline's, hybridrec's and the paper's rows
+    assert "2 rank(s)" in text and "- Baseline counts" in text
+    assert "Test full-catalogue HR@10, hybridrec / baseline:" in text
