@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from benchmarks import sasrec_baseline
 from benchmarks.common import command_line, git_state, hardware, load_average, markdown_table
 
@@ -48,18 +50,21 @@ def start_hybridrec(args: argparse.Namespace, run: Path) -> subprocess.Popen:
         f"data.path={args.data}", f"launcher.nproc_per_node={args.nproc}",
         f"hydra.run.dir={run}", *args.set,
     ]  # fmt: skip
-    log = open(run.parent / "hybridrec.log", "w")  # noqa: SIM115 - closed by the child's end
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    with open(run.parent / "hybridrec.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def hybridrec_rows(run: Path) -> tuple[dict, dict, int]:
-    """(last val row, test row, step) of the preset's metrics.jsonl."""
+def hybridrec_rows(run: Path) -> tuple[dict, dict, str]:
+    """(last val row, test row, the run's length: its config's epochs, else its steps) of the
+    preset's run directory."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = [r for r in rows if "sampled_hr@10" in r]
     if not evals or evals[-1].get("split") != "test" or len(evals) < 2:
         raise SystemExit(f"{run}/metrics.jsonl has no val and test rows: see hybridrec.log")
-    return evals[-2], evals[-1], int(evals[-1]["step"])
+    epochs = OmegaConf.load(run / ".hydra" / "config.yaml").train.epochs
+    length = f"{epochs:g}" if epochs is not None else f"{evals[-1]['step']} steps"
+    return evals[-2], evals[-1], length
 
 
 def figures(row: dict) -> list[str]:
@@ -67,8 +72,7 @@ def figures(row: dict) -> list[str]:
 
 
 def report(args: argparse.Namespace, base: dict, ours: tuple, seconds: dict) -> str:
-    val, test, step = ours
-    epochs = step / -(-len_train_users(args) // 128)
+    val, test, length = ours
     ratio = test["hr@10"] / base["test"]["hr@10"]
     counts = abs(base["test"]["sampled_hr@10"] - PAPER["sampled_hr@10"]) <= 0.02
     header = ["system", "split", *COLUMNS, "epochs", "wall min"]
@@ -77,7 +81,7 @@ def report(args: argparse.Namespace, base: dict, ours: tuple, seconds: dict) -> 
          base["best_epoch"], f"{seconds['baseline'] / 60:.1f}"],
         ["", "test", *figures(base["test"]), "", ""],
         [f"hybridrec, experiment=sasrec_games, {args.nproc} rank(s)", "val", *figures(val),
-         f"{epochs:.0f}", f"{seconds['hybridrec'] / 60:.1f}"],
+         length, f"{seconds['hybridrec'] / 60:.1f}"],
         ["", "test", *figures(test), "", ""],
         ["SASRec paper, Table III", "test", *(f"{PAPER[k]:.4f}" for k in COLUMNS[:2]),
          "-", "-", "-", "", ""],
@@ -116,13 +120,6 @@ def report(args: argparse.Namespace, base: dict, ours: tuple, seconds: dict) -> 
         *checks,
         "",
     ])  # fmt: skip
-
-
-def len_train_users(args: argparse.Namespace) -> int:
-    """Users with a training window (an epoch of the preset is this many samples)."""
-    from hybridrec.data.sequences import LeaveOneOut, read_user_item
-
-    return len(LeaveOneOut(read_user_item(args.data)).train_users())
 
 
 def main(argv: list[str] | None = None) -> int:

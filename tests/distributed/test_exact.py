@@ -6,13 +6,14 @@ divide), every step's loss, the evaluation's metrics, every embedding row and op
 entry, every dynamic map's arrays and every dense weight equal those of `sharding=none` in one
 process: table-wise, row-wise and column-wise tables (sgd, adam with mean pooling, row-wise
 Adagrad over column shards with L2 decay) through the trainer's DLRM (tests/equivalence.py),
-and a dynamic table (raw ids admitted and evicted, column-wise) and a sequence feature (a row
+a model with its own loss through the trainer (tests/retrieval/models.L2MF: MSE plus L2 on
+the rows it looked up; the branch that also gathers the ranks' dense features and ids), and
+a dynamic table (raw ids admitted and evicted, column-wise) and a sequence feature (a row
 per position, on dynamic items) through the library (hybridrec.parallelize(exact_shards=...),
 hybridrec.exact_step). On 2 ranks, where a run is cheapest, the rest: replicated tables,
 auto's mix (split, replicated, jagged, a table two features share), host memory behind caches
 that evict, Adagrad, the other dynamic and sequence plans, next_item (SASRec's sampled BCE
-with dropout), a model with its own loss (tests/retrieval/models.L2MF: MSE plus L2 on the rows
-it looked up, the branch that also gathers the ranks' dense features and ids), the Criteo sample (data=criteo_sample, at 1 and 2 ranks; skipped without the
+with dropout), the Criteo sample (data=criteo_sample, at 1 and 2 ranks; skipped without the
 file), and the long runs: LONG_STEPS steps of the trainer's auto plan and of the sequence
 model with dynamic items in host memory. Last, a checkpoint saved on 2 ranks, resumed on 3
 under another plan, equal to the run that never stopped.
