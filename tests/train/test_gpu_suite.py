@@ -10,6 +10,7 @@ they hold).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -59,11 +60,20 @@ def test_a_section_gets_no_more_than_the_time_left(tmp_path):
     (240 s from probe on); one that cannot have its own least is skipped, saying so."""
     run = _suite(tmp_path, "all", SUITE_S="400")
     assert run.returncode == 0
-    assert "== tests: limit 160s" in run.stdout and "== host-1tb: limit 200s" in run.stdout
+    # the clock runs during a dry run too: on a loaded machine `env` can take a second or two
+    assert 155 <= _seconds(r"== tests: limit (\d+)s", run.stdout) <= 160, run.stdout
+    assert "== host-1tb: limit 200s" in run.stdout
     run = _suite(tmp_path, "all", SUITE_S="330")
     assert run.returncode == 1
-    assert "tests: skipped, 90s left for it (needs 100s)" in run.stdout
+    left = _seconds(r"tests: skipped, (\d+)s left for it \(needs 100s\)", run.stdout)
+    assert 85 <= left <= 90, run.stdout
     assert "== probe: limit 90s" in run.stdout and "host-1tb: exit 0" in run.stdout
+
+
+def _seconds(pattern: str, text: str) -> int:
+    found = re.search(pattern, text)
+    assert found, (pattern, text)
+    return int(found.group(1))
 
 
 def test_one_section_and_an_unknown_one(tmp_path):
