@@ -209,11 +209,28 @@ def place_rows(
                 b, j = k.div(length, rounding_mode="floor"), k.remainder(length)
                 at.append(b * slots + (j + first[f]))
             position += 1
-    rows = recv.view(-1, width)
-    if scale is not None:
-        rows = ScaleGrad.apply(rows, scale)
-    out = rows.new_zeros(b_local * slots, width).index_add_(0, torch.cat(at), rows)
+    out = _PlaceRows.apply(recv.view(-1, width), torch.cat(at), b_local * slots, scale)
     return out.view(b_local, slots, width)
+
+
+class _PlaceRows(torch.autograd.Function):
+    """out [n, D]: zeros with rows [m, D] added at rows `at` [m], in order (index_add_);
+    d rows = d out[at] * scale: index_add_'s backward and ScaleGrad's in one pass, the
+    scale applied in place to the gathered rows (a fresh tensor)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, at: torch.Tensor, n: int, scale: float | None):  # type: ignore[override]
+        ctx.save_for_backward(at)
+        ctx.scale = scale
+        return rows.new_zeros(n, rows.shape[1]).index_add_(0, at, rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+        (at,) = ctx.saved_tensors
+        rows = grad.index_select(0, at)
+        if ctx.scale is not None:
+            rows.mul_(ctx.scale)
+        return rows, None, None, None
 
 
 def _placed(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:

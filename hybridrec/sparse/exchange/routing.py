@@ -37,7 +37,8 @@ class Routes:
     in that numbering; `compact_group[g]` (a row-wise shard), `sequence_group[g]` (a
     sequence feature's: its ids come back one row each); `jagged`: some columns may hold
     PAD_ID; `positions`: per column [C] its position in its sequence feature and that
-    feature's length (None without sequences); `unit_group[q][k]` the id group of rank q's
+    feature's length (None without sequences); `all_cols`: `cols` is every id column in
+    order; `unit_group[q][k]` the id group of rank q's
     unit k (-1: fixed hotness, sent whole from columns `unit_cols[q][k]`).
     Receiver side, per local unit k: `hotness[k]` (0: counted), `counted` (the counted local
     units, in order), `compact[k]`, its slot's first row in its group `row_base[k]` (0 for a
@@ -63,6 +64,7 @@ class Routes:
     groups: dict[GroupKey, tuple[int, int]]
     dynamic: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     positions: tuple[torch.Tensor, torch.Tensor] | None = None
+    all_cols: bool = False  # cols is every column in order (row-wise tables only: no gather)
 
 
 def build_routes(layout: ShardedLayout, device: torch.device, rows_per_id: bool = False) -> Routes:
@@ -125,6 +127,7 @@ def build_routes(layout: ShardedLayout, device: torch.device, rows_per_id: bool 
 
     return Routes(
         cols=tensor(cols),
+        all_cols=cols == list(range(offsets[-1])),
         col_base=tensor(col_base),
         starts=tensor(starts),
         compact_group=compact_group,
@@ -196,7 +199,8 @@ def bucket(ids: torch.Tensor, routes: Routes) -> Bucketed:
     b_local, n_groups = ids.shape[0], routes.starts.numel()
     if n_groups == 0:
         return Bucketed(ids.new_zeros(0, b_local), [], [], [])
-    sel = ids.index_select(1, routes.cols)  # [B_l, C], ids in (sample, column) order
+    # [B_l, C], ids in (sample, column) order (every column in order: ids themselves)
+    sel = ids if routes.all_cols else ids.index_select(1, routes.cols)
     n_cols = sel.shape[1]
     real = None  # jagged: the real ids' flat positions b * C + c [N], and sel those ids [N]
     if routes.jagged:
