@@ -6,17 +6,36 @@ the ratio of the pair divides out load that comes and goes, and the median of th
 (paired_ratio, and median_ci for its interval) is a fair speed ratio where medians of each
 side taken apart are not. A comparison of speed means something only if both train the same
 model: their losses must agree to float32 round-off over the first steps (loss_gaps,
-parity_failures).
+parity_failures). Systems timed in one process share its heap: hold_heap keeps either from
+paying the other's page faults.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 
 PARITY_STEPS = 10  # the parity check reads the losses of the first steps, warmup included
 PARITY_TOL = 1e-6  # the largest loss difference from the reference's allowed there
+
+
+def hold_heap() -> bool:
+    """Keep this process's freed memory in its heap (glibc's mallopt: no trimming, the mmap
+    threshold fixed at 32 MiB); False where that cannot be done (no glibc). Two systems timed
+    in one process share its heap. By default glibc hands freed memory back to the OS at
+    thresholds that follow what was freed last, so one system's step pays page faults that
+    depend on the other's buffers: TorchRec's sequence step ran about 10% slower or faster
+    depending on the size of hybridrec's (benchmarks/results/issue39_sequence_bench.md).
+    Call it in each process before either system runs."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    trim = libc.mallopt(m_trim_threshold, 2**31 - 1)
+    return bool(trim and libc.mallopt(m_mmap_threshold, 32 << 20))
 
 
 def step_order(systems: Sequence[str], step: int) -> list[str]:

@@ -333,6 +333,13 @@ def slot_offsets(tables: tuple[TableConfig, ...] | list[TableConfig]) -> list[in
     return offsets
 
 
+# What an embedding module's forward returns (hybridrec.sparse.api): the whole output
+# [B, S, D] (one width: S rows per sample, slot_offsets) or [B, sum_f S_f * D_f]; or, where
+# the exchange builds the features apart (sequences over ranks), one [B, S_f, D] per feature,
+# in order, whose whole is their cat along dim 1 (hybridrec.model.tables.Pooled reads both).
+Embedded = torch.Tensor | tuple[torch.Tensor, ...]
+
+
 class KeyedIds:
     """A batch's ids by feature: `values` [B, H] int64 holds each feature's columns, in order,
     `hotness[i]` of them for feature `names[i]` (hot_offsets). `select(names)` gives the

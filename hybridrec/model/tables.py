@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybridrec.types import Dynamic, KeyedIds, Pooling, ShardingPlan, TableConfig
+from hybridrec.types import Dynamic, Embedded, KeyedIds, Pooling, ShardingPlan, TableConfig
 
 # integer ids narrower than int64, widened before the storage sees them (as int64 ids look up
 # the same rows); float ids go on to the storage's id check, which refuses them
@@ -82,30 +82,46 @@ class Pooled(Mapping[str, torch.Tensor]):
     """A collection's embeddings, by feature: `pooled[name]` is [B, D_f] for a pooled
     feature, [B, L_f, D_f] for a sequence (views). `tensor` is the whole output: [B, S, D]
     when every width is one D (S rows per sample: one per pooled feature, L_f per sequence),
-    else [B, sum_f S_f * D_f]. `ids` (the looked-up columns, [B, H]) give sequences' masks."""
+    else [B, sum_f S_f * D_f]. `ids` (the looked-up columns, [B, H]) give sequences' masks.
+    Built from what the storage returns (hybridrec.types.Embedded): the whole output, or
+    each feature's [B, S_f, D] apart (then `tensor`, when asked for, is their cat)."""
 
     def __init__(
         self,
-        tensor: torch.Tensor,
+        tensor: Embedded,
         features: Sequence[TableConfig],
         ids: torch.Tensor | None = None,
     ) -> None:
-        self.tensor = tensor
         self._names = [f.name for f in features]
         self._features = {f.name: f for f in features}
         self._ids = ids
+        self._whole: torch.Tensor | None = None
+        # the features' parts: given apart, or from one torch.split of the whole on first use
+        # (its backward is one cat of the parts' gradients, where a slice per feature costs a
+        # zero-filled gradient of the whole output each, and their sum: per padded position too)
+        self._parts: dict[str, torch.Tensor] | None = None
+        if isinstance(tensor, tuple):
+            self._parts = dict(zip(self._names, tensor, strict=True))
+            three_d = True
+        else:
+            self._whole, three_d = tensor, tensor.dim() == 3
+        self._three_d = three_d
         self._where: dict[str, tuple[int, int]] = {}  # rows [a, b), or columns when flat
         self._cols: dict[str, tuple[int, int]] = {}  # the feature's id columns
-        # the features' parts of `tensor`, from one torch.split on first use: its backward is
-        # one cat of the parts' gradients, where a slice per feature costs a zero-filled
-        # gradient of the whole output each (and their sum): per padded position too
-        self._parts: dict[str, torch.Tensor] | None = None
         a = c = 0
         for f in features:
-            size = f.slots if tensor.dim() == 3 else f.slots * f.dim
+            size = f.slots if three_d else f.slots * f.dim
             self._where[f.name] = (a, a + size)
             self._cols[f.name] = (c, c + f.hotness)
             a, c = a + size, c + f.hotness
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The whole output (see the class docstring)."""
+        if self._whole is None:
+            assert self._parts is not None
+            self._whole = torch.cat(list(self._parts.values()), dim=1)
+        return self._whole
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._where:
@@ -115,7 +131,7 @@ class Pooled(Mapping[str, torch.Tensor]):
             parts = torch.split(self.tensor, sizes, dim=1)
             self._parts = dict(zip(self._names, parts, strict=True))
         f, out = self._features[name], self._parts[name]
-        if self.tensor.dim() == 3:
+        if self._three_d:
             return out if f.sequence else out.squeeze(1)
         return out.view(-1, f.slots, f.dim) if f.sequence else out
 
@@ -203,7 +219,7 @@ class EmbeddingTables(nn.Module):
         self.plan: ShardingPlan | None = None  # how `storage` is sharded, once attached
         # the storage call, when it must differ from calling it (a plain function, never a
         # module: it would be registered twice)
-        self._lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._lookup: Callable[[torch.Tensor], Embedded] | None = None
 
     @classmethod
     def of(
@@ -263,7 +279,7 @@ class EmbeddingTables(nn.Module):
         storage = self.storage
         assert storage is not None, "attach storage first"
 
-        def lookup(cols: torch.Tensor) -> torch.Tensor:
+        def lookup(cols: torch.Tensor) -> Embedded:
             return storage(cols)
 
         self._lookup = torch.compiler.disable(lookup)

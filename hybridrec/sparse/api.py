@@ -7,7 +7,9 @@ attributes written from outside. Timings go to the active timer (hybridrec.timin
 
 Contract of an EmbeddingModule, at any world size:
     forward(ids [B_l, H] int64) -> pooled [B_l, T, D] ([B_l, sum_t D_t] when the tables'
-                                 widths differ); the sparse optimizer runs in backward
+                                 widths differ; each feature's [B_l, S_f, D] where the
+                                 exchange builds them apart: hybridrec.types.Embedded); the
+                                 sparse optimizer runs in backward
     sparse_optimizers()          the row optimizers it applies (for learning-rate schedules)
     prefetches / prefetch(ids)   look-ahead (host caches): stage the next batch, collective
     use_staged(staged)           the next forward runs on what `prefetch` staged

@@ -38,7 +38,7 @@ from hybridrec.sparse.host import CacheStats, HostCachedEmbedding
 from hybridrec.sparse.ids import ID_DTYPES, IdChecker, IdOutOfRangeError
 from hybridrec.sparse.layout import GroupKey, Placement, ShardedLayout
 from hybridrec.sparse.step import Exchange, GroupInput, StepContext, UnequalBatches, Wire
-from hybridrec.types import ShardingPlan, TableConfig
+from hybridrec.types import Embedded, ShardingPlan, TableConfig
 
 
 class ShardedEmbeddingCollection(EmbeddingModule):
@@ -289,8 +289,9 @@ class ShardedEmbeddingCollection(EmbeddingModule):
             return torch.get_autocast_dtype(device.type)
         return None
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]) fp32 (or the hand-off
+    def forward(self, ids: torch.Tensor) -> Embedded:
+        """ids [B_l, H] int64 -> pooled [B_l, T, D] (or [B_l, sum D]; or each feature's
+        [B_l, S_f, D] where the exchange builds them apart: Embedded) fp32 (or the hand-off
         dtype; jagged tables' columns padded with PAD_ID). Without `equal_batches`, several
         ranks first share their B_l (in the input dist's sizes exchange where it makes one, else a
         small all-gather): in training they must be equal (every rank raises, naming them),
@@ -314,7 +315,10 @@ class ShardedEmbeddingCollection(EmbeddingModule):
                     )
                 padded = ids.new_zeros(max(sizes), ids.shape[1])  # id 0: in every table
                 padded[: ids.shape[0]] = ids
-                return self._embed(padded)[: ids.shape[0]]
+                out = self._embed(padded)
+                if isinstance(out, tuple):
+                    return tuple(part[: ids.shape[0]] for part in out)
+                return out[: ids.shape[0]]
         return self._embed(ids)
 
     def _batch_sizes(self, n: int) -> list[int]:
@@ -322,7 +326,7 @@ class ShardedEmbeddingCollection(EmbeddingModule):
         local = torch.tensor([n], dtype=torch.int64, device=self.device)
         return all_gather_rows(local, self.group, name="batch_sizes").tolist()
 
-    def _embed(self, ids: torch.Tensor, share_batch: bool = False) -> torch.Tensor:
+    def _embed(self, ids: torch.Tensor, share_batch: bool = False) -> Embedded:
         """forward, once every rank holds as many samples (see forward; `share_batch`: the
         route checks it, raising UnequalBatches): the step's stages in order (module
         docstring), each handing the next the StepContext."""

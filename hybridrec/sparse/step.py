@@ -25,6 +25,7 @@ import torch
 
 from hybridrec.sparse.host import Prefetched
 from hybridrec.sparse.layout import GroupKey
+from hybridrec.types import Embedded
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,6 @@ class Exchange(Protocol):
         B_l, and all raise UnequalBatches when they differ."""
         ...
 
-    def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> torch.Tensor:
-        """Each group's pooled rows [n_g, w_g] -> this rank's samples' embeddings."""
+    def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> Embedded:
+        """Each group's pooled rows [n_g, w_g] -> this rank's samples' embeddings (Embedded)."""
         ...

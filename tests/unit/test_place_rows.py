@@ -1,8 +1,9 @@
 """The output dist's in-place assembly (hybridrec.sparse.exchange.output.place_rows) against
 the per-unit one (`reassemble`), with no processes: for every rank of simulated row-, table-
 and pinned mixed plans of sequence layouts, the same received rows (as `pack` numbers them
-from that rank's ids) give a bitwise equal output, and the same gradient of the received
-rows (the 1/W scale included). Layouts `rows_in_place` must refuse are listed too."""
+from that rank's ids) give a bitwise equal output (place_rows' features apart, side by side),
+and the same gradient of the received rows (the 1/W scale included), also when the loss
+reads one feature alone. Layouts `rows_in_place` must refuse are listed too."""
 
 from __future__ import annotations
 
@@ -53,12 +54,14 @@ def test_place_rows_equals_reassemble_bitwise(world, mode, pins):
         flat = torch.randn(sum(n * w for n, w in zip(rows, widths, strict=True)), generator=g)
         flat[::7] = 0.0  # zeros (a row that sums to 0 + 0)
         grad = None
-        outs, grads = [], []
+        outs, grads, firsts = [], [], []
         for in_place in (False, True):
             recv = flat.clone().requires_grad_()
             scale = 1.0 / world
-            if in_place:
-                out = place_rows(recv, packed.kept, layout, b_local, scale)
+            if in_place:  # each feature's [B_l, S_f, D]
+                parts = place_rows(recv, packed.kept, layout, b_local, scale)
+                assert [p.shape[1] for p in parts] == [t.slots for t in TABLES]
+                out = torch.cat(parts, dim=1)
             else:
                 units = [
                     part.view(n, w)
@@ -71,13 +74,19 @@ def test_place_rows_equals_reassemble_bitwise(world, mode, pins):
                 out = reassemble(units, packed.kept, replicated, layout, {}, scale)
             if grad is None:
                 grad = torch.randn(out.shape, generator=g)
-            out.backward(grad)
+            out.backward(grad, retain_graph=True)
             outs.append(out.detach())
             grads.append(recv.grad)
+            # a loss that reads the history alone: the other features' rows get zeros
+            recv.grad = None
+            first = parts[0] if in_place else out[:, :6]
+            first.backward(grad[:, :6])
+            firsts.append(recv.grad)
         label = f"W={world} {mode} {pins} rank {rank}"
         assert outs[0].shape == outs[1].shape == (b_local, 6 + 6 + 1 + 1 + 1, 4), label
         assert torch.equal(outs[0], outs[1]), label
         assert torch.equal(grads[0], grads[1]), label
+        assert torch.equal(firsts[0], firsts[1]), label
 
 
 def test_rows_in_place_refuses_what_it_cannot_build():

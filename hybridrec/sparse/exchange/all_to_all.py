@@ -34,6 +34,7 @@ from hybridrec.sparse.exchange.row_stats import share_row_stats
 from hybridrec.sparse.fused import FusedEmbedding
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
+from hybridrec.types import Embedded
 
 
 class AllToAll:
@@ -64,7 +65,7 @@ class AllToAll:
         )
         return StepContext(ids, lookups, receipt), flagged
 
-    def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> torch.Tensor:
+    def deliver(self, pooled: dict[GroupKey, torch.Tensor], step: StepContext) -> Embedded:
         lay, wire = self.layout, step.wire
         with timing.phase("data_parallel"):
             replicated, replicas = replicated_lookup(step.ids, lay, self.stores)
@@ -74,7 +75,7 @@ class AllToAll:
         assert step.receipt is not None
         # 1/W: in the exchange's backward (wire.keep), or 1 on one rank
         scale = None if wire.keep or lay.world == 1 else 1.0 / lay.world
-        if self.in_place:  # the flat received rows straight into the output
+        if self.in_place:  # the flat received rows straight into each feature's output
             with timing.phase("output_dist"):
                 recv, _ = exchange_rows(pooled, replicated, step, lay, self.group, self.stats, self)
             return place_rows(recv, step.receipt.kept, lay, step.ids.shape[0], scale)

@@ -26,7 +26,6 @@ from hybridrec.distributed.comm import CommStats, ScaleGrad, all_to_all
 from hybridrec.sparse.bags import jagged_means
 from hybridrec.sparse.layout import GroupKey, ShardedLayout
 from hybridrec.sparse.step import StepContext
-from hybridrec.types import slot_offsets
 
 
 class AfterBackward(Protocol):
@@ -185,52 +184,68 @@ def place_rows(
     layout: ShardedLayout,
     b_local: int,
     scale: float | None,
-) -> torch.Tensor:
-    """`reassemble` of a layout `rows_in_place` accepts, from the flat received rows: every
-    unit's rows added into one [B_l * S, D] buffer of zeros by one index_add_ in received
-    order, a row at b * S + s_f + j (sample b, the feature's first slot s_f, position j: a
-    sequence's kept b * L_f + j, a compact unit's kept sample b, else every sample in order),
-    with the gradient's `scale` on the received rows. The same sums in the same order as
-    `_sequence_output` (a row-wise feature's shards in received order are its shard order),
-    but no split of the received buffer (nor its cats in the backward) and one index_add_."""
+) -> tuple[torch.Tensor, ...]:
+    """`reassemble` of a layout `rows_in_place` accepts, feature by feature, from the flat
+    received rows: each feature's [B_l, S_f, D] (S_f: a sequence's length L_f, else 1), its
+    units' rows added into zeros in received order at their rows there: a sequence's kept
+    b * L_f + j, a compact unit's kept sample b, else every sample in order. The same sums in
+    the same order as `_sequence_output` (a row-wise feature's shards in received order are
+    its shard order). Handed over apart (Pooled takes them), not as one [B_l, S, D] that the
+    model splits: that split's backward writes the whole gradient again (a cat of the parts),
+    where `_PlaceRows` gathers each received row's gradient from its feature's own."""
     width = layout.tables[0].dim
-    first = slot_offsets(layout.tables)  # each feature's first slot
-    slots = first[-1]
-    at, position = [], 0
+    every = torch.arange(b_local, device=recv.device)  # a unit with a row per sample
+    pieces, position = [], 0
     for units in layout.units_on:
         for u in units:
-            f, length = u.table_index, layout.tables[u.table_index].slots
-            k = kept.get(position)
-            if k is None:  # a row per sample, in sample order
-                at.append(torch.arange(b_local, device=recv.device) * slots + first[f])
-            elif length == 1:  # a compact unit's samples
-                at.append(k * slots + first[f])
-            else:  # a sequence's positions b * L + j
-                b, j = k.div(length, rounding_mode="floor"), k.remainder(length)
-                at.append(b * slots + (j + first[f]))
+            pieces.append((u.table_index, kept.get(position, every)))
             position += 1
-    out = _PlaceRows.apply(recv.view(-1, width), torch.cat(at), b_local * slots, scale)
-    return out.view(b_local, slots, width)
+    sizes = [b_local * t.slots for t in layout.tables]
+    parts = _PlaceRows.apply(recv.view(-1, width), pieces, sizes, scale)
+    return tuple(p.view(b_local, t.slots, width) for p, t in zip(parts, layout.tables, strict=True))
 
 
 class _PlaceRows(torch.autograd.Function):
-    """out [n, D]: zeros with rows [m, D] added at rows `at` [m], in order (index_add_);
-    d rows = d out[at] * scale: index_add_'s backward and ScaleGrad's in one pass, the
-    scale applied in place to the gathered rows (a fresh tensor)."""
+    """Rows [m, D] -> one [n_f, D] per feature (`sizes`): zeros with each piece (feature f,
+    rows at [i_f] of its output; the pieces take the rows in order) added by index_add_.
+    Backward: each piece's rows gathered from its feature's gradient (zeros for a feature
+    the loss did not read), times `scale` in place (ScaleGrad's 1/W, the same product)."""
 
     @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, at: torch.Tensor, n: int, scale: float | None):  # type: ignore[override]
-        ctx.save_for_backward(at)
-        ctx.scale = scale
-        return rows.new_zeros(n, rows.shape[1]).index_add_(0, at, rows)
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        rows: torch.Tensor,
+        pieces: list[tuple[int, torch.Tensor]],
+        sizes: list[int],
+        scale: float | None,
+    ) -> tuple[torch.Tensor, ...]:
+        outs = [rows.new_zeros(n, rows.shape[1]) for n in sizes]
+        spans, a = [], 0
+        for f, at in pieces:
+            outs[f].index_add_(0, at, rows[a : a + at.numel()])
+            spans.append((f, a, a + at.numel()))
+            a += at.numel()
+        assert a == rows.shape[0], "every received row has its place"
+        ctx.save_for_backward(*[at for _, at in pieces])
+        ctx.spans, ctx.scale, ctx.shape = spans, scale, rows.shape
+        ctx.set_materialize_grads(False)
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
-        (at,) = ctx.saved_tensors
-        rows = grad.index_select(0, at)
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple:  # type: ignore[override]
+        given = [g for g in grads if g is not None]
+        if not given:
+            return None, None, None, None
+        out = given[0].new_empty(ctx.shape)
+        for (f, a, b), at in zip(ctx.spans, ctx.saved_tensors, strict=True):
+            g = grads[f]
+            if g is None:
+                out[a:b].zero_()
+            else:
+                torch.index_select(g, 0, at, out=out[a:b])
         if ctx.scale is not None:
-            rows.mul_(ctx.scale)
-        return rows, None, None, None
+            out.mul_(ctx.scale)
+        return out, None, None, None
 
 
 def _placed(rows: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:
