@@ -25,7 +25,9 @@ Both systems, on every rank of W gloo processes (one torch thread each):
 Each system gets its batch in its own input format, made before the timing. Both hold the
 same initial rows (hybridrec's, gathered from its shards) and dense weights, and train with
 the same sparse optimizer (SGD, or row-wise Adagrad: FBGEMM's EXACT_ROWWISE_ADAGRAD) and the
-same dense Adam.
+same dense Adam. The two systems share each rank's heap: by default (`--heap held`) each
+rank keeps its freed memory there (benchmarks.paired.hold_heap), where glibc's own trimming
+would make one system's step pay page faults the other's buffers caused.
 
 Gradient scaling: each rank's loss is the mean over its B/W samples. hybridrec divides the
 embedding gradients by W where they leave its model (hybridrec/shard.py); TorchRec's sequence
