@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hybridrec import EmbeddingTables, Feature, Table
+from hybridrec.model.tables import Pooled
 from hybridrec.optim import SparseAdam, SparseSGD
 from hybridrec.sparse.collection import EmbeddingCollection
 from hybridrec.sparse.exchange.sample_major import SampleMajor
@@ -99,3 +100,21 @@ def test_the_model_reads_a_sequence_and_its_mask():
         out.mask("target")
     with pytest.raises(ValueError, match="pooling must be sum, mean or none"):
         EmbeddingTables([Table("item", 20, 4)], [Feature("h", "item", 3, pooling="max")])
+
+
+def test_pooled_reads_features_handed_over_apart_as_it_reads_the_whole():
+    """The storage may hand each feature's [B, S_f, D] apart (hybridrec.types.Embedded):
+    Pooled gives the same features, masks and whole `tensor` (their cat) as from the whole."""
+    feats = features(4)[:2]
+    g = torch.Generator().manual_seed(3)
+    whole = torch.randn(3, 6, 4, generator=g, requires_grad=True)
+    cols = IDS[:, :6]
+    apart = Pooled((whole[:, :5], whole[:, 5:]), feats, cols)
+    given = Pooled(whole, feats, cols)
+    assert torch.equal(apart.tensor, whole) and apart.tensor is apart.tensor
+    for name in ("history", "target"):
+        assert torch.equal(apart[name], given[name])
+    assert apart["target"].shape == (3, 4)
+    assert torch.equal(apart.mask("history"), given.mask("history"))
+    apart["target"].sum().backward()  # a loss reading one feature reaches only its rows
+    assert whole.grad[:, :5].abs().sum() == 0 and torch.equal(whole.grad[:, 5], torch.ones(3, 4))
