@@ -38,8 +38,8 @@ class Routes:
     sequence feature's: its ids come back one row each); `jagged`: some columns may hold
     PAD_ID; `positions`: per column [C] its position in its sequence feature and that
     feature's length (None without sequences); `all_cols`: `cols` is every id column in
-    order; `unit_group[q][k]` the id group of rank q's
-    unit k (-1: fixed hotness, sent whole from columns `unit_cols[q][k]`).
+    order (then no gather); `unit_group[q][k]` the id group of rank q's unit k (-1: fixed
+    hotness, sent whole from columns `unit_cols[q][k]`).
     Receiver side, per local unit k: `hotness[k]` (0: counted), `counted` (the counted local
     units, in order), `compact[k]`, its slot's first row in its group `row_base[k]` (0 for a
     dynamic unit: its raw ids are mapped later), its slot's position in its group if it is
@@ -64,7 +64,7 @@ class Routes:
     groups: dict[GroupKey, tuple[int, int]]
     dynamic: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     positions: tuple[torch.Tensor, torch.Tensor] | None = None
-    all_cols: bool = False  # cols is every column in order (row-wise tables only: no gather)
+    all_cols: bool = False  # every feature counted (row-wise, jagged, sequences): no gather
 
 
 def build_routes(layout: ShardedLayout, device: torch.device, rows_per_id: bool = False) -> Routes:
