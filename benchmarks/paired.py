@@ -12,6 +12,7 @@ paying the other's page faults.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import math
 import statistics
@@ -36,6 +37,29 @@ def hold_heap() -> bool:
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
     trim = libc.mallopt(m_trim_threshold, 2**31 - 1)
     return bool(trim and libc.mallopt(m_mmap_threshold, 32 << 20))
+
+
+HEAPS = {  # --heap's choices: what each means, as the reports say it
+    "held": "held (each process's freed memory stays in its heap: benchmarks.paired.hold_heap)",
+    "default": "glibc's default (freed memory trimmed back to the OS)",
+}
+
+
+def heap_option(parser: argparse.ArgumentParser) -> None:
+    """The --heap option of a benchmark that pairs systems inside one process."""
+    parser.add_argument(
+        "--heap",
+        choices=tuple(HEAPS),
+        default="held",
+        help="held: each process keeps its freed memory in its heap (hold_heap), so neither "
+        "system pays page faults the other's buffers caused; default: glibc's own",
+    )
+
+
+def use_heap(choice: str) -> None:
+    """Apply --heap in this process (each rank calls it before either system runs)."""
+    if choice == "held" and not hold_heap():
+        raise RuntimeError("--heap held needs glibc's mallopt; run with --heap default")
 
 
 def step_order(systems: Sequence[str], step: int) -> list[str]:

@@ -58,12 +58,15 @@ from benchmarks.common import (
     median,
 )
 from benchmarks.paired import (
+    HEAPS,
     PARITY_STEPS,
     PARITY_TOL,
+    heap_option,
     loss_gaps,
     paired_ratio,
     parity_failures,
     step_order,
+    use_heap,
 )
 from benchmarks.sasrec_baseline import DEFAULT_DATA, SASRecModel
 from hybridrec.config import Config
@@ -205,6 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    heap_option(p)
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     p.set_defaults(encoder="sasrec")  # SASRecModel's block stack: this benchmark's model
     args = p.parse_args(argv)
@@ -245,6 +249,7 @@ def run(args: argparse.Namespace) -> tuple[dict, dict, dict, Trainer]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    use_heap(args.heap)
     load_before = load_average()
     busy0, own0, t0 = *cpu_seconds(), time.monotonic()
     print(f"# {hardware()}; load average {load_before}", flush=True)
@@ -296,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{host_cores()} cores, {own:.0f} of them this benchmark's (the rest: other "
             "processes)\n"
             f"- Git: {git_state()}\n"
+            f"- Heap: {HEAPS[args.heap]}\n"
             f"- Load average (1, 5, 15 min) before: {load_before}; after: {load_after}\n"
             f"- Data: {args.data.name} ({items} items); SASRec: max_len {args.max_len}, width "
             f"{args.dim}, {args.blocks} blocks, {args.heads} head(s), dropout {args.dropout}; "

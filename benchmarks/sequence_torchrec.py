@@ -79,14 +79,16 @@ from benchmarks.common import (
     median,
 )
 from benchmarks.paired import (
+    HEAPS,
     PARITY_STEPS,
     PARITY_TOL,
-    hold_heap,
+    heap_option,
     loss_gaps,
     paired_ratio,
     parity_failures,
     slowest,
     step_order,
+    use_heap,
 )
 from benchmarks.torchrec_step import _torchrec_available, torchrec_scale
 from hybridrec import EmbeddingTables, Feature, KeyedIds, Table
@@ -101,10 +103,6 @@ OPTIMIZERS = ("sgd", "rowwise_adagrad")
 SPARSE_LR = {"sgd": 0.05, "rowwise_adagrad": 0.05}
 DENSE_LR = 1e-3
 SEED = 11
-HEAP = {
-    "held": "held (each rank's freed memory stays in its heap: benchmarks.paired.hold_heap)",
-    "default": "glibc's default (freed memory trimmed back to the OS)",
-}
 # the features in the batch's column order, each with its table: the history and its items'
 # categories (sequences of `length`), the target item (one id)
 SEQUENCES = ("history", "history_cat")
@@ -351,8 +349,7 @@ def run_rank(env: DistEnv, args: argparse.Namespace, modes: list[str]) -> dict:
     """Per mode: this rank's step times, CPU times and losses of both systems, interleaved in
     alternating order (step_order), every step on the same batch after a barrier."""
     out = {}
-    if args.heap == "held" and not hold_heap():
-        raise RuntimeError("--heap held needs glibc's mallopt; run with --heap default")
+    use_heap(args.heap)
     barrier = (lambda: dist.barrier(group=env.group)) if env.group is not None else None
     batches = make_batches(args, env.rank, env.world_size, args.warmup + args.steps)
     for mode in modes:
@@ -410,13 +407,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="the batches' and dense weights' seed")
     p.add_argument("--timeout", type=float, default=900, help="seconds per world size")
-    p.add_argument(
-        "--heap",
-        choices=("held", "default"),
-        default="held",
-        help="held: each rank keeps freed memory in its heap (benchmarks.paired.hold_heap), so "
-        "neither system pays page faults the other's buffers caused; default: glibc's own",
-    )
+    heap_option(p)
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
     args.world_sizes = [int(w) for w in args.world_sizes.split(",") if w]
@@ -510,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             f"- TorchRec {torchrec.__version__}, fbgemm-gpu-cpu (FBGEMM's fused CPU "
             "backward-update)\n"
             f"- Git: {git_state()}\n"
-            f"- Heap: {HEAP[args.heap]}\n"
+            f"- Heap: {HEAPS[args.heap]}\n"
             f"- Load average (1, 5, 15 min) before: {load_before}; after: {load_after}\n"
             f"- Model: items {args.items} x {args.dim}, categories {args.categories} x "
             f"{args.dim}; two sequence features of at most {args.length} ids (history, its "

@@ -77,13 +77,16 @@ from benchmarks.common import (
     median,
 )
 from benchmarks.paired import (
+    HEAPS,
     PARITY_STEPS,
     PARITY_TOL,
+    heap_option,
     loss_gaps,
     paired_ratio,
     parity_failures,
     slowest,
     step_order,
+    use_heap,
 )
 from benchmarks.sharding_gloo import MODELS, SPARSE_LR, make_cfg
 from hybridrec.config import Config
@@ -354,9 +357,12 @@ NAMES = {
 }
 
 
-def run_rank(env: DistEnv, jobs: list[tuple[str, Config]], steps: int, warmup: int) -> dict:
+def run_rank(
+    env: DistEnv, jobs: list[tuple[str, Config]], steps: int, warmup: int, heap: str = "held"
+) -> dict:
     """Per mode: this rank's step times and losses of each system, interleaved in alternating
-    order (step_order), every step on the same batch after a barrier."""
+    order (step_order), every step on the same batch after a barrier; `heap`: --heap's."""
+    use_heap(heap)
     out = {}
     barrier = (lambda: dist.barrier(group=env.group)) if env.group is not None else None
     for mode, cfg in jobs:
@@ -407,6 +413,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--timeout", type=float, default=900, help="seconds per world size")
+    heap_option(p)
     p.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = p.parse_args(argv)
     args.world_sizes = [int(w) for w in args.world_sizes.split(",") if w]
@@ -478,7 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     for world in args.world_sizes:
         modes = ["none"] if world == 1 else args.modes
         jobs = [(mode, make_cfg(args, mode, world)) for mode in modes]
-        results = spawn(world, run_rank, jobs, args.steps, args.warmup, timeout=args.timeout)
+        results = spawn(
+            world, run_rank, jobs, args.steps, args.warmup, args.heap, timeout=args.timeout
+        )
         for mode, _ in jobs:
             row, failed, parity = summarise(world, mode, [r[mode] for r in results])
             rows.append(row)
@@ -512,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             f"- TorchRec {torchrec.__version__}, fbgemm-gpu-cpu (FBGEMM's fused CPU "
             "backward-update)\n"
             f"- Git: {git_state()}\n"
+            f"- Heap: {HEAPS[args.heap]}\n"
             f"- Load average (1, 5, 15 min) before: {load_before}; after: {load_after}\n"
             f"- Model `{args.model}`: {model}; optimizer {args.optimizer} "
             f"(lr {args.lr}); global batch {args.batch_size}; median of {args.steps} steps "
