@@ -163,9 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds["hybridrec"] = ended[0] - t0
     text = report(args, json.loads(base_json.read_text()), hybridrec_rows(run), seconds)
     print(text)
-    if args.out:
+    if args.out:  # atomically: a failed write leaves the last report whole
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.out)
     return 0
 
 
